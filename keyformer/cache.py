@@ -1,0 +1,347 @@
+"""A transformers ``Cache`` that physically evicts, per sample and per KV head.
+
+Layout of one layer (physical mode)::
+
+    keys, values : [B, H, C, D]   preallocated buffers (C = capacity)
+    pos          : [B, H, C]      original (logical) position of each slot, -1 = empty
+    score        : [B, H, C]      accumulated policy score (fp32)
+    count        : [B]            live slots of each sample; they are slots [0, count[b]) in every head
+
+``L = count.max()`` slots are in use. New tokens are written at slots [L, L + q); after attention the layer
+evicts down to the budget and compacts the survivors back into [0, count[b]). At a decode step that is one
+slot copy per (sample, head): the new token moves into the hole left by the evicted one, so there is no
+per-step concatenation or gather of the whole cache. After the prompt the buffers are re-allocated at the
+budget, so the bytes held are the bytes of the tensors.
+
+Mask-simulation mode (``mode="mask"``, what the authors' code does) applies the same policy but never moves
+or frees anything: evicted slots are only masked out of attention. It is the naive reference in the tests.
+
+Positions are the tokens' real positions (pads excluded), so kept tokens keep their original RoPE phase
+(baked into cached keys), learned absolute position, or ALiBi distance.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .policies import FullPolicy, Policy
+
+MODES = ("physical", "mask")
+NEG_INF = float("-inf")
+
+
+class EvictingLayer(CacheLayerMixin):
+    """One layer's evicting cache; the policy logic lives in :mod:`keyformer.policies`."""
+
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, cache: KVCache, layer_idx: int):
+        super().__init__()
+        self.cache, self.layer_idx = cache, layer_idx
+        self.seen = 0  # logical columns processed (padded prompt + generated): what generate() expects
+        self.length = 0  # physical slots in use (L)
+        self.dense = True  # physical mode: every slot in [0, L) is live for every sample
+
+    # -- transformers cache API -----------------------------------------------------------------------
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        B, H, _, D = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = key_states.new_empty(B, H, 0, D)
+        self.values = value_states.new_empty(B, H, 0, value_states.shape[-1])
+        self.pos = torch.empty(B, H, 0, dtype=torch.long, device=self.device)
+        self.score = torch.empty(B, H, 0, dtype=torch.float32, device=self.device)
+        self.alive = torch.empty(B, H, 0, dtype=torch.bool, device=self.device)  # mask mode only
+        self.count = torch.zeros(B, dtype=torch.long, device=self.device)
+        self.is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # The model's own mask is not used by our attention; keep its shape consistent anyway.
+        return self.length + query_length, max(0, self.seen - self.length)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if not self.is_initialized:
+            return
+        idx = beam_idx.to(self.device)
+        for name in ("keys", "values", "pos", "score", "alive", "count"):
+            setattr(self, name, getattr(self, name).index_select(0, idx))
+
+    def reset(self) -> None:
+        self.is_initialized, self.seen, self.length, self.dense = False, 0, 0, True
+        self.keys = self.values = None
+
+    # -- storage --------------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def _reserve(self, needed: int) -> None:
+        """Grow the buffers to hold ``needed`` slots (amortised doubling; a no-op in steady state)."""
+        if needed <= self.capacity:
+            return
+        cap = max(needed, self.cache.capacity_hint(needed), 2 * self.capacity)
+        grow = cap - self.capacity
+        pad = lambda t, fill: torch.cat([t, t.new_full((*t.shape[:2], grow, *t.shape[3:]), fill)], dim=2)  # noqa: E731
+        self.keys, self.values = pad(self.keys, 0), pad(self.values, 0)
+        self.pos, self.score, self.alive = pad(self.pos, -1), pad(self.score, 0.0), pad(self.alive, False)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append ``q`` new tokens at slots [L, L + q); return views over the L + q slots to attend."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        B, H, q, _ = key_states.shape
+        L = self.length
+        self._reserve(L + q)
+        self.keys[:, :, L : L + q] = key_states
+        self.values[:, :, L : L + q] = value_states
+        new_pos, new_real = self.cache.new_positions(self.layer_idx, self.seen, q, B, self.device)  # [B, q] each
+        self.pos[:, :, L : L + q] = new_pos.unsqueeze(1)
+        self.score[:, :, L : L + q] = 0.0
+        self.alive[:, :, L : L + q] = new_real.unsqueeze(1)
+        self.seen += q
+        self.q_len, self.new_real = q, new_real
+        k, v = self.keys[:, :, : L + q], self.values[:, :, : L + q]
+        k._kf_layer = self  # how our attention function finds this layer (see keyformer.attention)
+        return k, v
+
+    # -- what the attention needs -----------------------------------------------------------------------
+    @property
+    def policy(self) -> Policy:
+        return self.cache.policy
+
+    def live_mask(self) -> torch.Tensor:
+        """[B, H or 1, L + q] bool: slots this forward's queries may attend to (before causality)."""
+        L, q = self.length, self.q_len
+        if self.cache.mode == "mask":
+            return self.alive[:, :, : L + q]
+        slot = torch.arange(L + q, device=self.device).view(1, -1)
+        live = (slot < self.count.view(-1, 1)) & (self.pos[:, 0, : L + q] >= 0)  # pads stay dead
+        live[:, L:] = self.new_real
+        return live.unsqueeze(1)
+
+    def attention_mask(self) -> torch.Tensor | None:
+        """Bool mask [B, 1 or H, q, L + q] for this forward, or None when plain causal attention is exact."""
+        L, q = self.length, self.q_len
+        if self.cache.mode == "physical" and self.dense and bool(self.new_real.all()) and (q == 1 or L == 0):
+            return None  # decode over a dense cache, or an unpadded prompt: is_causal handles it
+        live = self.live_mask().unsqueeze(2)  # [B, h, 1, L + q]
+        rows = torch.arange(q, device=self.device).view(q, 1)
+        cols = torch.arange(L + q, device=self.device).view(1, -1) - L
+        mask = live & (cols <= rows)  # old slots (cols < 0) are in every new token's past
+        # a pad row would see nothing (NaN in SDPA): let it see itself; nothing ever attends to a pad
+        return mask | (cols == rows)
+
+    # -- eviction ---------------------------------------------------------------------------------------
+    def evict(self) -> None:
+        """Cut the cache back to the budget after this forward's attention (see module docstring)."""
+        cache, q, L = self.cache, self.q_len, self.length
+        S = L + q
+        if not cache.policy.evicts:
+            if cache.mode == "physical":
+                self.count = torch.full_like(self.count, S)
+                self.dense = self.dense and bool(self.new_real.all())
+            self.length = S
+            return
+        live = self.live_mask().expand(-1, self.keys.shape[1], -1)  # [B, H, S]
+        n_live = live.sum(-1)  # [B, H]; equal across heads
+        k = cache.k.view(-1, 1)
+        if cache.mode == "physical" and q == 1 and L > 0:
+            self._evict_one(live, n_live > k)
+            return
+        keep_n = torch.minimum(n_live, k)
+        prio = self._keep_priority(live, S)
+        pos = self.pos[:, :, :S]
+        by_pos = pos.argsort(dim=-1, descending=True, stable=True)  # ties: keep the more recent
+        order = by_pos.gather(-1, prio.gather(-1, by_pos).argsort(dim=-1, descending=True, stable=True))
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(S, device=self.device).expand_as(order))
+        keep = rank < keep_n.unsqueeze(-1)
+        if cache.mode == "mask":
+            self.alive[:, :, :S] = keep
+            self.length = S
+            return
+        new_len = int(keep_n.max())
+        key = torch.where(keep, pos, torch.iinfo(torch.long).max)
+        idx = key.argsort(dim=-1, stable=True)[..., :new_len]  # survivors in position order, then junk
+        self._compact(idx, new_len, keep_n[:, 0])
+
+    def _keep_priority(self, live: torch.Tensor, S: int) -> torch.Tensor:
+        """Priority over slots: recent window +inf, other live tokens the policy's priority, dead -inf."""
+        cache = self.cache
+        pos, score = self.pos[:, :, :S], self.score[:, :, :S]
+        cur, w = cache.cur_pos(), cache.w
+        recent = pos > (cur - w).view(-1, 1, 1)
+        prio = cache.policy.priority(score, pos, cur, w, step=cache.tau_step(self)).to(torch.float64)
+        prio = torch.where(recent, torch.inf, prio)
+        return torch.where(live, prio, -torch.inf)
+
+    def _evict_one(self, live: torch.Tensor, over: torch.Tensor) -> None:
+        """Decode fast path: at most one eviction per (sample, head); the new slot L fills the hole."""
+        L = self.length
+        prio = torch.where(live, self._keep_priority(live, L + 1), torch.inf)
+        lowest = prio == prio.min(dim=-1, keepdim=True).values
+        pos = self.pos[:, :, : L + 1]
+        victim = torch.where(lowest, pos, torch.iinfo(torch.long).max).argmin(dim=-1)  # ties: the oldest
+        dest = torch.where(over, victim, self.count.view(-1, 1).expand_as(victim))
+        b = torch.arange(dest.shape[0], device=self.device).view(-1, 1)
+        h = torch.arange(dest.shape[1], device=self.device).view(1, -1)
+        for name in ("keys", "values", "pos", "score"):
+            t = getattr(self, name)
+            t[b, h, dest] = t[:, :, L]
+        self.pos[:, :, L] = torch.where(dest == L, self.pos[:, :, L], -1)
+        self.count = self.count + (~over[:, 0]).long()
+        self.length = int(self.count.max())
+        self.dense = bool((self.count == self.length).all())
+
+    def _compact(self, idx: torch.Tensor, new_len: int, count: torch.Tensor) -> None:
+        """Gather slots ``idx`` [B, H, new_len] into fresh buffers sized for the budget."""
+        extra = self.cache.headroom()
+        D, Dv = self.keys.shape[-1], self.values.shape[-1]
+        gk = idx.unsqueeze(-1)
+        keys = self.keys.new_zeros(*idx.shape[:2], new_len + extra, D)
+        values = self.values.new_zeros(*idx.shape[:2], new_len + extra, Dv)
+        keys[:, :, :new_len] = self.keys.gather(2, gk.expand(-1, -1, -1, D))
+        values[:, :, :new_len] = self.values.gather(2, gk.expand(-1, -1, -1, Dv))
+        pos = torch.full((*idx.shape[:2], new_len + extra), -1, dtype=torch.long, device=self.device)
+        score = torch.zeros(pos.shape, dtype=torch.float32, device=self.device)
+        pos[:, :, :new_len] = self.pos.gather(2, idx)
+        score[:, :, :new_len] = self.score.gather(2, idx)
+        junk = torch.arange(new_len + extra, device=self.device).view(1, 1, -1) >= count.view(-1, 1, 1)
+        pos.masked_fill_(junk, -1)
+        self.keys, self.values, self.pos, self.score = keys, values, pos, score
+        self.alive = torch.zeros(pos.shape, dtype=torch.bool, device=self.device)
+        self.count, self.length = count.clone(), new_len
+        self.dense = bool((count == new_len).all())
+
+    # -- measurements -----------------------------------------------------------------------------------
+    def kept_tokens(self) -> torch.Tensor:
+        """[B, H] live real tokens held."""
+        S = self.length
+        live = self.pos[:, :, :S] >= 0
+        if self.cache.mode == "mask":
+            live &= self.alive[:, :, :S]
+        return live.sum(-1)
+
+    def tensor_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
+
+
+class KVCache(Cache):
+    """Evicting KV cache for ``generate()``.
+
+    Args:
+        policy: what to keep (see :mod:`keyformer.policies`); ``None`` means full.
+        num_layers: decoder layers of the model.
+        prompt_mask: [B, N] attention mask of the (left-padded) prompt; pads are never kept nor scored.
+        max_new_tokens: used to preallocate the full cache and for Keyformer's tau schedule.
+        seed: Gumbel-noise seed; ``seeds`` ([B] ints) sets one per sample.
+        mode: ``physical`` (evict and free) or ``mask`` (simulate eviction with attention masks).
+    """
+
+    def __init__(self, policy: Policy | None, num_layers: int, *, prompt_mask: torch.Tensor | None = None,
+                 max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None, mode: str = "physical"):
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} is unknown; valid: {', '.join(MODES)}")
+        self.policy = policy if policy is not None else FullPolicy()
+        self.mode, self.max_new_tokens = mode, max_new_tokens
+        self.seed, self._seeds = seed, seeds
+        self.prompt_mask = prompt_mask
+        self.step = 0  # 0 during the prompt, t at the t-th decode step (for the tau schedule)
+        super().__init__(layers=[EvictingLayer(self, i) for i in range(num_layers)])
+
+    # -- per-sample bookkeeping, set at the prompt --------------------------------------------------------
+    def _init_prompt(self, q: int, B: int, device: torch.device) -> None:
+        m = self.prompt_mask
+        if m is None:
+            m = torch.ones(B, q, dtype=torch.long)
+        m = m.to(device)
+        if m.shape[0] != B:  # beam search expands the batch before the prompt forward
+            if B % m.shape[0]:
+                raise ValueError(f"prompt_mask batch {m.shape[0]} does not divide the model batch {B}")
+            m = m.repeat_interleave(B // m.shape[0], dim=0)
+        if m.shape[1] != q:
+            raise ValueError(f"prompt_mask has {m.shape[1]} columns but the prompt forward has {q} tokens")
+        self.real = m.bool()  # [B, N]
+        self.n = self.real.sum(-1)  # real prompt lengths [B]
+        self.prompt_pos = torch.where(self.real, self.real.long().cumsum(-1) - 1, -1)
+        self.next_pos = self.n.clone()
+        if self.policy.evicts:
+            self.k = self.policy.budget_tokens(self.n)
+            self.w = torch.minimum(self.policy.recent_tokens(self.k), self.k)
+        else:
+            self.k = torch.full_like(self.n, torch.iinfo(torch.long).max)
+            self.w = torch.zeros_like(self.n)
+        reps = B // (len(self._seeds) if self._seeds else B)
+        self.seeds = (
+            [s for s in self._seeds for _ in range(reps)] if self._seeds else [self.seed] * B
+        )
+
+    def new_positions(self, layer_idx: int, seen: int, q: int, B: int, device: torch.device):
+        """Positions [B, q] and realness [B, q] of this forward's q new tokens (pads: position -1)."""
+        if seen == 0:
+            if layer_idx == 0:
+                self._init_prompt(q, B, device)
+            return self.prompt_pos, self.real
+        if layer_idx == 0:
+            self.fwd_pos = self.next_pos.view(-1, 1) + torch.arange(q, device=device).view(1, -1)
+            self.fwd_real = torch.ones(B, q, dtype=torch.bool, device=device)
+            self.next_pos = self.next_pos + q
+        return self.fwd_pos, self.fwd_real
+
+    def cur_pos(self) -> torch.Tensor:
+        return self.next_pos - 1
+
+    def capacity_hint(self, needed: int) -> int:
+        return needed + (self.max_new_tokens if not self.policy.evicts else 0)
+
+    def headroom(self) -> int:
+        return 1
+
+    def tau_step(self, layer: EvictingLayer) -> int:
+        """0 during the prompt forward, t during the t-th decode forward (Keyformer's tau schedule)."""
+        return max(0, layer.seen - int(self.real.shape[1]))
+
+    # -- measurements ---------------------------------------------------------------------------------------
+    def bytes_per_token(self) -> int:
+        """K+V bytes of one token over all layers and KV heads."""
+        total = 0
+        for layer in self.layers:
+            if layer.is_initialized:
+                _, H, _, D = layer.keys.shape
+                total += H * (D + layer.values.shape[-1]) * layer.keys.element_size()
+        return total
+
+    def kv_bytes(self) -> list[int]:
+        """Per sample: bytes of the live tokens held, summed over layers."""
+        out = torch.zeros_like(self.n)
+        for layer in self.layers:
+            if layer.is_initialized:
+                _, H, _, D = layer.keys.shape
+                per = (D + layer.values.shape[-1]) * layer.keys.element_size()
+                out = out + layer.kept_tokens().sum(-1) * per
+        return out.tolist()
+
+    def kv_bytes_full(self) -> list[int]:
+        """Per sample: bytes a full cache would hold for the same tokens."""
+        return ((self.next_pos) * self.bytes_per_token()).tolist()
+
+    def tensor_bytes(self) -> int:
+        return sum(layer.tensor_bytes() for layer in self.layers if layer.is_initialized)
+
+    def kept_positions(self, layer_idx: int) -> list[list[set[int]]]:
+        """Positions held by each (sample, head) of a layer, for inspection and tests."""
+        layer = self.layers[layer_idx]
+        S = layer.length
+        pos = layer.pos[:, :, :S]
+        live = pos >= 0
+        if self.mode == "mask":
+            live &= layer.alive[:, :, :S]
+        else:
+            live &= torch.arange(S, device=pos.device).view(1, 1, -1) < layer.count.view(-1, 1, 1)
+        return [[set(pos[b, h][live[b, h]].tolist()) for h in range(pos.shape[1])] for b in range(pos.shape[0])]

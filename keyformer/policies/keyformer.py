@@ -1,0 +1,76 @@
+"""Keyformer (Adnan et al., MLSys 2024): Gumbel-softmax key-token scores.
+
+score_t = softmax((logits + g) / tau_t) over the cached tokens, with ``g`` i.i.d. Gumbel(0, 1) per
+(query head, query, key) and ``tau_t = tau_init + t * (tau_end - tau_init) / max_new_tokens`` (t = 0 at
+prefill, t at the t-th decode step). Logits include the model's position bias (ALiBi for MPT).
+Scores accumulate per (sample, layer, KV head); the cache keeps w recent + top (k - w) key tokens.
+
+Candidate rule:
+* ``paper`` (default): at each decode step the token leaving the recent window competes for a key slot
+  with the current key tokens (the paper's "k + 1 - w" candidates).
+* ``reference``: as the authors' code, the token leaving the window is always dropped, so the key set is
+  frozen after prefill and decode-time accumulation cannot change it.
+
+``head_reduction``: ``per_head`` selects per KV head; ``shared`` sums scores over the KV heads of a layer
+and keeps the same tokens in every head (an ablation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .base import Policy
+
+CANDIDATE_RULES = ("paper", "reference")
+HEAD_REDUCTIONS = ("per_head", "shared")
+
+
+@dataclass
+class KeyformerPolicy(Policy):
+    tau_init: float = 1.0
+    tau_end: float = 2.0
+    noise: bool = True
+    candidates: str = "paper"
+    head_reduction: str = "per_head"
+    max_new_tokens: int = 128
+
+    name: ClassVar[str] = "keyformer"
+    needs_scores: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.tau_init > 0:
+            raise ValueError(f"tau_init={self.tau_init!r} must be > 0")
+        if self.tau_end < self.tau_init:
+            raise ValueError(f"tau_end={self.tau_end!r} must be >= tau_init={self.tau_init!r}")
+        if self.candidates not in CANDIDATE_RULES:
+            raise ValueError(f"candidates={self.candidates!r} is unknown; valid: {', '.join(CANDIDATE_RULES)}")
+        if self.head_reduction not in HEAD_REDUCTIONS:
+            raise ValueError(f"head_reduction={self.head_reduction!r} is unknown; valid: {', '.join(HEAD_REDUCTIONS)}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be >= 1")
+
+    @property
+    def uses_noise(self) -> bool:  # type: ignore[override]
+        return self.noise
+
+    def tau(self, step: int) -> float:
+        return self.tau_init + step * (self.tau_end - self.tau_init) / self.max_new_tokens
+
+    def score(self, logits: torch.Tensor, *, step: int, noise: torch.Tensor | None) -> torch.Tensor:
+        x = logits if noise is None else logits + noise
+        tau = self.tau(step)
+        return torch.softmax(x if tau == 1.0 else x / tau, dim=-1)
+
+    def priority(
+        self, score: torch.Tensor, pos: torch.Tensor, cur: torch.Tensor, w: torch.Tensor, *, step: int
+    ) -> torch.Tensor:
+        if self.candidates == "reference" and step > 0:
+            leaving = pos == (cur - w).view(-1, 1, 1)
+            score = score.masked_fill(leaving, float("-inf"))
+        if self.head_reduction == "shared":
+            score = score.sum(dim=1, keepdim=True).expand_as(score)
+        return score
