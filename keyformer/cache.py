@@ -43,6 +43,7 @@ class EvictingLayer(CacheLayerMixin):
         self.seen = 0  # logical columns processed (padded prompt + generated): what generate() expects
         self.length = 0  # physical slots in use (L)
         self.dense = True  # physical mode: every slot in [0, L) is live for every sample
+        self.pending = False  # update() ran but evict() has not yet
 
     # -- transformers cache API -----------------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -96,6 +97,9 @@ class EvictingLayer(CacheLayerMixin):
         """Append ``q`` new tokens at slots [L, L + q); return views over the L + q slots to attend."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        elif self.pending:
+            raise RuntimeError("the model's attention did not run our evicting path on the previous forward; "
+                               "call keyformer.prepare_model(model) and keep its attention implementation")
         B, H, q, _ = key_states.shape
         L = self.length
         self._reserve(L + q)
@@ -106,7 +110,7 @@ class EvictingLayer(CacheLayerMixin):
         self.score[:, :, L : L + q] = 0.0
         self.alive[:, :, L : L + q] = new_real.unsqueeze(1)
         self.seen += q
-        self.q_len, self.new_real = q, new_real
+        self.q_len, self.new_real, self.pending = q, new_real, True
         k, v = self.keys[:, :, : L + q], self.values[:, :, : L + q]
         k._kf_layer = self  # how our attention function finds this layer (see keyformer.attention)
         return k, v
@@ -143,6 +147,7 @@ class EvictingLayer(CacheLayerMixin):
         """Cut the cache back to the budget after this forward's attention (see module docstring)."""
         cache, q, L = self.cache, self.q_len, self.length
         S = L + q
+        self.pending = False
         if not cache.policy.evicts:
             if cache.mode == "physical":
                 self.count = torch.full_like(self.count, S)

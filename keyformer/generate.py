@@ -67,10 +67,11 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
     pad = pad_token_id if pad_token_id is not None else (eos_token_id if isinstance(eos_token_id, int) else 0)
     sync()
     t0 = time.perf_counter()
+    if eos_token_id is not None:
+        kwargs["eos_token_id"] = eos_token_id
     out = model.generate(
         input_ids=input_ids, attention_mask=attention_mask, cache=cache, max_new_tokens=max_new_tokens,
-        min_new_tokens=min_new_tokens, num_beams=num_beams, do_sample=False, eos_token_id=eos_token_id,
-        pad_token_id=pad, logits_processor=LogitsProcessorList([clock]), return_dict_in_generate=True, **kwargs,
+        min_new_tokens=min_new_tokens, num_beams=num_beams, do_sample=False, pad_token_id=pad, logits_processor=LogitsProcessorList([clock]), return_dict_in_generate=True, **kwargs,
     )
     sync()
     t_end = time.perf_counter()
