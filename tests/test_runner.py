@@ -202,3 +202,18 @@ def test_default_run_smoke(tmp_path):
     assert m["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and m["policy"] == "keyformer"
     assert m["complete"] and 0 < m["kv_bytes"] < m["kv_bytes_full"]
     assert "rougeL" in r.stdout and "decode ms/token" in r.stdout
+
+
+def test_wandb_offline_and_failure_is_warning(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run(cfg_dict(tmp_path / "sweep" / "ok", "n_samples=1", "logger=wandb"), FakeCore().backend())
+    assert list((tmp_path / "sweep" / "ok" / "wandb").glob("offline-run-*"))
+
+    def broken(*a, **k):
+        raise RuntimeError("no network")
+
+    monkeypatch.setattr(wandb, "init", broken)
+    with pytest.warns(UserWarning, match="W&B disabled"):
+        m = run(cfg_dict(tmp_path / "sweep" / "bad", "n_samples=1", "logger=wandb"), FakeCore().backend())
+    assert m["complete"] and (tmp_path / "sweep" / "bad" / "metrics.json").is_file()
