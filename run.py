@@ -23,6 +23,12 @@ def main(cfg: DictConfig) -> float | None:
 
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
+        if config.get("task", {}).get("name") == "lm_eval":
+            from keyformer.lmeval.job import run_lm_eval, validate_lm_eval
+
+            validate_lm_eval(config)
+            run_lm_eval(config)
+            return None
         validate(config)
         from keyformer.runner import run
 
