@@ -46,18 +46,17 @@ def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor,
     bias = _alibi(layer, slopes) if slopes is not None else None  # [B, Hq, 1, S]
     if policy.needs_scores and q == 1 and layer.length > 0:
         out = _decode_with_scores(module, layer, query, key, value, mask, bias, scaling)
+    elif policy.needs_scores:
+        if layer.length > 0:
+            raise NotImplementedError("multi-token forwards over a non-empty evicting cache (chunked "
+                                      "prefill) are not supported by scoring policies")
+        out = _prompt_with_scores(layer, query, key, value, slopes, scaling)
+    elif bias is not None:
+        out = _eager(query, key, value, mask, bias, scaling)
     else:
-        if bias is not None:
-            out = _eager(query, key, value, mask, bias, scaling)
-        else:
-            if mask is not None and mask.shape[1] > 1 and G > 1:
-                mask = mask.repeat_interleave(G, dim=1)
-            out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling)
-        if policy.needs_scores:
-            if layer.length > 0:
-                raise NotImplementedError("multi-token forwards over a non-empty evicting cache (chunked "
-                                          "prefill) are not supported by scoring policies")
-            _score_prompt(layer, query, key, slopes, scaling)
+        if mask is not None and mask.shape[1] > 1 and G > 1:
+            mask = mask.repeat_interleave(G, dim=1)
+        out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling)
     layer.evict()
     return out
 
@@ -125,19 +124,19 @@ def _decode_noise(layer: EvictingLayer, Hq: int) -> torch.Tensor:
     return torch.stack(out)
 
 
-def _score_prompt(layer: EvictingLayer, query, key, slopes, scaling) -> None:
-    """Accumulate prompt scores: per sample, over its real tokens, in blocks of query rows."""
+def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling) -> torch.Tensor:
+    """Prompt attention and score accumulation in one pass: per sample, over its real tokens, in blocks of
+    query rows (the logits of a block serve the output and the score). Returns [B, N, Hq, Dv]."""
     cache, policy = layer.cache, layer.cache.policy
     B, Hq, N, D = query.shape
-    Hkv = key.shape[1]
+    Hkv, Dv = key.shape[1], value.shape[-1]
     G = Hq // Hkv
-    n_real = cache.n.tolist()
-    for b in range(B):
-        n = n_real[b]
+    out = query.new_zeros(B, N, Hq, Dv)  # pad rows stay 0: nothing ever attends to a pad
+    for b, n in enumerate(cache.n.tolist()):
         o = N - n
         if not bool(cache.real[b, o:].all()):
             raise ValueError("prompts must be left-padded (real tokens contiguous at the end)")
-        qb, kb = query[b, :, o:], key[b, :, o:]  # [Hq, n, D], [Hkv, n, D]
+        qb, kb, vb = query[b, :, o:], key[b, :, o:], value[b, :, o:]  # [Hq, n, D], [Hkv, n, D], [Hkv, n, Dv]
         rows = max(gumbel.ROWS, SCORE_BLOCK_FLOATS // max(1, Hq * n) // gumbel.ROWS * gumbel.ROWS)
         acc = torch.zeros(Hkv, n, dtype=torch.float32, device=query.device)
         for r0 in range(0, n, rows):
@@ -145,14 +144,23 @@ def _score_prompt(layer: EvictingLayer, query, key, slopes, scaling) -> None:
             r = r1 - r0
             qc = qb[:, r0:r1].reshape(Hkv, G * r, D)
             logits = (torch.matmul(qc, kb[:, :r1].transpose(-1, -2)).float() * scaling).view(Hkv, G, r, r1)
-            if slopes is not None:
+            if slopes is not None:  # ALiBi: slope * key position (a per-row shift of the true distance)
                 dist = torch.arange(r1, device=query.device, dtype=torch.float32)
-                logits = logits + (slopes.view(Hkv, G, 1, 1).float() * dist).to(logits.dtype)
-            causal = torch.arange(r1, device=query.device).view(1, -1) <= torch.arange(r0, r1, device=query.device).view(-1, 1)
+                logits = logits + slopes.view(Hkv, G, 1, 1).float() * dist
+            causal = torch.arange(r1, device=query.device).view(1, -1) <= torch.arange(
+                r0, r1, device=query.device).view(-1, 1)
             logits = logits.masked_fill(~causal, float("-inf"))
-            noise = None
-            if policy.uses_noise:
-                noise = gumbel.prompt_noise(cache.seeds[b], layer.layer_idx, r0, r1, Hq, query.device)
-                noise = noise.view(Hkv, G, r, r1)
-            acc[:, :r1] += policy.score(logits, step=0, noise=noise).sum(dim=(1, 2))
+            probs = torch.softmax(logits, dim=-1)
+            ctx = torch.matmul(probs.view(Hkv, G * r, r1).to(vb.dtype), vb[:, :r1])  # [Hkv, G*r, Dv]
+            out[b, o + r0 : o + r1] = ctx.view(Hq, r, Dv).transpose(0, 1)
+            if getattr(policy, "score_is_attention", False):
+                s = probs
+            else:
+                noise = None
+                if policy.uses_noise:
+                    noise = gumbel.prompt_noise(cache.seeds[b], layer.layer_idx, r0, r1, Hq, query.device)
+                    noise = noise.view(Hkv, G, r, r1)
+                s = policy.score(logits, step=0, noise=noise)
+            acc[:, :r1] += s.sum(dim=(1, 2))
         layer.score[b, :, o:N] += acc
+    return out
