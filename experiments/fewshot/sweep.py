@@ -1,6 +1,7 @@
 """Run the few-shot sweep of ``config.yaml`` point by point (resumable), then collect the curated results.
 
     nice -n 10 .venv/bin/python experiments/fewshot/sweep.py [--config experiments/fewshot/config.yaml]
+    (start it N times for N parallel workers: each point is claimed with a lock file)
     .venv/bin/python experiments/fewshot/sweep.py --collect-only
 
 Every point is one ``task=lm_eval`` job (as ``python run.py <overrides> <point>``) with its own
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import sys
@@ -20,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from keyformer.results import atomic_write_text  # noqa: E402
+
 COLUMNS = ("model", "task", "policy", "budget", "recent", "loglikelihood", "num_fewshot", "limit", "n_samples",
            "acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "seed", "wall_s", "git_commit", "run")
 
@@ -50,13 +55,33 @@ def collect(output_root: Path, results: Path) -> list[dict[str, Any]]:
         for task, r in m["tasks"].items():
             rows.append({**{k: m.get(k) for k in COLUMNS}, **{k: r.get(k) for k in COLUMNS if k in r},
                          "task": task, "run": m_path.parent.name})
-    results.mkdir(parents=True, exist_ok=True)
-    with (results / "fewshot.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    (results / "fewshot.json").write_text(json.dumps(points, indent=1, sort_keys=True, default=str) + "\n")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(results / "fewshot.csv", buf.getvalue())  # workers may collect concurrently
+    atomic_write_text(results / "fewshot.json", json.dumps(points, indent=1, sort_keys=True, default=str) + "\n")
     return rows
+
+
+def claim(out: Path) -> bool:
+    """Take ``out/.sweep.lock`` for this process; False when a live process holds it (parallel workers)."""
+    out.mkdir(parents=True, exist_ok=True)
+    lock = out / ".sweep.lock"
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            os.kill(int(lock.read_text() or 0), 0)
+            return False
+        except (ValueError, ProcessLookupError):
+            lock.unlink(missing_ok=True)  # stale: its worker died
+            return claim(out)
+        except PermissionError:
+            return False
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,12 +100,22 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(1)
         from keyformer.lmeval.job import run_lm_eval, validate_lm_eval
+        from keyformer.results import ResultsDir
 
         for point in exp["points"]:
             cfg = point_config(list(exp["overrides"]), list(point), output_root)
             validate_lm_eval(cfg)
-            print(f"[fewshot] {' '.join(point)} -> {cfg['output_dir']}", flush=True)
-            run_lm_eval(cfg)
+            out = Path(cfg["output_dir"])
+            if ResultsDir(out).is_complete():
+                continue
+            if not claim(out):
+                print(f"[fewshot] {' '.join(point)}: another worker is running it, next", flush=True)
+                continue
+            print(f"[fewshot] {' '.join(point)} -> {out}", flush=True)
+            try:
+                run_lm_eval(cfg)
+            finally:
+                (out / ".sweep.lock").unlink(missing_ok=True)
             collect(output_root, results)
     rows = collect(output_root, results)
     print(f"[fewshot] {len(rows)} rows in {results / 'fewshot.csv'}", flush=True)
