@@ -131,6 +131,8 @@ def load_model(cfg: Mapping[str, Any]) -> tuple[Any, Any]:
         tok = transformers.AutoTokenizer.from_pretrained(m.get("tokenizer") or path)
         if m.get("arch") == "mpt":
             kwargs["use_cache"] = True  # MptConfig defaults to False: generate would run without a cache
+    if device.startswith("cuda"):
+        kwargs["device_map"] = device  # load straight onto the GPU
     loader = getattr(transformers, m.get("loader_class") or "AutoModelForCausalLM")
     model = loader.from_pretrained(path, **kwargs)
     model.config.use_cache = True

@@ -129,6 +129,8 @@ def run(cfg: Mapping[str, Any], backend: Backend | None = None) -> dict[str, Any
     """Run one job described by the resolved config ``cfg`` (a plain dict) and return its metrics."""
     t_start = time.perf_counter()
     rd = ResultsDir(cfg["output_dir"])
+    if cfg.get("resume", True):
+        rd.check_config(cfg)  # never skip or extend results of a different config
     if cfg.get("resume", True) and rd.is_complete():
         metrics = rd.metrics() or {}
         print(f"[keyformer] {rd.path}: complete results found, skipping", flush=True)
@@ -137,7 +139,6 @@ def run(cfg: Mapping[str, Any], backend: Backend | None = None) -> dict[str, Any
     if not cfg.get("resume", True):
         for name in ("predictions.jsonl", "metrics.json"):
             (rd.path / name).unlink(missing_ok=True)
-    rd.check_config(cfg)
     rd.write_config(cfg)
 
     records = _unique_ids(load_records(cfg["dataset"], int(cfg["n_samples"]), int(cfg["seed"])))

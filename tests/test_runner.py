@@ -217,3 +217,13 @@ def test_wandb_offline_and_failure_is_warning(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="W&B disabled"):
         m = run(cfg_dict(tmp_path / "sweep" / "bad", "n_samples=1", "logger=wandb"), FakeCore().backend())
     assert m["complete"] and (tmp_path / "sweep" / "bad" / "metrics.json").is_file()
+
+
+def test_complete_dir_with_other_config_is_not_skipped(tmp_path):
+    from keyformer.results import ResumeError
+
+    run(cfg_dict(tmp_path, "n_samples=1"), FakeCore().backend())
+    with pytest.raises(ResumeError, match="n_samples"):
+        run(cfg_dict(tmp_path, "n_samples=2"), FakeCore().backend())
+    m = run(cfg_dict(tmp_path, "n_samples=2", "resume=false"), FakeCore().backend())  # start over
+    assert m["n_samples"] == 2
