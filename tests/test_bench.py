@@ -1,0 +1,81 @@
+"""Smoke tests of the performance benchmark on a tiny random model (CPU, no network, a few seconds)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from keyformer import bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_cfg(out: Path) -> dict[str, Any]:
+    cfg = OmegaConf.load(ROOT / "conf" / "bench.yaml")
+    cfg.pop("hydra")
+    cfg.merge_with(OmegaConf.create({
+        "model_name": "tiny", "prompt": "random", "new_tokens": 3, "rounds": 1, "bandwidth_mb": 8,
+        "warmup": {"prompt_len": 16, "new_tokens": 2}, "out_dir": str(out), "data_dir": "/nonexistent",
+        "groups": [{"prompt_len": 48, "batch": 1, "budgets": [0.5], "hf_baseline": True},
+                   {"prompt_len": 32, "batch": 2, "budgets": [0.5], "policies": ["window", "keyformer"]}],
+        "throughput": {"prompt_len": 32, "full_batch": 1, "rounds": 1},
+        "ops": {"group": 0, "steps": 2},
+        "targets": {"prefill_prompt_len": 48, "speedup_points": [[48, 1], [32, 2]]},
+    }))
+    c = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(c, dict)
+    return {str(k): v for k, v in c.items()}
+
+
+def test_bench_smoke(tmp_path: Path) -> None:
+    report = bench.run(tiny_cfg(tmp_path), log=lambda s: None)
+    for name in ("bench.json", "bench.csv", "table.txt", "command.txt"):
+        assert (tmp_path / name).is_file()
+    labels = {(r["group"], r["label"]) for r in report["rows"]}
+    assert ("L48xB1", "hf") in labels and ("L32xB2", "keyformer@0.5") in labels
+    assert ("L32xB2", "h2o@0.5") not in labels  # per-group policies
+    assert [t["id"] for t in report["targets"]] == [1, 2, 3, 4, 5]
+    for r in report["rows"]:
+        assert r["decode_ms_stats"]["n"] >= 1 and r["prefill_s_median"] > 0
+        assert r["kv_tensor_bytes"] >= r["kv_live_bytes"] > 0
+    full = next(r for r in report["rows"] if r["group"] == "L48xB1" and r["policy"] == "full")
+    half = next(r for r in report["rows"] if r["group"] == "L48xB1" and r["label"] == "keyformer@0.5")
+    assert half["kv_live_bytes"] < full["kv_live_bytes"] and half["predicted_speedup"] > 1.0
+    # target 5 on the tiny model: the transformers DynamicCache concatenates the whole cache (positive control)
+    ops = report["ops"]
+    assert ops["hf"]["whole_cache_cat"]
+    assert not any(v["whole_cache_cat"] for k, v in ops.items() if k != "hf")
+    tp = report["throughput"]
+    assert tp["policy"]["batch"] >= tp["full"]["batch"]
+    assert json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert "Target 5" in (tmp_path / "table.txt").read_text()
+
+
+def test_stats_helpers() -> None:
+    s = bench.spread([3.0, 1.0, 2.0, 10.0])
+    assert s["median"] == 2.5 and s["min"] == 1.0 and s["max"] == 10.0 and s["q1"] <= s["median"] <= s["q3"]
+    assert bench.spread([])["n"] == 0
+    assert bench.make_prompts(list(range(100)), 50, 10, 3, 0).shape == (3, 10)
+    assert bench.make_prompts(None, 50, 10, 2, 0).max() < 50
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_peak_rss_reset() -> None:
+    assert bench.reset_peak_rss()
+    assert bench.peak_rss_mb() >= bench.rss_mb() > 0
+
+
+def test_gpu_bench_tiny(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_bench
+
+    gpu_bench.main(["--tiny", "--models", "mpt", "--lengths", "8", "--max-batch", "2", "--gen-cap", "4", "--out", str(tmp_path)])
+    cells = json.loads((tmp_path / "gpu_bench.json").read_text())["cells"]
+    thr = next(c for c in cells if c.get("kind") == "throughput")
+    assert thr["runs"]["full"]["max_batch"] == 2 and thr["runs"]["keyformer"]["tokens_per_s"] > 0
+    assert any(c.get("kind") == "latency" for c in cells)
