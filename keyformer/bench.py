@@ -365,6 +365,7 @@ def count_ops(model: Any, snap: Snapshot, steps: int, min_bytes: int) -> dict[st
     class Counting(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
+            self.calls = 0
             self.cat_calls = 0
             self.cat_bytes = 0
             self.cat_max = 0
@@ -373,6 +374,7 @@ def count_ops(model: Any, snap: Snapshot, steps: int, min_bytes: int) -> dict[st
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             out = func(*args, **(kwargs or {}))
             name = func.overloadpacket.__name__
+            self.calls += 1
             # in-place ops return their (whole) destination: count the bytes of their sources instead
             written = tree_flatten(args[1:] if name.endswith("_") else out)[0]
             nbytes = sum(t.numel() * t.element_size() for t in written if isinstance(t, torch.Tensor))
@@ -390,7 +392,7 @@ def count_ops(model: Any, snap: Snapshot, steps: int, min_bytes: int) -> dict[st
         for _ in range(steps):
             out = model(input_ids=tok, cache=cache, logits_to_keep=1)
             tok = out.logits[:, -1].argmax(-1, keepdim=True)
-    return {"steps": steps, "cat_calls_per_step": counter.cat_calls / steps,
+    return {"steps": steps, "aten_calls_per_step": counter.calls / steps, "cat_calls_per_step": counter.cat_calls / steps,
             "cat_bytes_per_step": counter.cat_bytes / steps, "cat_max_bytes": counter.cat_max,
             "layer_kv_bytes": min_bytes, "whole_layer_moves_per_step": {k: v / steps for k, v in counter.big.items()},
             "whole_cache_cat": counter.cat_max >= min_bytes}
@@ -525,7 +527,7 @@ def format_targets(targets: list[dict[str, Any]]) -> str:
             lines.append(f"    decode throughput gain {v['gain']:.3f}x, end-to-end {v['e2e_gain']:.3f}x")
         elif t["id"] == 5:
             for k, v in t["values"].items():
-                lines.append(f"    {k:<14} cat/step {v['cat_calls_per_step']:.1f}, cat bytes/step "
+                lines.append(f"    {k:<14} aten ops/step {v['aten_calls_per_step']:.0f}, cat/step {v['cat_calls_per_step']:.1f}, cat bytes/step "
                              f"{v['cat_bytes_per_step'] / 2**10:.1f} KiB, largest cat {v['cat_max_bytes'] / 2**10:.1f} KiB "
                              f"(one layer's K = {v['layer_kv_bytes'] / 2**10:.0f} KiB), copies of >= one layer's K per step "
                              f"{v['whole_layer_moves_per_step']}")
