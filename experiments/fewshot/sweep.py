@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 from keyformer.results import atomic_write_text  # noqa: E402
 
 COLUMNS = ("model", "task", "policy", "budget", "recent", "loglikelihood", "num_fewshot", "limit", "n_samples",
-           "acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "seed", "wall_s", "git_commit", "run")
+           "acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "dtype", "batch_size", "seed", "wall_s", "git_commit",
+           "run")
 
 
 def point_config(overrides: list[str], point: list[str], output_root: Path) -> dict[str, Any]:
@@ -45,16 +46,17 @@ def collect(output_root: Path, results: Path) -> list[dict[str, Any]]:
     from omegaconf import OmegaConf
 
     rows, points = [], []
-    for m_path in sorted(output_root.glob("*/metrics.json")):
+    for m_path in sorted(output_root.glob("**/metrics.json")):
         m = json.loads(m_path.read_text())
         if not m.get("complete") or m.get("task") != "lm_eval":
             continue
         cfg = OmegaConf.to_container(OmegaConf.load(m_path.parent / "config.yaml"))
-        points.append({"run": m_path.parent.name, "config": {k: cfg[k] for k in (
+        run = str(m_path.parent.relative_to(output_root))
+        points.append({"run": run, "config": {k: cfg[k] for k in (
             "model", "policy", "task", "budget", "recent", "seed", "device", "dtype")}, "metrics": m})
         for task, r in m["tasks"].items():
             rows.append({**{k: m.get(k) for k in COLUMNS}, **{k: r.get(k) for k in COLUMNS if k in r},
-                         "task": task, "run": m_path.parent.name})
+                         "task": task, "dtype": cfg["dtype"], "run": run})
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     w.writeheader()
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
     exp = OmegaConf.to_container(OmegaConf.load(args.config))
     output_root, results = ROOT / exp["output_root"], ROOT / exp["results"]
+    collect_root = ROOT / exp.get("collect_root", exp["output_root"])
     if not args.collect_only:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -116,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_lm_eval(cfg)
             finally:
                 (out / ".sweep.lock").unlink(missing_ok=True)
-            collect(output_root, results)
-    rows = collect(output_root, results)
+            collect(collect_root, results)
+    rows = collect(collect_root, results)
     print(f"[fewshot] {len(rows)} rows in {results / 'fewshot.csv'}", flush=True)
     return 0
 
