@@ -20,7 +20,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from . import noise as gumbel
 from .cache import EvictingLayer
 
-SCORE_BLOCK_FLOATS = 8 * 2**20  # ~32 MB of fp32 logits per prompt-scoring block
+SCORE_BLOCK_FLOATS = 8 * 2**20  # ~32 MB of fp32 logits per block (fallback log-sum-exp)
+SCORE_ROWS = 128  # query rows per prompt-scoring block (a multiple of noise.ROWS)
 
 
 def keyformer_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -125,9 +126,14 @@ def _decode_noise(layer: EvictingLayer, Hq: int) -> torch.Tensor:
 
 
 def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling) -> torch.Tensor:
-    """Prompt attention and score accumulation in one pass: per sample, over its real tokens, in blocks of
-    query rows (the logits of a block serve the output and the score). Returns [B, N, Hq, Dv]."""
-    cache, policy = layer.cache, layer.cache.policy
+    """Prompt attention plus score accumulation, per sample over its real tokens. Returns [B, N, Hq, Dv].
+
+    Without ALiBi the output comes from the SDPA flash kernel, which also returns each row's log-sum-exp;
+    the score pass then recomputes logits in blocks of query rows (no n x n matrix): H2O's column sums are
+    ``sum_i exp(s_ij - lse_i)``; Keyformer normalises ``(s + g) / tau`` with its own log-sum-exp. With
+    ALiBi (MPT, eager-only) each block's logits serve both the output and the score.
+    """
+    cache = layer.cache
     B, Hq, N, D = query.shape
     Hkv, Dv = key.shape[1], value.shape[-1]
     G = Hq // Hkv
@@ -137,30 +143,76 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
         if not bool(cache.real[b, o:].all()):
             raise ValueError("prompts must be left-padded (real tokens contiguous at the end)")
         qb, kb, vb = query[b, :, o:], key[b, :, o:], value[b, :, o:]  # [Hq, n, D], [Hkv, n, D], [Hkv, n, Dv]
-        rows = max(gumbel.ROWS, SCORE_BLOCK_FLOATS // max(1, Hq * n) // gumbel.ROWS * gumbel.ROWS)
-        acc = torch.zeros(Hkv, n, dtype=torch.float32, device=query.device)
-        for r0 in range(0, n, rows):
-            r1 = min(n, r0 + rows)
-            r = r1 - r0
-            qc = qb[:, r0:r1].reshape(Hkv, G * r, D)
-            logits = (torch.matmul(qc, kb[:, :r1].transpose(-1, -2)).float() * scaling).view(Hkv, G, r, r1)
-            if slopes is not None:  # ALiBi: slope * key position (a per-row shift of the true distance)
-                dist = torch.arange(r1, device=query.device, dtype=torch.float32)
-                logits = logits + slopes.view(Hkv, G, 1, 1).float() * dist
-            causal = torch.arange(r1, device=query.device).view(1, -1) <= torch.arange(
-                r0, r1, device=query.device).view(-1, 1)
-            logits = logits.masked_fill(~causal, float("-inf"))
-            probs = torch.softmax(logits, dim=-1)
-            ctx = torch.matmul(probs.view(Hkv, G * r, r1).to(vb.dtype), vb[:, :r1])  # [Hkv, G*r, Dv]
-            out[b, o + r0 : o + r1] = ctx.view(Hq, r, Dv).transpose(0, 1)
-            if getattr(policy, "score_is_attention", False):
-                s = probs
-            else:
-                noise = None
-                if policy.uses_noise:
-                    noise = gumbel.prompt_noise(cache.seeds[b], layer.layer_idx, r0, r1, Hq, query.device)
-                    noise = noise.view(Hkv, G, r, r1)
-                s = policy.score(logits, step=0, noise=noise)
-            acc[:, :r1] += s.sum(dim=(1, 2))
+        lse = None
+        if slopes is None:
+            kx, vx = (kb, vb) if G == 1 else (kb.repeat_interleave(G, 0), vb.repeat_interleave(G, 0))
+            ctx, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                qb[None], kx[None], vx[None], 0.0, True, scale=scaling) if qb.device.type == "cpu" else \
+                _sdpa_with_lse(qb, kx, vx, scaling)
+            out[b, o:] = ctx[0].transpose(0, 1)
+            lse = lse[0].float()  # [Hq, n]
+        acc = _score_blocks(layer, b, qb, kb, vb, out[b, o:] if lse is None else None, lse, slopes, scaling)
         layer.score[b, :, o:N] += acc
     return out
+
+
+def _sdpa_with_lse(q, k, v, scaling):
+    """Non-CPU fallback: output from SDPA, row log-sum-exp recomputed in blocks."""
+    ctx = torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scaling)
+    n = q.shape[1]
+    lse = torch.empty(q.shape[0], n, dtype=torch.float32, device=q.device)
+    step = max(1, SCORE_BLOCK_FLOATS // max(1, q.shape[0] * n))
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        s = torch.matmul(q[:, r0:r1].float(), k[:, :r1].float().transpose(-1, -2)) * scaling
+        s = s.masked_fill(_upper(r0, r1, q.device), float("-inf"))
+        lse[:, r0:r1] = torch.logsumexp(s, dim=-1)
+    return ctx, lse[None]
+
+
+def _upper(r0: int, r1: int, device) -> torch.Tensor:
+    """[r1 - r0, r1] True above the causal frontier of rows r0..r1."""
+    return torch.arange(r1, device=device).view(1, -1) > torch.arange(r0, r1, device=device).view(-1, 1)
+
+
+def _score_blocks(layer, b, qb, kb, vb, out_b, lse, slopes, scaling) -> torch.Tensor:
+    """Column sums of the policy's prompt scores for sample ``b``: [Hkv, n]. When ``lse`` is None (ALiBi),
+    also writes the attention output of each block into ``out_b`` [n, Hq, Dv]. Blocks of ``SCORE_ROWS``
+    query rows see keys [0, r1) only, so little of the causal upper triangle is computed."""
+    cache, policy = layer.cache, layer.cache.policy
+    Hq, n, D = qb.shape
+    Hkv = kb.shape[0]
+    G = Hq // Hkv
+    acc = torch.zeros(Hkv, n, dtype=torch.float32, device=qb.device)
+    attn_score = getattr(policy, "score_is_attention", False)
+    if lse is not None and attn_score:
+        # exp(s - lse) = the attention probabilities: fold the scale and -lse into one matmul
+        q = torch.cat([qb.float() * scaling, -lse.unsqueeze(-1)], dim=-1).view(Hkv, G, n, D + 1)
+        kt = torch.cat([kb.float(), kb.new_ones(Hkv, n, 1, dtype=torch.float32)], dim=-1).transpose(-1, -2)
+    else:
+        q, kt = qb.float().view(Hkv, G, n, D), kb.float().transpose(-1, -2)
+    for r0 in range(0, n, SCORE_ROWS):
+        r1 = min(n, r0 + SCORE_ROWS)
+        r = r1 - r0
+        x = torch.matmul(q[:, :, r0:r1].reshape(Hkv, G * r, -1), kt[:, :, :r1]).view(Hkv, G, r, r1)
+        upper = _upper(r0, r1, qb.device)[:, r0:]
+        if lse is not None and attn_score:
+            x[..., r0:].masked_fill_(upper, float("-inf"))
+            acc[:, :r1] += x.exp_().sum(dim=(1, 2))
+            continue
+        x.mul_(scaling)
+        if slopes is not None:  # ALiBi: slope * key position (a per-row shift of the true distance)
+            x += slopes.view(Hkv, G, 1, 1).float() * torch.arange(r1, device=qb.device, dtype=torch.float32)
+        x[..., r0:].masked_fill_(upper, float("-inf"))
+        if lse is None:  # ALiBi path: this block's output from the same logits
+            probs = torch.softmax(x, dim=-1)
+            ctx = torch.matmul(probs.view(Hkv, G * r, r1).to(vb.dtype), vb[:, :r1])
+            out_b[r0:r1] = ctx.view(Hq, r, -1).transpose(0, 1)
+            if attn_score:
+                acc[:, :r1] += probs.sum(dim=(1, 2))
+                continue
+        noise = None
+        if policy.uses_noise:
+            noise = gumbel.prompt_noise(cache.seeds[b], layer.layer_idx, r0, r1, Hq, qb.device).view(Hkv, G, r, r1)
+        acc[:, :r1] += policy.score(x, step=0, noise=noise).sum(dim=(1, 2))
+    return acc

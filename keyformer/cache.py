@@ -108,7 +108,8 @@ class EvictingLayer(CacheLayerMixin):
         new_pos, new_real = self.cache.new_positions(self.layer_idx, self.seen, q, B, self.device)  # [B, q] each
         self.pos[:, :, L : L + q] = new_pos.unsqueeze(1)
         self.score[:, :, L : L + q] = 0.0
-        self.alive[:, :, L : L + q] = new_real.unsqueeze(1)
+        if self.cache.mode == "mask":
+            self.alive[:, :, L : L + q] = new_real.unsqueeze(1)
         self.seen += q
         self.q_len, self.new_real, self.pending = q, new_real, True
         k, v = self.keys[:, :, : L + q], self.values[:, :, : L + q]
@@ -133,7 +134,7 @@ class EvictingLayer(CacheLayerMixin):
     def attention_mask(self) -> torch.Tensor | None:
         """Bool mask [B, 1 or H, q, L + q] for this forward, or None when plain causal attention is exact."""
         L, q = self.length, self.q_len
-        if self.cache.mode == "physical" and self.dense and bool(self.new_real.all()) and (q == 1 or L == 0):
+        if self.cache.mode == "physical" and self.dense and self.cache.fwd_all_real and (q == 1 or L == 0):
             return None  # decode over a dense cache, or an unpadded prompt: is_causal handles it
         live = self.live_mask().unsqueeze(2)  # [B, h, 1, L + q]
         rows = torch.arange(q, device=self.device).view(q, 1)
@@ -151,8 +152,11 @@ class EvictingLayer(CacheLayerMixin):
         if not cache.policy.evicts:
             if cache.mode == "physical":
                 self.count = torch.full_like(self.count, S)
-                self.dense = self.dense and bool(self.new_real.all())
+                self.dense = self.dense and self.cache.fwd_all_real
             self.length = S
+            return
+        if cache.mode == "physical" and q == 1 and self.dense and L + 1 > cache.k_max:
+            self._evict_steady()  # every sample is over budget: the common decode step
             return
         live = self.live_mask().expand(-1, self.keys.shape[1], -1)  # [B, H, S]
         n_live = live.sum(-1)  # [B, H]; equal across heads
@@ -181,10 +185,26 @@ class EvictingLayer(CacheLayerMixin):
         cache = self.cache
         pos, score = self.pos[:, :, :S], self.score[:, :, :S]
         cur, w = cache.cur_pos(), cache.w
-        recent = pos > (cur - w).view(-1, 1, 1)
+        recent = pos > cache.recent_floor
         prio = cache.policy.priority(score, pos, cur, w, step=cache.tau_step(self)).to(torch.float64)
         prio = torch.where(recent, torch.inf, prio)
         return torch.where(live, prio, -torch.inf)
+
+    def _evict_steady(self) -> None:
+        """Decode step with every slot live and every sample over budget: evict the lowest-priority
+        non-recent token of each (sample, head) (ties: the oldest) and move the new token into its slot."""
+        cache, L = self.cache, self.length
+        S = L + 1
+        pos, score = self.pos[:, :, :S], self.score[:, :, :S]
+        prio = cache.policy.priority(score, pos, cache.cur_pos(), cache.w, step=cache.tau_step(self))
+        prio = prio.masked_fill(pos > cache.recent_floor, torch.inf)
+        lowest = prio == prio.amin(dim=-1, keepdim=True)
+        victim = pos.masked_fill(~lowest, torch.iinfo(torch.long).max).argmin(dim=-1, keepdim=True)  # [B, H, 1]
+        for t in (pos, score):
+            t.scatter_(2, victim, t[:, :, L:S].clone())
+        for t in (self.keys, self.values):
+            v = t[:, :, :S]
+            v.scatter_(2, victim.unsqueeze(-1).expand(-1, -1, 1, t.shape[-1]), v[:, :, L:S].clone())
 
     def _evict_one(self, live: torch.Tensor, over: torch.Tensor) -> None:
         """Decode fast path: at most one eviction per (sample, head); the new slot L fills the hole."""
@@ -276,12 +296,15 @@ class KVCache(Cache):
         self.n = self.real.sum(-1)  # real prompt lengths [B]
         self.prompt_pos = torch.where(self.real, self.real.long().cumsum(-1) - 1, -1)
         self.next_pos = self.n.clone()
+        self.fwd_all_real = bool(self.real.all())
         if self.policy.evicts:
             self.k = self.policy.budget_tokens(self.n)
             self.w = torch.minimum(self.policy.recent_tokens(self.k), self.k)
         else:
             self.k = torch.full_like(self.n, torch.iinfo(torch.long).max)
             self.w = torch.zeros_like(self.n)
+        self.k_max = int(self.k.max())
+        self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)  # recent window: pos > this
         reps = B // (len(self._seeds) if self._seeds else B)
         self.seeds = (
             [s for s in self._seeds for _ in range(reps)] if self._seeds else [self.seed] * B
@@ -296,7 +319,9 @@ class KVCache(Cache):
         if layer_idx == 0:
             self.fwd_pos = self.next_pos.view(-1, 1) + torch.arange(q, device=device).view(1, -1)
             self.fwd_real = torch.ones(B, q, dtype=torch.bool, device=device)
+            self.fwd_all_real = True
             self.next_pos = self.next_pos + q
+            self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)
         return self.fwd_pos, self.fwd_real
 
     def cur_pos(self) -> torch.Tensor:

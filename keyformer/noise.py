@@ -6,7 +6,7 @@ So a prompt gets the same noise alone or in a batch, and physical eviction sees 
 mask simulation sees.
 
 * prompt rows (p < n): drawn in blocks of ``ROWS`` query rows anchored at position 0; block ``c`` is one
-  draw of shape [ROWS, (c + 1) * ROWS, H] from a generator seeded by (seed, layer, c);
+  draw of shape [H, ROWS, (c + 1) * ROWS] from a generator seeded by (seed, layer, c);
 * decode rows (p >= n): one draw of shape [p + 1, H] from a generator seeded by (seed, layer, p).
 """
 
@@ -42,9 +42,8 @@ def _generator(device: torch.device, seed: int) -> torch.Generator:
 
 def prompt_block(seed: int, layer: int, block: int, heads: int, device: torch.device) -> torch.Tensor:
     """Noise for prompt rows [block*ROWS, (block+1)*ROWS) over keys [0, (block+1)*ROWS): [H, ROWS, cols]."""
-    out = torch.empty(ROWS, (block + 1) * ROWS, heads, device=device)
-    _gumbel_(out, _generator(device, mix_seed(seed, layer, 0, block)))
-    return out.permute(2, 0, 1)
+    out = torch.empty(heads, ROWS, (block + 1) * ROWS, device=device)
+    return _gumbel_(out, _generator(device, mix_seed(seed, layer, 0, block)))
 
 
 def prompt_noise(seed: int, layer: int, r0: int, r1: int, heads: int, device: torch.device) -> torch.Tensor:
@@ -56,7 +55,7 @@ def prompt_noise(seed: int, layer: int, r0: int, r1: int, heads: int, device: to
         lo, hi = max(r0, b * ROWS), min(r1, (b + 1) * ROWS)
         cols = min(r1, (b + 1) * ROWS)
         out[:, lo - r0 : hi - r0, :cols] = blk[:, lo - b * ROWS : hi - b * ROWS, :cols]
-        out[:, lo - r0 : hi - r0, cols:] = 0.0  # never used: beyond the causal frontier
+        out[:, lo - r0 : hi - r0, cols:] = 0.0  # beyond the causal frontier: masked by the caller
     return out
 
 

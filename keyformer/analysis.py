@@ -1,0 +1,174 @@
+"""Statistics over curated results: paired bootstrap of ROUGE differences, budget to reach a target.
+
+Everything here works on plain pandas/numpy objects read from ``results/<experiment>/`` (see
+``scripts/collect_results.py``):
+
+* ``points.csv``: one row per run (config + aggregate metrics), keyed by ``point``;
+* ``samples.csv``: one row per (point, sample id) with the per-sample ROUGE scores.
+
+Comparisons between policies are *paired*: the same articles are used for every policy and budget, so the
+bootstrap resamples article ids and recomputes both means on the same resample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+ROUGE = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+
+
+@dataclass(frozen=True)
+class PairedDiff:
+    """Mean of ``a - b`` over paired samples, with a percentile bootstrap CI."""
+
+    mean: float
+    lo: float
+    hi: float
+    n: int
+    p_le_0: float  # bootstrap fraction of resamples with mean(a - b) <= 0 (one-sided)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"diff": self.mean, "ci_lo": self.lo, "ci_hi": self.hi, "n": self.n, "p_le_0": self.p_le_0}
+
+
+def bootstrap_indices(n: int, n_boot: int, seed: int = 0) -> np.ndarray:
+    """``[n_boot, n]`` indices of resamples with replacement (shared between statistics for pairing)."""
+    if n < 1:
+        raise ValueError("need at least one sample to bootstrap")
+    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+
+
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = 10000, seed: int = 0,
+                     ci: float = 0.95) -> PairedDiff:
+    """Paired bootstrap of ``mean(a) - mean(b)``; ``a[i]`` and ``b[i]`` belong to the same sample."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"paired samples must be 1-D of equal length, got {a.shape} and {b.shape}")
+    d = a - b
+    idx = bootstrap_indices(len(d), n_boot, seed)
+    means = d[idx].mean(axis=1)
+    alpha = (1.0 - ci) / 2.0
+    lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
+    return PairedDiff(float(d.mean()), float(lo), float(hi), int(len(d)), float((means <= 0).mean()))
+
+
+def paired_frame(samples: pd.DataFrame, point_a: str, point_b: str, metric: str = "rouge2") -> pd.DataFrame:
+    """Per-sample ``metric`` of two points, inner-joined on sample ``id`` (columns ``a``, ``b``)."""
+    a = samples.loc[samples["point"] == point_a, ["id", metric]].rename(columns={metric: "a"})
+    b = samples.loc[samples["point"] == point_b, ["id", metric]].rename(columns={metric: "b"})
+    return a.merge(b, on="id", how="inner")
+
+
+def compare_points(samples: pd.DataFrame, point_a: str, point_b: str, metric: str = "rouge2",
+                   n_boot: int = 10000, seed: int = 0) -> PairedDiff:
+    """Paired bootstrap of ``metric(point_a) - metric(point_b)`` over their common sample ids."""
+    j = paired_frame(samples, point_a, point_b, metric)
+    if j.empty:
+        raise ValueError(f"points {point_a!r} and {point_b!r} share no sample ids")
+    return paired_bootstrap(j["a"].to_numpy(), j["b"].to_numpy(), n_boot=n_boot, seed=seed)
+
+
+def pairwise_table(samples: pd.DataFrame, points: pd.DataFrame, pairs: Sequence[tuple[str, str]],
+                   metric: str = "rouge2", budgets: Sequence[float] | None = None, n_boot: int = 10000,
+                   seed: int = 0) -> pd.DataFrame:
+    """For each budget and each (policy_a, policy_b) pair: paired difference of ``metric`` with its CI.
+
+    ``points`` needs columns ``point, policy, budget`` and must hold one point per (policy, budget).
+    """
+    rows = []
+    bs = sorted(points["budget"].unique()) if budgets is None else budgets
+    for budget in bs:
+        at = points[np.isclose(points["budget"], budget)]
+        by_policy = dict(zip(at["policy"], at["point"], strict=False))
+        for pa, pb in pairs:
+            if pa in by_policy and pb in by_policy:
+                d = compare_points(samples, by_policy[pa], by_policy[pb], metric, n_boot, seed)
+                rows.append({"budget": budget, "a": pa, "b": pb, "metric": metric, **d.as_dict()})
+    return pd.DataFrame(rows)
+
+
+def crossing_budget(budgets: Sequence[float], scores: Sequence[float], target: float) -> float:
+    """Smallest budget at which the piecewise-linear curve ``scores(budgets)`` reaches ``target``.
+
+    Returns the first measured budget whose score is >= target, linearly interpolated from the previous
+    point; ``nan`` when no measured point reaches the target.
+    """
+    b = np.asarray(budgets, dtype=float)
+    s = np.asarray(scores, dtype=float)
+    order = np.argsort(b)
+    b, s = b[order], s[order]
+    for i in range(len(b)):
+        if s[i] >= target:
+            if i == 0 or s[i] == s[i - 1]:
+                return float(b[i])
+            return float(b[i - 1] + (target - s[i - 1]) * (b[i] - b[i - 1]) / (s[i] - s[i - 1]))
+    return float("nan")
+
+
+def budget_to_reach(samples: pd.DataFrame, points: pd.DataFrame, policy: str, full_point: str,
+                    frac: float = 0.99, metric: str = "rouge2", n_boot: int = 2000,
+                    seed: int = 0) -> dict[str, float]:
+    """Budget at which ``policy`` reaches ``frac`` x full-cache ``metric``, with a bootstrap CI.
+
+    Articles are resampled jointly for the full point and every budget of ``policy`` (paired), and the
+    crossing budget is recomputed on each resample. ``reached`` is the fraction of resamples in which the
+    curve reaches the target inside the measured budgets; the CI covers only those resamples.
+    """
+    pts = points[points["policy"] == policy].sort_values("budget")
+    names = [full_point, *pts["point"].tolist()]
+    wide = samples[samples["point"].isin(names)].pivot_table(index="id", columns="point", values=metric)
+    wide = wide.dropna()
+    if wide.empty or full_point not in wide:
+        raise ValueError(f"no paired samples for {policy!r} and {full_point!r}")
+    budgets = pts["budget"].to_numpy(dtype=float)
+    mat = wide[pts["point"].tolist()].to_numpy()
+    full = wide[full_point].to_numpy()
+    est = crossing_budget(budgets, mat.mean(axis=0), frac * full.mean())
+    idx = bootstrap_indices(len(full), n_boot, seed)
+    boots = np.array([crossing_budget(budgets, mat[i].mean(axis=0), frac * full[i].mean()) for i in idx])
+    ok = boots[~np.isnan(boots)]
+    lo, hi = (np.quantile(ok, [0.025, 0.975]) if len(ok) else (np.nan, np.nan))
+    return {"policy": policy, "budget": est, "ci_lo": float(lo), "ci_hi": float(hi),
+            "reached": float(len(ok) / len(boots)), "target": frac * float(full.mean()),
+            "min_budget": float(budgets.min()) if len(budgets) else float("nan"),
+            "max_budget": float(budgets.max()) if len(budgets) else float("nan"), "n": int(len(full))}
+
+
+def mean_ci(x: Sequence[float], n_boot: int = 10000, seed: int = 0, ci: float = 0.95) -> tuple[float, float, float]:
+    """Mean of ``x`` with a percentile bootstrap CI."""
+    x = np.asarray(x, dtype=float)
+    means = x[bootstrap_indices(len(x), n_boot, seed)].mean(axis=1)
+    alpha = (1.0 - ci) / 2.0
+    lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
+    return float(x.mean()), float(lo), float(hi)
+
+
+def curve_table(samples: pd.DataFrame, points: pd.DataFrame, metric: str = "rouge2", n_boot: int = 2000,
+                seed: int = 0) -> pd.DataFrame:
+    """Mean ``metric`` per point with a bootstrap CI of the mean (unpaired; for plotting)."""
+    rows = []
+    for _, p in points.iterrows():
+        x = samples.loc[samples["point"] == p["point"], metric].to_numpy()
+        if len(x):
+            m, lo, hi = mean_ci(x, n_boot=n_boot, seed=seed)
+            rows.append({"point": p["point"], "policy": p["policy"], "budget": p["budget"], "mean": m,
+                         "ci_lo": lo, "ci_hi": hi, "n": len(x)})
+    return pd.DataFrame(rows)
+
+
+def load_experiment(results: str, name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(points, samples)`` of ``results/<name>/`` as written by ``scripts/collect_results.py``."""
+    from pathlib import Path
+
+    d = Path(results) / name
+    return pd.read_csv(d / "points.csv"), pd.read_csv(d / "samples.csv", dtype={"id": str})
+
+
+def common_ids(samples: pd.DataFrame, points: Sequence[str]) -> list[str]:
+    """Sample ids finished by every one of ``points`` (the paired set)."""
+    sets = [set(samples.loc[samples["point"] == p, "id"]) for p in points]
+    return sorted(set.intersection(*sets)) if sets else []
