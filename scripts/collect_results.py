@@ -1,0 +1,123 @@
+"""Gather run folders (results contract of run.py) into curated, committed files under results/.
+
+    python scripts/collect_results.py multirun/exp1_cnndm results/exp1_cnndm
+
+Every sub-folder of the sweep folder that holds ``config.yaml`` + ``predictions.jsonl`` is one point
+(finished or not). Writes:
+
+* ``<out>/points.csv``: one row per point: its folder name (``point``), the config that defines it
+  (policy and its knobs, budget, recent, dataset, model, n_samples, prompt/generation limits, seed) and
+  its aggregate metrics. ``n_done`` counts finished samples, ``complete`` is true once all are done; the
+  ROUGE means of an unfinished point are over its finished samples.
+* ``<out>/samples.csv``: one row per (point, sample id): per-sample ROUGE, token counts, KV bytes and the
+  generated text (no reference text: the data stays out of the repo). This is what the paired bootstrap
+  in :mod:`keyformer.analysis` needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+ROUGE = ["rouge1", "rouge2", "rougeL", "rougeLsum"]
+SAMPLE_COLS = ["id", "prompt_tokens", "truncated_tokens", "generated_tokens", *ROUGE, "kv_bytes",
+               "kv_bytes_full", "prefill_ms", "decode_ms", "batch_size", "prediction"]
+METRIC_COLS = ["prefill_ms", "decode_ms_per_token", "tokens_per_s", "kv_bytes", "kv_bytes_full", "kv_ratio",
+               "wall_s"]
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # torn last line of a killed run
+    return rows
+
+
+def point_config(cfg: dict) -> dict:
+    """The settings that define a point, flattened."""
+    pol = dict(cfg.get("policy") or {})
+    gen = cfg.get("generation") or {}
+    row = {
+        "policy": pol.pop("name", None),
+        "budget": pol.pop("budget", cfg.get("budget")),
+        "recent": pol.pop("recent", None),
+        "dataset": (cfg.get("dataset") or {}).get("name"),
+        "model": (cfg.get("model") or {}).get("name"),
+        "n_samples": cfg.get("n_samples"),
+        "max_prompt_tokens": cfg.get("max_prompt_tokens"),
+        "max_new_tokens": gen.get("max_new_tokens"),
+        "num_beams": gen.get("num_beams"),
+        "batch_size": cfg.get("batch_size"),
+        "seed": cfg.get("seed"),
+        "chat_template": (cfg.get("model") or {}).get("chat_template"),
+        "variant": cfg.get("variant"),
+    }
+    if row["policy"] == "full":
+        row["budget"], row["recent"] = 1.0, None
+    for k, v in pol.items():
+        row[f"policy.{k}"] = v
+    return row
+
+
+def collect(sweep: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    points, samples = [], []
+    for d in sorted(p for p in sweep.iterdir() if p.is_dir()):
+        cfg_path = d / "config.yaml"
+        if not cfg_path.is_file():
+            continue
+        cfg = yaml.safe_load(cfg_path.read_text(encoding="utf-8"))
+        preds = _read_jsonl(d / "predictions.jsonl")
+        if not preds:
+            continue
+        metrics = json.loads((d / "metrics.json").read_text()) if (d / "metrics.json").is_file() else {}
+        row = {"point": d.name, **point_config(cfg), "n_done": len(preds),
+               "complete": bool(metrics.get("complete")) and len(preds) >= int(cfg.get("n_samples") or 0)}
+        df = pd.DataFrame(preds)
+        for k in ROUGE:
+            row[k] = float(df[k].mean())
+        for k in METRIC_COLS:
+            row[k] = metrics.get(k)
+        if row["kv_ratio"] is None and "kv_bytes" in df and df["kv_bytes_full"].sum():
+            row["kv_ratio"] = float(df["kv_bytes"].sum() / df["kv_bytes_full"].sum())
+        row["mean_prompt_tokens"] = float(df["prompt_tokens"].mean())
+        row["mean_generated_tokens"] = float(df["generated_tokens"].mean())
+        points.append(row)
+        s = df[[c for c in SAMPLE_COLS if c in df]].copy()
+        s.insert(0, "point", d.name)
+        samples.append(s)
+    if not points:
+        return pd.DataFrame(), pd.DataFrame()
+    return pd.DataFrame(points), pd.concat(samples, ignore_index=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sweep", type=Path, help="sweep folder (hydra.sweep.dir of the experiment)")
+    ap.add_argument("out", type=Path, help="curated results folder, e.g. results/exp1_cnndm")
+    args = ap.parse_args(argv)
+    if not args.sweep.is_dir():
+        print(f"error: sweep folder {args.sweep} does not exist", file=sys.stderr)
+        return 2
+    points, samples = collect(args.sweep)
+    if points.empty:
+        print(f"error: no run folders with predictions under {args.sweep}", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    points.sort_values(["policy", "budget", "point"]).to_csv(args.out / "points.csv", index=False)
+    samples.sort_values(["point", "id"]).to_csv(args.out / "samples.csv", index=False)
+    done = int(points["complete"].sum())
+    print(f"{len(points)} points ({done} complete), {len(samples)} samples -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

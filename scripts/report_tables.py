@@ -1,0 +1,103 @@
+"""Print the markdown tables of results/README.md from the curated results (paired bootstrap CIs).
+
+    python scripts/report_tables.py            # all experiments whose results exist
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from keyformer import analysis  # noqa: E402
+
+RES = ROOT / "results"
+
+
+def fmt_ci(m: float, lo: float, hi: float) -> str:
+    return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
+def curve_experiment(name: str, pairs: list[tuple[str, str]]) -> None:
+    if not (RES / name / "points.csv").exists():
+        return
+    points, samples = analysis.load_experiment(RES, name)
+    ids = analysis.common_ids(samples, points["point"].tolist())
+    paired = samples[samples["id"].isin(ids)]
+    print(f"\n### {name}: {len(ids)} samples common to {len(points)} points "
+          f"({int(points['complete'].sum())} complete)\n")
+    rows = []
+    for _, p in points.sort_values(["policy", "budget"]).iterrows():
+        s = paired[paired["point"] == p["point"]]
+        cis = {k: analysis.mean_ci(s[k].to_numpy(), n_boot=2000) for k in ("rouge1", "rouge2", "rougeL")}
+        rows.append(f"| {p['policy']} | {p['budget']:.1f} | {int(p['n_done'])} | "
+                    + " | ".join(f"{m:.2f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in cis.values()) + " |")
+    print("| policy | budget | n done | ROUGE-1 | ROUGE-2 | ROUGE-L |\n|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    evict = points[points["policy"] != "full"]
+    full = points.loc[points["policy"] == "full", "point"]
+    print("\nPaired ROUGE-2 differences (95 % bootstrap CI over the same samples):\n")
+    print("| budget | comparison | diff [95 % CI] | P(diff <= 0) |\n|---|---|---|---|")
+    t = analysis.pairwise_table(paired, evict, pairs, "rouge2", n_boot=5000)
+    for r in t.itertuples():
+        print(f"| {r.budget:.1f} | {r.a} - {r.b} | {fmt_ci(r.diff, r.ci_lo, r.ci_hi)} | {r.p_le_0:.3f} |")
+    if len(full):
+        for _, p in evict.sort_values(["policy", "budget"]).iterrows():
+            d = analysis.compare_points(paired, p["point"], full.iloc[0], "rouge2", n_boot=5000)
+            print(f"| {p['budget']:.1f} | {p['policy']} - full | {fmt_ci(d.mean, d.lo, d.hi)} | {d.p_le_0:.3f} |")
+        print("\nBudget to reach 99 % of full ROUGE-2:\n")
+        print("| policy | budget | 95 % CI | share of resamples reaching it | measured budgets |\n|---|---|---|---|---|")
+        for pol in sorted(evict["policy"].unique()):
+            r = analysis.budget_to_reach(paired, evict, pol, full.iloc[0], 0.99, "rouge2", n_boot=2000)
+            b = ("not reached" if np.isnan(r["budget"]) else
+                 (f"<= {r['budget']:.2f}" if r["budget"] == r["min_budget"] else f"{r['budget']:.2f}"))
+            print(f"| {pol} | {b} | [{r['ci_lo']:.2f}, {r['ci_hi']:.2f}] | {r['reached']:.2f} | "
+                  f"{r['min_budget']:.1f}-{r['max_budget']:.1f} |")
+
+
+def attention() -> None:
+    d = RES / "exp4_attention"
+    if not (d / "layers.csv").exists():
+        return
+    layers = pd.read_csv(d / "layers.csv")
+    meta = json.loads((d / "meta.json").read_text())
+    print(f"\n### exp4_attention: {meta['n_prompts']} prompts, mean {meta['prompt_tokens_mean']:.0f} tokens\n")
+    c = layers[layers["stat"] != "sparsity"].groupby(["stat", "x"])["value"].mean().unstack("stat")
+    print("| top x % of tokens | " + " | ".join(c.columns) + " |\n|---|" + "---|" * len(c.columns))
+    for x, r in c.iterrows():
+        print(f"| {100 * x:.0f} | " + " | ".join(f"{v:.3f}" for v in r) + " |")
+    sp = layers[layers["stat"] == "sparsity"].set_index("layer")["value"]
+    print(f"\nsparsity per layer: mean {100 * sp.mean():.1f} %, min {100 * sp.min():.1f} % (layer {sp.idxmin()}), "
+          f"max {100 * sp.max():.1f} % (layer {sp.idxmax()})")
+    print("per layer: " + ", ".join(f"{int(i)}: {100 * v:.0f}" for i, v in sp.items()))
+
+
+def ablations() -> None:
+    if not (RES / "exp5_ablations" / "points.csv").exists():
+        return
+    points, samples = analysis.load_experiment(RES, "exp5_ablations")
+    print("\n### exp5_ablations (paired vs base on common articles)\n")
+    print("| variant | n | ROUGE-2 | diff vs base [95 % CI] |\n|---|---|---|---|")
+    for _, p in points.iterrows():
+        ids = analysis.common_ids(samples, ["base", p["point"]])
+        sub = samples[samples["id"].isin(ids)]
+        m = sub.loc[sub["point"] == p["point"], "rouge2"].mean()
+        if p["point"] == "base":
+            print(f"| base | {len(ids)} | {m:.2f} | - |")
+            continue
+        d = analysis.compare_points(sub, p["point"], "base", "rouge2", n_boot=5000)
+        print(f"| {p['point']} | {d.n} | {m:.2f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
+
+
+if __name__ == "__main__":
+    pairs = [("keyformer", "h2o"), ("keyformer", "window"), ("h2o", "window")]
+    for name in ("exp1_cnndm", "exp2_dialogsum", "exp3_govreport"):
+        curve_experiment(name, pairs)
+    attention()
+    ablations()

@@ -1,0 +1,141 @@
+"""Tests of the results analysis: paired bootstrap, crossing budgets, attention statistics, collection."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from keyformer import analysis
+from keyformer.attention_stats import LayerStats, row_sparsity, topk_acc_mass, topk_row_mass
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_paired_bootstrap_constant_shift():
+    rng = np.random.default_rng(0)
+    b = rng.normal(10, 5, size=200)
+    d = analysis.paired_bootstrap(b + 1.0, b, n_boot=500)
+    assert d.mean == pytest.approx(1.0)
+    assert d.lo == pytest.approx(1.0) and d.hi == pytest.approx(1.0)  # zero variance of the difference
+    assert d.p_le_0 == 0.0 and d.n == 200
+
+
+def test_paired_bootstrap_is_narrower_than_unpaired_noise():
+    rng = np.random.default_rng(1)
+    article = rng.normal(15, 8, size=100)  # large between-article variance, shared by both policies
+    a = article + 0.5 + rng.normal(0, 0.5, size=100)
+    b = article + rng.normal(0, 0.5, size=100)
+    d = analysis.paired_bootstrap(a, b, n_boot=2000)
+    assert d.lo > 0 and d.hi - d.lo < 0.6
+    assert d.lo <= d.mean <= d.hi
+
+
+def test_paired_bootstrap_rejects_unpaired():
+    with pytest.raises(ValueError):
+        analysis.paired_bootstrap([1, 2, 3], [1, 2])
+
+
+def test_crossing_budget_interpolates():
+    assert analysis.crossing_budget([0.2, 0.5, 0.8], [5, 9, 10], 9.0) == pytest.approx(0.5)
+    assert analysis.crossing_budget([0.2, 0.5, 0.8], [5, 9, 11], 10.0) == pytest.approx(0.65)
+    assert analysis.crossing_budget([0.8, 0.2, 0.5], [11, 5, 9], 10.0) == pytest.approx(0.65)  # unsorted
+    assert analysis.crossing_budget([0.2, 0.5], [12, 13], 10.0) == pytest.approx(0.2)
+    assert math.isnan(analysis.crossing_budget([0.2, 0.5], [1, 2], 10.0))
+
+
+def _toy(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    base = rng.normal(12, 6, size=n)
+    rows, points = [], []
+    for name, policy, budget, shift in [("full", "full", 1.0, 0.0), ("k2", "keyformer", 0.2, -4.0),
+                                        ("k5", "keyformer", 0.5, -0.05), ("h2", "h2o", 0.2, -6.0),
+                                        ("h5", "h2o", 0.5, -2.0)]:
+        points.append({"point": name, "policy": policy, "budget": budget})
+        rows += [{"point": name, "id": f"a{i}", "rouge2": base[i] + shift + rng.normal(0, 0.1)}
+                 for i in range(n)]
+    return pd.DataFrame(rows), pd.DataFrame(points)
+
+
+def test_pairwise_table_and_budget_to_reach():
+    samples, points = _toy()
+    t = analysis.pairwise_table(samples, points[points.policy != "full"], [("keyformer", "h2o")],
+                                n_boot=500)
+    assert list(t["budget"]) == [0.2, 0.5]
+    assert t["diff"].tolist() == pytest.approx([2.0, 1.95], abs=0.1)
+    assert (t["ci_lo"] > 0).all()
+    r = analysis.budget_to_reach(samples, points[points.policy != "full"], "keyformer", "full", n_boot=200)
+    assert 0.2 < r["budget"] <= 0.5 and r["reached"] > 0.9 and r["n"] == 60
+    h = analysis.budget_to_reach(samples, points[points.policy != "full"], "h2o", "full", n_boot=200)
+    assert math.isnan(h["budget"]) and h["reached"] < 0.1
+
+
+def test_compare_points_pairs_by_id():
+    samples = pd.DataFrame({"point": ["a", "a", "b", "b", "b"], "id": ["x", "y", "y", "x", "z"],
+                            "rouge2": [1.0, 5.0, 4.0, 0.0, 100.0]})
+    d = analysis.compare_points(samples, "a", "b", n_boot=100)
+    assert d.mean == pytest.approx(1.0) and d.n == 2
+
+
+def test_attention_stats_uniform_and_one_hot():
+    n = 40
+    uniform = torch.tril(torch.ones(n, n))
+    uniform = (uniform / uniform.sum(-1, keepdim=True)).unsqueeze(0)  # [1, n, n]
+    m = topk_row_mass(uniform, [0.5, 1.0], min_row=10)
+    assert m[1].item() == pytest.approx(1.0)
+    assert 0.5 <= m[0].item() < 0.55  # ceil rounding on rows with few keys
+    assert row_sparsity(uniform).item() == 0.0
+    sink = torch.zeros(1, n, n)
+    sink[..., 0] = 1.0  # every row attends only to the first token
+    assert topk_row_mass(sink, [0.1], min_row=5)[0].item() == pytest.approx(1.0)
+    assert topk_acc_mass(sink, [0.1])[0].item() == pytest.approx(1.0)
+    causal = n * (n + 1) / 2
+    assert row_sparsity(sink).item() == pytest.approx((causal - n) / causal)
+    strided = topk_row_mass(uniform, [0.5], min_row=10, row_stride=7)
+    assert strided.shape == (1, 1)
+
+
+def test_layer_stats_rows():
+    st = LayerStats(fractions=(0.5,), min_row=2)
+    p = torch.softmax(torch.randn(1, 3, 8, 8).masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), -1e9), -1)
+    st.add(0, p)
+    st.add(0, p)
+    rows = list(st.rows())
+    stats = {r["stat"] for r in rows}
+    assert stats == {"row_mass", "acc_mass", "last_mass", "sparsity"}
+    assert all(r["n_prompts"] == 2 for r in rows)
+    assert all(0.0 <= r["value"] <= 1.0 + 1e-6 for r in rows)
+
+
+def test_collect_results(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import collect_results
+
+    for name, pol, budget in [("budget=0.5,policy=h2o", "h2o", 0.5), ("policy=full", "full", 0.5)]:
+        d = tmp_path / "sweep" / name
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text(
+            f"policy:\n  name: {pol}\n" + (f"  budget: {budget}\n  recent: 0.3\n" if pol != "full" else "")
+            + "budget: 0.5\nn_samples: 2\ndataset: {name: cnn_dailymail}\nmodel: {name: m}\n"
+            "generation: {max_new_tokens: 8, num_beams: 1}\n")
+        rows = [{"id": f"a{i}", "prompt_tokens": 10, "truncated_tokens": 0, "generated_tokens": 8,
+                 "rouge1": 10.0 + i, "rouge2": 5.0 + i, "rougeL": 8.0, "rougeLsum": 9.0, "kv_bytes": 50,
+                 "kv_bytes_full": 100, "prediction": "x", "reference": "secret"} for i in range(2)]
+        (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"torn')
+        if pol == "full":
+            (d / "metrics.json").write_text(json.dumps({"complete": True, "prefill_ms": 1.0}))
+    out = tmp_path / "out"
+    assert collect_results.main([str(tmp_path / "sweep"), str(out)]) == 0
+    points = pd.read_csv(out / "points.csv")
+    samples = pd.read_csv(out / "samples.csv")
+    assert len(points) == 2 and len(samples) == 4
+    full = points[points.policy == "full"].iloc[0]
+    assert full["budget"] == 1.0 and bool(full["complete"]) and full["rouge2"] == pytest.approx(5.5)
+    assert not bool(points[points.policy == "h2o"].iloc[0]["complete"])  # no metrics.json yet
+    assert "reference" not in samples.columns
