@@ -17,6 +17,7 @@ from transformers import AttentionInterface  # noqa: E402
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: E402
 
 from keyformer import make_policy, tiny_model  # noqa: E402
+from keyformer import noise as noise_mod  # noqa: E402
 from keyformer.lmeval import KeyformerLM  # noqa: E402
 from keyformer.lmeval.per_row import budget_split  # noqa: E402
 from keyformer.loading import smollm2_available  # noqa: E402
@@ -80,11 +81,22 @@ AttentionInterface.register("kf_naive", _naive_attention)
 AttentionMaskInterface.register("kf_naive", sdpa_mask)
 
 
+_EXP_NOISE = hasattr(noise_mod, "exponential")  # the core draws Exp(1) E with Gumbel = -log E (else Gumbel)
+
+
+def _decode_noise(seed: int, layer: int, p: int, heads: int) -> torch.Tensor:
+    """The core's decode-row noise at position ``p`` of ``layer``: [p + 1, H]."""
+    if _EXP_NOISE:
+        return decode_noise(seed, p, _REF["layers"], heads, "cpu")[layer]
+    return decode_noise(seed, layer, p, heads, "cpu")
+
+
 def _score_row(policy, logit_row, noise_row, step):
-    """The policy's score of one (visible) row, as plain softmax math."""
+    """The policy's score of one (visible) row, as plain softmax math: softmax((x + Gumbel) / tau)."""
     if policy.name == "h2o":
         return torch.softmax(logit_row, -1)
-    x = logit_row + noise_row if policy.noise else logit_row
+    g = -torch.log(noise_row) if _EXP_NOISE else noise_row
+    x = logit_row + g if policy.noise else logit_row
     return torch.softmax(x / policy.tau(step), -1)
 
 
@@ -116,7 +128,7 @@ def ptd_mask(policy, n: int, seed: int):
                 t = i - n + 1
                 vis = [*kept, i]
                 m[i, vis] = True
-                dn = decode_noise(seed, layer, i, Hq, logits.device)  # [i + 1, Hq]
+                dn = _decode_noise(seed, layer, i, Hq)  # [i + 1, Hq]
                 for g in range(G):
                     hq = h * G + g
                     score[vis] += _score_row(policy, logits[hq, i, vis], dn[vis, hq], t)
@@ -167,6 +179,7 @@ def naive_loglikelihoods(arch, tok, pairs, mask_factory) -> list[float]:
     model = tiny_model(arch, vocab_size=len(tok))
     model.set_attn_implementation("kf_naive")
     _REF["hkv"] = getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads
+    _REF["layers"] = model.config.num_hidden_layers
     lm = KeyformerLM(model, tok, "full")
     out = []
     for ctx, cont in pairs:
