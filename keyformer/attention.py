@@ -101,28 +101,26 @@ def _decode_with_scores(module, layer, query, key, value, mask, bias, scaling):
         logits = logits.masked_fill(~mask.view(B, -1, 1, S), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     out = torch.matmul(probs.to(value.dtype), value)  # [B, Hkv, G, Dv]
-    step = layer.cache.tau_step(layer)
-    if getattr(policy, "score_is_attention", False):
-        s = probs
-    else:
-        noise = _decode_noise(layer, Hq).view(B, Hkv, G, S) if policy.uses_noise else None
-        s = policy.score(logits, step=step, noise=noise)
+    noise = _decode_noise(layer, Hq).view(B, Hkv, G, S) if policy.uses_noise else None
+    s = policy.score(probs, step=layer.cache.tau_step(layer), noise=noise)
     layer.score[:, :, :S] += s.sum(2)
     return out.reshape(B, Hq, 1, -1).transpose(1, 2)
 
 
 def _decode_noise(layer: EvictingLayer, Hq: int) -> torch.Tensor:
-    """Gumbel noise for the decode row of every sample at its slots' positions: [B, Hq, S]."""
+    """Noise of the decode row of every sample at its slots' positions: [B, Hq, S]. Drawn once per
+    forward for all layers (at layer 0), then gathered per layer."""
     cache = layer.cache
     S = layer.length + layer.q_len
+    if layer.layer_idx == 0 or getattr(cache, "fwd_noise", None) is None:
+        cur = cache.cur_pos().tolist()
+        cache.fwd_noise = [gumbel.decode_noise(cache.seeds[b], p, len(cache.layers), Hq, layer.device)
+                           for b, p in enumerate(cur)]  # [layers, p + 1, Hq] each
     pos = layer.pos[:, :, :S].clamp(min=0)  # dead slots are masked anyway
-    Hkv = pos.shape[1]
-    out = []
-    for b, p in enumerate(cache.cur_pos().tolist()):
-        row = gumbel.decode_noise(cache.seeds[b], layer.layer_idx, p, Hq, layer.device)  # [p + 1, Hq]
-        idx = pos[b].repeat_interleave(Hq // Hkv, dim=0)  # [Hq, S]
-        out.append(row.t().gather(1, idx))
-    return torch.stack(out)
+    G = Hq // pos.shape[1]
+    rows = [cache.fwd_noise[b][layer.layer_idx].t().gather(1, pos[b].repeat_interleave(G, dim=0))
+            for b in range(pos.shape[0])]
+    return torch.stack(rows)
 
 
 def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling) -> torch.Tensor:
@@ -183,10 +181,8 @@ def _score_blocks(layer, b, qb, kb, vb, out_b, lse, slopes, scaling) -> torch.Te
     Hq, n, D = qb.shape
     Hkv = kb.shape[0]
     G = Hq // Hkv
-    acc = torch.zeros(Hkv, n, dtype=torch.float32, device=qb.device)
-    attn_score = getattr(policy, "score_is_attention", False)
-    if lse is not None and attn_score:
-        # exp(s - lse) = the attention probabilities: fold the scale and -lse into one matmul
+    acc = torch.zeros(Hkv, 1, n, dtype=torch.float32, device=qb.device)
+    if lse is not None:  # exp(s - lse) are the attention probabilities: fold scale and -lse into one matmul
         q = torch.cat([qb.float() * scaling, -lse.unsqueeze(-1)], dim=-1).view(Hkv, G, n, D + 1)
         kt = torch.cat([kb.float(), kb.new_ones(Hkv, n, 1, dtype=torch.float32)], dim=-1).transpose(-1, -2)
     else:
@@ -195,24 +191,18 @@ def _score_blocks(layer, b, qb, kb, vb, out_b, lse, slopes, scaling) -> torch.Te
         r1 = min(n, r0 + SCORE_ROWS)
         r = r1 - r0
         x = torch.matmul(q[:, :, r0:r1].reshape(Hkv, G * r, -1), kt[:, :, :r1]).view(Hkv, G, r, r1)
-        upper = _upper(r0, r1, qb.device)[:, r0:]
-        if lse is not None and attn_score:
-            x[..., r0:].masked_fill_(upper, float("-inf"))
-            acc[:, :r1] += x.exp_().sum(dim=(1, 2))
-            continue
-        x.mul_(scaling)
-        if slopes is not None:  # ALiBi: slope * key position (a per-row shift of the true distance)
+        x[..., r0:].masked_fill_(_upper(r0, r1, qb.device)[:, r0:], float("-inf"))
+        if lse is not None:
+            probs = x.exp_()
+        else:  # ALiBi: slope * key position (a per-row shift of the true distance); output from these logits
+            x.mul_(scaling)
             x += slopes.view(Hkv, G, 1, 1).float() * torch.arange(r1, device=qb.device, dtype=torch.float32)
-        x[..., r0:].masked_fill_(upper, float("-inf"))
-        if lse is None:  # ALiBi path: this block's output from the same logits
             probs = torch.softmax(x, dim=-1)
             ctx = torch.matmul(probs.view(Hkv, G * r, r1).to(vb.dtype), vb[:, :r1])
             out_b[r0:r1] = ctx.view(Hq, r, -1).transpose(0, 1)
-            if attn_score:
-                acc[:, :r1] += probs.sum(dim=(1, 2))
-                continue
         noise = None
         if policy.uses_noise:
             noise = gumbel.prompt_noise(cache.seeds[b], layer.layer_idx, r0, r1, Hq, qb.device).view(Hkv, G, r, r1)
-        acc[:, :r1] += policy.score(x, step=0, noise=noise).sum(dim=(1, 2))
-    return acc
+        s = policy.score(probs, step=0, noise=noise).view(Hkv, G * r, r1)
+        acc[:, :, :r1] += torch.matmul(s.new_ones(Hkv, 1, G * r), s)  # column sums as a GEMV
+    return acc.view(Hkv, n)

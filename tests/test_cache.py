@@ -170,9 +170,9 @@ def test_keyformer_seeding(model):
     assert kept(a) != kept(c)
 
 
-def _key_sets(model, policy, ids, steps):
+def _key_sets(model, policy, ids, steps, seed=0):
     """Kept non-recent positions of layer 0, per head, after the prompt and after every decode step."""
-    cache = make_cache(model, policy, torch.ones_like(ids), max_new_tokens=steps)
+    cache = make_cache(model, policy, torch.ones_like(ids), max_new_tokens=steps, seed=seed)
     n = ids.shape[1]
     k = int(n * policy.budget)
     w = int(k * policy.recent)
@@ -191,9 +191,12 @@ def test_reference_candidates_freeze_key_set(model):
     ids = _prompt(9, n=48)
     ref = _key_sets(model, make_policy("keyformer", budget=0.5, candidates="reference"), ids, 24)
     assert all(h == ref[0] for h in ref)
-    paper = _key_sets(model, make_policy("keyformer", budget=0.5, recent=0.1, candidates="paper"), ids, 24)
-    if model.config.model_type != "llama":  # tiny random Llama attends ~uniformly: old tokens always win
-        assert any(h != paper[0] for h in paper)
+    if model.config.model_type == "llama":
+        return  # tiny random Llama attends ~uniformly: accumulated scores of old tokens always win
+    # paper rule: a token leaving the window can displace a key token (a low tau makes the noise decisive)
+    paper = make_policy("keyformer", budget=0.5, recent=0.1, candidates="paper", tau_init=0.3, tau_end=0.3)
+    changed = [any(h != hs[0] for h in hs) for hs in (_key_sets(model, paper, ids, 24, seed) for seed in range(6))]
+    assert any(changed)
 
 
 @pytest.mark.parametrize("policy", ("full", "window", "h2o", "keyformer"))

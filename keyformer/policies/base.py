@@ -3,8 +3,8 @@
 A policy decides, for every (sample, layer, KV head), which cached tokens survive. The cache calls it in
 two places:
 
-* ``score``: turns masked attention logits ``[..., q, kv]`` (``-inf`` where a query may not attend) into
-  per-entry scores of the same shape. The cache sums them over query rows and over the query heads of a
+* ``score``: turns attention probabilities ``[..., q, kv]`` (softmax of the masked logits, position bias
+  included; 0 where a query may not attend) into per-entry scores of the same shape. The cache sums them over query rows and over the query heads of a
   GQA group and *accumulates* them per token across steps. Policies that need no attention
   (``needs_scores = False``) are never asked.
 * ``priority``: maps the accumulated scores to the keep-priority of candidate tokens (higher is kept).
@@ -60,9 +60,10 @@ class Policy:
         return (k.double() * self.recent).floor().long()
 
     # -- scoring ----------------------------------------------------------------------------------
-    def score(self, logits: torch.Tensor, *, step: int, noise: torch.Tensor | None) -> torch.Tensor:
-        """Per-entry scores from masked logits ``[..., q, kv]`` (fp32). ``noise`` is i.i.d. Gumbel(0, 1)
-        of the same shape when ``uses_noise``; ``step`` is 0 at prefill, t at the t-th decode step."""
+    def score(self, probs: torch.Tensor, *, step: int, noise: torch.Tensor | None) -> torch.Tensor:
+        """Per-entry scores from attention probabilities ``[..., q, kv]`` (fp32). ``noise`` is i.i.d.
+        Exp(1) of the same shape when ``uses_noise`` (Gumbel = -log noise); ``step`` is 0 at the prompt,
+        t at the t-th decode step."""
         raise NotImplementedError
 
     uses_noise: ClassVar[bool] = False

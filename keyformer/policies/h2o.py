@@ -15,7 +15,6 @@ from .base import Policy
 class H2OPolicy(Policy):
     name: ClassVar[str] = "h2o"
     needs_scores: ClassVar[bool] = True
-    score_is_attention: ClassVar[bool] = True  # the score is the attention itself: decode reuses it
 
-    def score(self, logits: torch.Tensor, *, step: int, noise: torch.Tensor | None) -> torch.Tensor:
-        return torch.softmax(logits, dim=-1)
+    def score(self, probs: torch.Tensor, *, step: int, noise: torch.Tensor | None) -> torch.Tensor:
+        return probs

@@ -60,10 +60,16 @@ class KeyformerPolicy(Policy):
     def tau(self, step: int) -> float:
         return self.tau_init + step * (self.tau_end - self.tau_init) / self.max_new_tokens
 
-    def score(self, logits: torch.Tensor, *, step: int, noise: torch.Tensor | None) -> torch.Tensor:
-        x = logits if noise is None else logits + noise
+    def score(self, probs: torch.Tensor, *, step: int, noise: torch.Tensor | None) -> torch.Tensor:
+        """``softmax((x + g) / tau)`` with ``g = -log E`` Gumbel, computed as ``normalise((p / E)^(1/tau))``
+        from the attention probabilities ``p = softmax(x)`` (``exp((x - log E) / tau) = (e^x / E)^(1/tau)``)."""
         tau = self.tau(step)
-        return torch.softmax(x if tau == 1.0 else x / tau, dim=-1)
+        if noise is None and tau == 1.0:
+            return probs
+        w = probs if noise is None else probs / noise
+        if tau != 1.0:
+            w = w.pow(1.0 / tau)
+        return w / w.sum(dim=-1, keepdim=True)
 
     def priority(
         self, score: torch.Tensor, pos: torch.Tensor, cur: torch.Tensor, w: torch.Tensor, *, step: int
