@@ -21,7 +21,7 @@ from . import noise as gumbel
 from .cache import EvictingLayer
 
 SCORE_BLOCK_FLOATS = 8 * 2**20  # ~32 MB of fp32 logits per block (fallback log-sum-exp)
-SCORE_ROWS = 128  # query rows per prompt-scoring block (a multiple of noise.ROWS)
+SCORE_ROWS = gumbel.ROWS  # query rows per prompt-scoring block: one noise block each, no copies
 
 
 def keyformer_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -202,7 +202,7 @@ def _score_blocks(layer, b, qb, kb, vb, out_b, lse, slopes, scaling) -> torch.Te
             out_b[r0:r1] = ctx.view(Hq, r, -1).transpose(0, 1)
         noise = None
         if policy.uses_noise:
-            noise = gumbel.prompt_noise(cache.seeds[b], layer.layer_idx, r0, r1, Hq, qb.device).view(Hkv, G, r, r1)
+            noise = gumbel.prompt_noise(cache.seeds[b], layer.layer_idx, r0, r1, Hq, qb.device).reshape(Hkv, G, r, r1)
         s = policy.score(probs, step=0, noise=noise).view(Hkv, G * r, r1)
         acc[:, :, :r1] += torch.matmul(s.new_ones(Hkv, 1, G * r), s)  # column sums as a GEMV
     return acc.view(Hkv, n)

@@ -53,7 +53,10 @@ def prompt_block(seed: int, layer: int, block: int, heads: int, device: torch.de
 
 
 def prompt_noise(seed: int, layer: int, r0: int, r1: int, heads: int, device: torch.device) -> torch.Tensor:
-    """Noise for prompt rows [r0, r1) over keys [0, r1): [H, r1 - r0, r1] (1 beyond the causal frontier)."""
+    """Noise for prompt rows [r0, r1) over keys [0, r1): [H, r1 - r0, r1]. Values beyond the causal frontier
+    are unspecified (callers mask them). A block-aligned request is a view of one draw, without copies."""
+    if r0 % ROWS == 0 and r1 - r0 <= ROWS:
+        return prompt_block(seed, layer, r0 // ROWS, heads, device)[:, : r1 - r0, :r1]
     out = torch.ones(heads, r1 - r0, r1, device=device)
     for b in range(r0 // ROWS, (r1 - 1) // ROWS + 1):
         blk = prompt_block(seed, layer, b, heads, device)

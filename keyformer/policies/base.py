@@ -63,7 +63,7 @@ class Policy:
     def score(self, probs: torch.Tensor, *, step: int, noise: torch.Tensor | None) -> torch.Tensor:
         """Per-entry scores from attention probabilities ``[..., q, kv]`` (fp32). ``noise`` is i.i.d.
         Exp(1) of the same shape when ``uses_noise`` (Gumbel = -log noise); ``step`` is 0 at the prompt,
-        t at the t-th decode step."""
+        t at the t-th decode step. May work in place on ``probs`` (callers are done with them)."""
         raise NotImplementedError
 
     uses_noise: ClassVar[bool] = False

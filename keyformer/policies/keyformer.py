@@ -62,14 +62,15 @@ class KeyformerPolicy(Policy):
 
     def score(self, probs: torch.Tensor, *, step: int, noise: torch.Tensor | None) -> torch.Tensor:
         """``softmax((x + g) / tau)`` with ``g = -log E`` Gumbel, computed as ``normalise((p / E)^(1/tau))``
-        from the attention probabilities ``p = softmax(x)`` (``exp((x - log E) / tau) = (e^x / E)^(1/tau)``)."""
+        from the attention probabilities ``p = softmax(x)`` (``exp((x - log E) / tau) = (e^x / E)^(1/tau)``).
+        Works in place on ``probs``."""
         tau = self.tau(step)
         if noise is None and tau == 1.0:
             return probs
-        w = probs if noise is None else probs / noise
+        w = probs if noise is None else probs.div_(noise)
         if tau != 1.0:
-            w = w.pow(1.0 / tau)
-        return w / w.sum(dim=-1, keepdim=True)
+            w = w.pow_(1.0 / tau)
+        return w.div_(w.sum(dim=-1, keepdim=True))
 
     def priority(
         self, score: torch.Tensor, pos: torch.Tensor, cur: torch.Tensor, w: torch.Tensor, *, step: int
