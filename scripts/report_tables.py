@@ -42,23 +42,25 @@ def curve_experiment(name: str, pairs: list[tuple[str, str]]) -> None:
     print("\n".join(rows))
     evict = points[points["policy"] != "full"]
     full = points.loc[points["policy"] == "full", "point"]
-    print("\nPaired ROUGE-2 differences (95 % bootstrap CI over the same samples):\n")
-    print("| budget | comparison | diff [95 % CI] | P(diff <= 0) |\n|---|---|---|---|")
-    t = analysis.pairwise_table(paired, evict, pairs, "rouge2", n_boot=5000)
+    print("\nPaired ROUGE-2 differences (95 % bootstrap CI; each pair over the articles both points finished):\n")
+    print("| budget | comparison | n | diff [95 % CI] | P(diff <= 0) |\n|---|---|---|---|---|")
+    t = analysis.pairwise_table(samples, evict, pairs, "rouge2", n_boot=5000)
     for r in t.itertuples():
-        print(f"| {r.budget:.1f} | {r.a} - {r.b} | {fmt_ci(r.diff, r.ci_lo, r.ci_hi)} | {r.p_le_0:.3f} |")
+        print(f"| {r.budget:.1f} | {r.a} - {r.b} | {r.n} | {fmt_ci(r.diff, r.ci_lo, r.ci_hi)} | {r.p_le_0:.3f} |")
     if len(full):
         for _, p in evict.sort_values(["policy", "budget"]).iterrows():
-            d = analysis.compare_points(paired, p["point"], full.iloc[0], "rouge2", n_boot=5000)
-            print(f"| {p['budget']:.1f} | {p['policy']} - full | {fmt_ci(d.mean, d.lo, d.hi)} | {d.p_le_0:.3f} |")
+            d = analysis.compare_points(samples, p["point"], full.iloc[0], "rouge2", n_boot=5000)
+            print(f"| {p['budget']:.1f} | {p['policy']} - full | {d.n} | {fmt_ci(d.mean, d.lo, d.hi)} | "
+                  f"{d.p_le_0:.3f} |")
         print("\nBudget to reach 99 % of full ROUGE-2:\n")
-        print("| policy | budget | 95 % CI | share of resamples reaching it | measured budgets |\n|---|---|---|---|---|")
+        print("| policy | budget | 95 % CI | share of resamples reaching it | measured budgets | n |\n"
+              "|---|---|---|---|---|---|")
         for pol in sorted(evict["policy"].unique()):
-            r = analysis.budget_to_reach(paired, evict, pol, full.iloc[0], 0.99, "rouge2", n_boot=2000)
+            r = analysis.budget_to_reach(samples, evict, pol, full.iloc[0], 0.99, "rouge2", n_boot=2000)
             b = ("not reached" if np.isnan(r["budget"]) else
                  (f"<= {r['budget']:.2f}" if r["budget"] == r["min_budget"] else f"{r['budget']:.2f}"))
             print(f"| {pol} | {b} | [{r['ci_lo']:.2f}, {r['ci_hi']:.2f}] | {r['reached']:.2f} | "
-                  f"{r['min_budget']:.1f}-{r['max_budget']:.1f} |")
+                  f"{r['min_budget']:.1f}-{r['max_budget']:.1f} | {r['n']} |")
 
 
 def attention() -> None:
