@@ -23,9 +23,7 @@ REQUIRES = {
     "fewshot": ["results/fewshot"],
 }
 # Notebooks owned elsewhere that are known to fail against the committed results (reported to their owner).
-KNOWN_FAILING = {
-    "fewshot": "fewshot.ipynb pivots fp32 and bf16 'full' runs onto one index (duplicate entries) at 1c84055",
-}
+KNOWN_FAILING: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
