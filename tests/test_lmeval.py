@@ -17,7 +17,6 @@ from transformers import AttentionInterface  # noqa: E402
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: E402
 
 from keyformer import make_policy, tiny_model  # noqa: E402
-from keyformer import noise as noise_mod  # noqa: E402
 from keyformer.lmeval import KeyformerLM  # noqa: E402
 from keyformer.lmeval.per_row import budget_split  # noqa: E402
 from keyformer.loading import smollm2_available  # noqa: E402
@@ -81,21 +80,16 @@ AttentionInterface.register("kf_naive", _naive_attention)
 AttentionMaskInterface.register("kf_naive", sdpa_mask)
 
 
-_EXP_NOISE = hasattr(noise_mod, "exponential")  # the core draws Exp(1) E with Gumbel = -log E (else Gumbel)
-
-
 def _decode_noise(seed: int, layer: int, p: int, heads: int) -> torch.Tensor:
     """The core's decode-row noise at position ``p`` of ``layer``: [p + 1, H]."""
-    if _EXP_NOISE:
-        return decode_noise(seed, p, _REF["layers"], heads, "cpu")[layer]
-    return decode_noise(seed, layer, p, heads, "cpu")
+    return decode_noise(seed, p, _REF["layers"], heads, "cpu")[layer]
 
 
 def _score_row(policy, logit_row, noise_row, step):
     """The policy's score of one (visible) row, as plain softmax math: softmax((x + Gumbel) / tau)."""
     if policy.name == "h2o":
         return torch.softmax(logit_row, -1)
-    g = -torch.log(noise_row) if _EXP_NOISE else noise_row
+    g = -torch.log(noise_row)  # the core draws Exp(1) E; Gumbel = -log E
     x = logit_row + g if policy.noise else logit_row
     return torch.softmax(x / policy.tau(step), -1)
 

@@ -23,7 +23,6 @@ MPT (ALiBi, own attention forward) is not supported here.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,7 +37,6 @@ from keyformer.noise import prompt_noise
 from keyformer.policies import Policy, WindowPolicy
 
 ATTN_IMPL = "keyformer_per_row"
-_PROBS_API = "probs" in inspect.signature(Policy.score).parameters
 
 
 @dataclass
@@ -59,12 +57,9 @@ def budget_split(policy: Policy, L: int) -> tuple[int, int]:
 
 
 def policy_score(policy: Policy, logits: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
-    """The policy's prompt-time (step 0) score of causal-masked ``logits``, for either core scoring API:
-    ``score(probs, noise=Exp(1))`` or the older ``score(logits, noise=Gumbel)`` (``noise`` comes from the
-    same core's :func:`keyformer.noise.prompt_noise`, so it always matches)."""
-    if _PROBS_API:
-        return policy.score(torch.softmax(logits, dim=-1), step=0, noise=noise)
-    return policy.score(logits, step=0, noise=noise)
+    """The policy's prompt-time (step 0) score of causal-masked ``logits`` (``noise``: Exp(1) samples from
+    :func:`keyformer.noise.prompt_noise`)."""
+    return policy.score(torch.softmax(logits, dim=-1), step=0, noise=noise)
 
 
 def row_mask(policy: Policy, logits: torch.Tensor, *, seed: int, layer: int) -> torch.Tensor:
@@ -84,7 +79,7 @@ def row_mask(policy: Policy, logits: torch.Tensor, *, seed: int, layer: int) -> 
         return causal & ((j > i - (k - sinks)) | (j < sinks))
     noise = None
     if policy.uses_noise:
-        noise = prompt_noise(seed, layer, 0, L, Hkv * G, dev).view(1, Hkv, G, L, L)
+        noise = prompt_noise(seed, layer, 0, L, Hkv * G, dev).reshape(1, Hkv, G, L, L)
     s = policy_score(policy, logits, noise).sum(2)  # [B, Hkv, L, L]
     key = k - w
     heavy = torch.zeros(B, Hkv, L, L, dtype=torch.bool, device=dev)
