@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -79,3 +80,11 @@ def test_gpu_bench_tiny(tmp_path: Path) -> None:
     thr = next(c for c in cells if c.get("kind") == "throughput")
     assert thr["runs"]["full"]["max_batch"] == 2 and thr["runs"]["keyformer"]["tokens_per_s"] > 0
     assert any(c.get("kind") == "latency" for c in cells)
+
+
+def test_gpu_check_passes_on_cpu() -> None:
+    """The accelerator correctness script runs its checks on CPU too (so it cannot rot between GPU leases)."""
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 failed" in r.stdout and r.stdout.count("PASS") >= 28

@@ -227,3 +227,18 @@ def test_beam_search_runs_with_eviction(model):
     phys = generate(model, ids, None, make_policy("h2o", budget=0.5), max_new_tokens=8, num_beams=4)
     sim = generate(model, ids, None, make_policy("h2o", budget=0.5), max_new_tokens=8, num_beams=4, mode="mask")
     assert torch.equal(phys.sequences, sim.sequences)
+
+
+def test_sdpa_backends_drop_cudnn_and_keep_the_callers_choice():
+    """On CUDA our SDPA calls exclude cuDNN (a graph per decode length) but honour backends the caller chose."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from keyformer.attention import _sdpa_backends
+
+    b = torch.backends.cuda
+    with _sdpa_backends(torch.device("cuda")):
+        assert not b.cudnn_sdp_enabled() and b.flash_sdp_enabled() and b.math_sdp_enabled()
+    with sdpa_kernel([SDPBackend.MATH]), _sdpa_backends(torch.device("cuda")):
+        assert b.math_sdp_enabled() and not b.flash_sdp_enabled() and not b.mem_efficient_sdp_enabled()
+    with _sdpa_backends(torch.device("cpu")):
+        assert b.cudnn_sdp_enabled()  # CPU: untouched
