@@ -1,6 +1,10 @@
 """Gather run folders (results contract of run.py) into curated, committed files under results/.
 
     python scripts/collect_results.py multirun/exp1_cnndm results/exp1_cnndm
+    python scripts/collect_results.py exp1_cnndm results/exp1_cnndm --wandb ENTITY/keyformer   # from W&B
+
+The W&B source reads the runs of one group (``logger=wandb`` names the group after the sweep folder) with
+their config, summary metrics and per-sample table, and writes the same files, so the notebooks read either.
 
 Every sub-folder of the sweep folder that holds ``config.yaml`` + ``predictions.jsonl`` is one point
 (finished or not). Writes:
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -68,8 +73,33 @@ def point_config(cfg: dict) -> dict:
     return row
 
 
+def point_rows(name: str, cfg: dict, preds: list[dict], metrics: dict) -> tuple[dict, pd.DataFrame]:
+    """One point's ``points.csv`` row and ``samples.csv`` rows, from its config, predictions and metrics."""
+    row = {"point": name, **point_config(cfg), "n_done": len(preds),
+           "complete": bool(metrics.get("complete")) and len(preds) >= int(cfg.get("n_samples") or 0)}
+    df = pd.DataFrame(preds)
+    for k in ROUGE:
+        row[k] = float(df[k].mean())
+    for k in METRIC_COLS:
+        row[k] = metrics.get(k)
+    if row["kv_ratio"] is None and "kv_bytes" in df and df["kv_bytes_full"].sum():
+        row["kv_ratio"] = float(df["kv_bytes"].sum() / df["kv_bytes_full"].sum())
+    row["mean_prompt_tokens"] = float(df["prompt_tokens"].mean())
+    row["mean_generated_tokens"] = float(df["generated_tokens"].mean())
+    s = df[[c for c in SAMPLE_COLS if c in df]].copy()
+    s.insert(0, "point", name)
+    return row, s
+
+
+def _frames(pairs: list[tuple[dict, pd.DataFrame]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    if not pairs:
+        return pd.DataFrame(), pd.DataFrame()
+    return pd.DataFrame([r for r, _ in pairs]), pd.concat([s for _, s in pairs], ignore_index=True)
+
+
 def collect(sweep: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    points, samples = [], []
+    """Points and samples of a local sweep folder (the results contract of ``run.py``)."""
+    pairs = []
     for d in sorted(p for p in sweep.iterdir() if p.is_dir()):
         cfg_path = d / "config.yaml"
         if not cfg_path.is_file():
@@ -79,37 +109,59 @@ def collect(sweep: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         if not preds:
             continue
         metrics = json.loads((d / "metrics.json").read_text()) if (d / "metrics.json").is_file() else {}
-        row = {"point": d.name, **point_config(cfg), "n_done": len(preds),
-               "complete": bool(metrics.get("complete")) and len(preds) >= int(cfg.get("n_samples") or 0)}
-        df = pd.DataFrame(preds)
-        for k in ROUGE:
-            row[k] = float(df[k].mean())
-        for k in METRIC_COLS:
-            row[k] = metrics.get(k)
-        if row["kv_ratio"] is None and "kv_bytes" in df and df["kv_bytes_full"].sum():
-            row["kv_ratio"] = float(df["kv_bytes"].sum() / df["kv_bytes_full"].sum())
-        row["mean_prompt_tokens"] = float(df["prompt_tokens"].mean())
-        row["mean_generated_tokens"] = float(df["generated_tokens"].mean())
-        points.append(row)
-        s = df[[c for c in SAMPLE_COLS if c in df]].copy()
-        s.insert(0, "point", d.name)
-        samples.append(s)
-    if not points:
-        return pd.DataFrame(), pd.DataFrame()
-    return pd.DataFrame(points), pd.concat(samples, ignore_index=True)
+        pairs.append(point_rows(d.name, cfg, preds, metrics))
+    return _frames(pairs)
+
+
+def _wandb_samples(run, key: str = "samples") -> list[dict]:
+    """The per-sample table a run logged (``logger.log_samples``), downloaded from its files."""
+    ref = run.summary.get(key)
+    if not isinstance(ref, dict) or "path" not in ref:
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        with run.file(ref["path"]).download(root=tmp, replace=True) as f:
+            t = json.load(f)
+    return [dict(zip(t["columns"], r, strict=True)) for r in t["data"]]
+
+
+def collect_wandb(path: str, group: str, api=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Points and samples of the W&B runs of one ``group`` (a sweep: ``logger.group``, by default the sweep
+    folder's name) in ``path`` = ``entity/project``. A run without its sample table is skipped (paired
+    statistics need it)."""
+    if api is None:
+        import wandb
+
+        api = wandb.Api()
+    pairs = []
+    for run in api.runs(path, filters={"group": group}):
+        preds = _wandb_samples(run)
+        if not preds:
+            print(f"warning: W&B run {run.name!r} has no sample table; skipped", file=sys.stderr)
+            continue
+        summary = {k: v for k, v in dict(run.summary).items() if not isinstance(v, dict)}
+        pairs.append(point_rows(run.name, dict(run.config), preds, summary))
+    return _frames(sorted(pairs, key=lambda p: p[0]["point"]))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sweep", type=Path, help="sweep folder (hydra.sweep.dir of the experiment)")
+    ap.add_argument("sweep", help="sweep folder (hydra.sweep.dir of the experiment), or with --wandb the W&B "
+                    "group (by default the sweep folder's name, e.g. exp1_cnndm)")
     ap.add_argument("out", type=Path, help="curated results folder, e.g. results/exp1_cnndm")
+    ap.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read the runs from W&B instead of a local folder")
     args = ap.parse_args(argv)
-    if not args.sweep.is_dir():
-        print(f"error: sweep folder {args.sweep} does not exist", file=sys.stderr)
-        return 2
-    points, samples = collect(args.sweep)
+    if args.wandb:
+        points, samples = collect_wandb(args.wandb, args.sweep)
+        where = f"W&B {args.wandb}, group {args.sweep}"
+    else:
+        sweep = Path(args.sweep)
+        if not sweep.is_dir():
+            print(f"error: sweep folder {sweep} does not exist", file=sys.stderr)
+            return 2
+        points, samples = collect(sweep)
+        where = str(sweep)
     if points.empty:
-        print(f"error: no run folders with predictions under {args.sweep}", file=sys.stderr)
+        print(f"error: no runs with predictions in {where}", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     points.sort_values(["policy", "budget", "point"]).to_csv(args.out / "points.csv", index=False)

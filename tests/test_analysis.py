@@ -139,3 +139,45 @@ def test_collect_results(tmp_path):
     assert full["budget"] == 1.0 and bool(full["complete"]) and full["rouge2"] == pytest.approx(5.5)
     assert not bool(points[points.policy == "h2o"].iloc[0]["complete"])  # no metrics.json yet
     assert "reference" not in samples.columns
+
+
+def test_collect_results_from_wandb(tmp_path):
+    """The W&B source reads config, summary and the logged sample table (fake API with the SDK's shapes)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import collect_results
+
+    class File:
+        def __init__(self, table):
+            self.table = table
+
+        def download(self, root, replace=False):
+            p = Path(root) / "t.table.json"
+            p.write_text(json.dumps(self.table))
+            return open(p)  # the SDK returns an open file
+
+    class Run:
+        def __init__(self, name, pol, r2, with_table=True):
+            self.name = name
+            self.config = {"policy": {"name": pol, "budget": 0.5, "recent": 0.3}, "n_samples": 2,
+                           "dataset": {"name": "cnn_dailymail"}, "model": {"name": "m"}, "seed": 0}
+            self.summary = {"complete": True, "prefill_ms": 2.0, "kv_ratio": 0.5}
+            if with_table:
+                self.summary["samples"] = {"_type": "table-file", "path": "media/table/samples_0_ab.table.json"}
+            cols = ["id", "prompt_tokens", "generated_tokens", "rouge1", "rouge2", "rougeL", "rougeLsum"]
+            self.table = {"columns": cols, "data": [[f"a{i}", 10, 8, 1.0, r2 + i, 1.0, 1.0] for i in range(2)]}
+
+        def file(self, path):
+            assert path == self.summary["samples"]["path"]
+            return File(self.table)
+
+    class Api:
+        def runs(self, path, filters):
+            assert path == "me/keyformer" and filters == {"group": "exp1_cnndm"}
+            return [Run("budget=0.5,policy=h2o", "h2o", 4.0), Run("policy=full", "full", 6.0),
+                    Run("broken", "h2o", 0.0, with_table=False)]
+
+    points, samples = collect_results.collect_wandb("me/keyformer", "exp1_cnndm", api=Api())
+    assert list(points["point"]) == ["budget=0.5,policy=h2o", "policy=full"] and len(samples) == 4
+    full = points[points.policy == "full"].iloc[0]
+    assert full["budget"] == 1.0 and bool(full["complete"]) and full["rouge2"] == pytest.approx(6.5)
+    assert points.iloc[0]["kv_ratio"] == 0.5 and samples["id"].tolist()[:2] == ["a0", "a1"]
