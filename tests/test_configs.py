@@ -96,3 +96,22 @@ def test_validate_requires_present_cuda():
     c = OmegaConf.to_container(make_cfg("device=cuda"), resolve=True)
     with pytest.raises(ConfigError, match="CUDA is not available"):
         validate(c)
+
+
+@pytest.mark.parametrize("variant", sorted(p.stem for p in (CONF / "experiment" / "ablation").glob("*.yaml")))
+def test_ablation_variants_take_effect_in_sweep_order(variant):
+    """The exp5 sweep composes ``+experiment/ablation=<v> +experiment=exp5_ablations`` (in that order), so a
+    key that the experiment file also sets would silently undo the variant. Every key a variant sets must
+    survive."""
+    cfg = OmegaConf.to_container(make_cfg(f"+experiment/ablation={variant}", "+experiment=exp5_ablations"),
+                                 resolve=True)
+    want = OmegaConf.to_container(OmegaConf.load(CONF / "experiment" / "ablation" / f"{variant}.yaml"))
+
+    def check(w, c, path):
+        for k, v in w.items():
+            if isinstance(v, dict):
+                check(v, c[k], f"{path}{k}.")
+            else:
+                assert c[k] == v, f"{variant}: {path}{k} = {c[k]!r}, the variant sets {v!r}"
+
+    check(want, cfg, "")
