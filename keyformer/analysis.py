@@ -91,6 +91,29 @@ def pairwise_table(samples: pd.DataFrame, points: pd.DataFrame, pairs: Sequence[
     return pd.DataFrame(rows)
 
 
+def pooled_difference(samples: pd.DataFrame, points: pd.DataFrame, policy_a: str, policy_b: str,
+                      metric: str = "rouge2", n_boot: int = 10000, seed: int = 0) -> tuple[PairedDiff, list[float]]:
+    """``policy_a - policy_b`` averaged over every budget both policies were run at, paired by sample.
+
+    Each sample contributes the mean of its per-budget differences (over the budgets where both points
+    finished it); the bootstrap resamples samples, so budgets of one sample stay together. Returns the
+    difference and the budgets used. One test across the whole curve, instead of one per budget.
+    """
+    per_budget = []
+    used = []
+    for budget in sorted(points["budget"].unique()):
+        at = points[np.isclose(points["budget"], budget)]
+        by_policy = dict(zip(at["policy"], at["point"], strict=False))
+        if policy_a in by_policy and policy_b in by_policy:
+            j = paired_frame(samples, by_policy[policy_a], by_policy[policy_b], metric)
+            per_budget.append(j.assign(d=j["a"] - j["b"])[["id", "d"]])
+            used.append(float(budget))
+    if not per_budget:
+        raise ValueError(f"no budget has both {policy_a!r} and {policy_b!r}")
+    d = pd.concat(per_budget).groupby("id")["d"].mean().to_numpy()
+    return paired_bootstrap(d, np.zeros_like(d), n_boot=n_boot, seed=seed), used
+
+
 def crossing_budget(budgets: Sequence[float], scores: Sequence[float], target: float) -> float:
     """Smallest budget at which the piecewise-linear curve ``scores(budgets)`` reaches ``target``.
 

@@ -47,6 +47,11 @@ def curve_experiment(name: str, pairs: list[tuple[str, str]]) -> None:
     t = analysis.pairwise_table(samples, evict, pairs, "rouge2", n_boot=5000)
     for r in t.itertuples():
         print(f"| {r.budget:.1f} | {r.a} - {r.b} | {r.n} | {fmt_ci(r.diff, r.ci_lo, r.ci_hi)} | {r.p_le_0:.3f} |")
+    for a, b in pairs:
+        if {a, b} <= set(evict["policy"]):
+            d, used = analysis.pooled_difference(samples, evict, a, b, "rouge2", n_boot=5000)
+            print(f"| pooled over {', '.join(f'{x:g}' for x in used)} | {a} - {b} | {d.n} | "
+                  f"{fmt_ci(d.mean, d.lo, d.hi)} | {d.p_le_0:.3f} |")
     if len(full):
         for _, p in evict.sort_values(["policy", "budget"]).iterrows():
             d = analysis.compare_points(samples, p["point"], full.iloc[0], "rouge2", n_boot=5000)

@@ -181,3 +181,19 @@ def test_collect_results_from_wandb(tmp_path):
     full = points[points.policy == "full"].iloc[0]
     assert full["budget"] == 1.0 and bool(full["complete"]) and full["rouge2"] == pytest.approx(6.5)
     assert points.iloc[0]["kv_ratio"] == 0.5 and samples["id"].tolist()[:2] == ["a0", "a1"]
+
+
+def test_pooled_difference_averages_budgets_per_sample():
+    from keyformer.analysis import pooled_difference
+
+    points = pd.DataFrame({"point": ["k2", "h2", "k5", "h5", "w5"], "policy": ["kf", "h2o", "kf", "h2o", "win"],
+                           "budget": [0.2, 0.2, 0.5, 0.5, 0.5]})
+    rows = []
+    for i in range(4):  # kf - h2o = +1 at 0.2 and +3 at 0.5 for every sample: pooled +2, no spread
+        rows += [{"point": "k2", "id": str(i), "rouge2": 5.0 + i}, {"point": "h2", "id": str(i), "rouge2": 4.0 + i},
+                 {"point": "k5", "id": str(i), "rouge2": 9.0}, {"point": "h5", "id": str(i), "rouge2": 6.0},
+                 {"point": "w5", "id": str(i), "rouge2": 0.0}]
+    d, used = pooled_difference(pd.DataFrame(rows), points, "kf", "h2o", n_boot=200)
+    assert used == [0.2, 0.5] and d.mean == pytest.approx(2.0) and d.lo == pytest.approx(2.0) and d.n == 4
+    with pytest.raises(ValueError, match="no budget"):
+        pooled_difference(pd.DataFrame(rows), points, "kf", "other")
