@@ -102,9 +102,32 @@ def ablations() -> None:
         print(f"| {p['point']} | {d.n} | {m:.2f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
 
 
+def realisations() -> None:
+    """Same config, two code versions: H2O must match exactly; Keyformer's noise stream changed in between."""
+    old_dir = RES / "exp1_cnndm_7e9326a"
+    if not (old_dir / "points.csv").exists() or not (RES / "exp1_cnndm" / "points.csv").exists():
+        return
+    p_new, s_new = analysis.load_experiment(RES, "exp1_cnndm")
+    p_old, s_old = analysis.load_experiment(RES, "exp1_cnndm_7e9326a")
+    print("\n### exp1 at core commit 7e9326a vs now (same config; ROUGE-2)\n")
+    print("| policy | budget | identical outputs | old | now | now - old [95 % CI] |\n|---|---|---|---|---|---|")
+    for _, po in p_old.sort_values(["policy", "budget"]).iterrows():
+        pn = p_new[(p_new["policy"] == po["policy"]) & np.isclose(p_new["budget"], po["budget"])]
+        if pn.empty:
+            continue
+        a = s_new[s_new["point"] == pn["point"].iloc[0]].set_index("id")
+        b = s_old[s_old["point"] == po["point"]].set_index("id")
+        ids = a.index.intersection(b.index)
+        same = int((a.loc[ids, "prediction"] == b.loc[ids, "prediction"]).sum())
+        d = analysis.paired_bootstrap(a.loc[ids, "rouge2"], b.loc[ids, "rouge2"], n_boot=5000)
+        print(f"| {po['policy']} | {po['budget']:.1f} | {same}/{len(ids)} | {b.loc[ids, 'rouge2'].mean():.2f} | "
+              f"{a.loc[ids, 'rouge2'].mean():.2f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
+
+
 if __name__ == "__main__":
     pairs = [("keyformer", "h2o"), ("keyformer", "window"), ("h2o", "window")]
     for name in ("exp1_cnndm", "exp2_dialogsum", "exp3_govreport"):
         curve_experiment(name, pairs)
+    realisations()
     attention()
     ablations()
