@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from . import noise as gumbel
@@ -27,17 +26,27 @@ SCORE_BLOCK_FLOATS = 8 * 2**20  # ~32 MB of fp32 logits per block (fallback log-
 SCORE_ROWS = gumbel.ROWS  # query rows per prompt-scoring block: one noise block each, no copies
 
 
+class _NoCudnnSDPA:
+    """Turns cuDNN's SDPA off for one call and back on after (entered only while it is on). Two flag writes:
+    ``torch.nn.attention.sdpa_kernel`` costs ~12 us per entry, which adds up at every layer of every step."""
+
+    def __enter__(self) -> None:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+_NO_CUDNN = _NoCudnnSDPA()
+
+
 def _sdpa_backends(device: torch.device):
-    """SDPA without cuDNN on CUDA (the other backends stay as the caller enabled them). cuDNN's SDPA, PyTorch's
-    first choice on Hopper, plans a graph per key length, and every decode step has a new one: on an H200,
-    GPT-J-6B at batch 1 decoded at 96.6 ms/step with it and 33.4 with flash (``results/bench/gpu``)."""
-    if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
-        return contextlib.nullcontext()
-    b = torch.backends.cuda
-    keep = [be for be, on in ((SDPBackend.FLASH_ATTENTION, b.flash_sdp_enabled()),
-                              (SDPBackend.EFFICIENT_ATTENTION, b.mem_efficient_sdp_enabled()),
-                              (SDPBackend.MATH, b.math_sdp_enabled())) if on]
-    return sdpa_kernel(keep) if keep else contextlib.nullcontext()
+    """SDPA without cuDNN on CUDA; the other backends stay as the caller set them. cuDNN's SDPA, PyTorch's first
+    choice on Hopper, plans a graph per key length, and every decode step has a new one: on an H200, GPT-J-6B
+    at batch 1 decoded at 96.6 ms/step with it and 33.4 with flash (``results/bench/gpu``)."""
+    if device.type == "cuda" and torch.backends.cuda.cudnn_sdp_enabled():
+        return _NO_CUDNN
+    return contextlib.nullcontext()
 
 
 def keyformer_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
