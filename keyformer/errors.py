@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections.abc import Mapping
 from typing import Any
 
-POLICIES = ("full", "window", "streaming", "h2o", "keyformer")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEVICES = ("cpu", "cuda", "cuda:N", "auto")
 SOURCES = ("hub", "smollm2_gguf", "tiny")
@@ -80,9 +78,6 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
 def validate(cfg: Mapping[str, Any]) -> None:
     """Check the composed config; raise ConfigError or keyformer.data.DataError. Cheap: loads no model."""
-    policy = _get(cfg, "policy.name")
-    if policy not in POLICIES:
-        raise ConfigError("policy.name", policy, f"allowed: {', '.join(POLICIES)}")
     check_budget(_get(cfg, "budget"))
     if "budget" in (cfg.get("policy") or {}):
         check_budget(_get(cfg, "policy.budget"), "policy.budget")
@@ -137,15 +132,13 @@ def _check_dataset(cfg: Mapping) -> None:
 
 def _check_policy_kwargs(cfg: Mapping) -> None:
     """Let the core validate the policy knobs (ValueError naming value and range), when it is installed."""
-    if importlib.util.find_spec("keyformer.policies") is None:
-        return
+    from keyformer.policies import build_policy, split_node
+
     try:
-        from keyformer.policies import make_policy
-    except ImportError:
-        return
-    kwargs = dict(cfg["policy"])
-    name = kwargs.pop("name")
+        name, kwargs = split_node(cfg["policy"])
+    except ValueError as e:
+        raise ConfigError("policy._target_", dict(cfg["policy"]).get("_target_"), str(e)) from None
     try:
-        make_policy(name, **kwargs)
+        build_policy(cfg["policy"])
     except (ValueError, TypeError) as e:
         raise ConfigError(f"policy ({name})", kwargs, str(e)) from None

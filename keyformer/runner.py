@@ -37,8 +37,10 @@ def core_backend() -> Backend:
 
 
 def policy_kwargs(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    kwargs = dict(cfg["policy"])
-    return str(kwargs.pop("name")), kwargs
+    """(name, kwargs) of the ``policy`` node (``_target_`` + the policy's dataclass fields)."""
+    from keyformer.policies import split_node
+
+    return split_node(cfg["policy"])
 
 
 def _policy_params(policy: Any) -> dict[str, Any]:

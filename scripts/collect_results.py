@@ -50,6 +50,11 @@ def _read_jsonl(path: Path) -> list[dict]:
 def point_config(cfg: dict) -> dict:
     """The settings that define a point, flattened."""
     pol = dict(cfg.get("policy") or {})
+    if "_target_" in pol:  # results contract v2: the policy node is a Hydra _target_
+        from keyformer.policies import split_node
+
+        name, pol = split_node(pol)
+        pol["name"] = name
     gen = cfg.get("generation") or {}
     row = {
         "policy": pol.pop("name", None),

@@ -37,7 +37,7 @@ def test_groups_have_expected_options():
 def test_every_option_composes(group, option):
     cfg = make_cfg(f"{group}={option}")
     c = OmegaConf.to_container(cfg, resolve=True)
-    assert c[group]["name"]
+    assert c[group]["_target_" if group == "policy" else "name"]
     if group == "policy" and option != "full":
         assert c["policy"]["budget"] == c["budget"]  # the top-level budget reaches the policy
     if group == "model":
@@ -52,8 +52,8 @@ def test_launchers_compose_without_plugins(launcher):
 
 def test_defaults():
     c = OmegaConf.to_container(make_cfg(), resolve=True)
-    assert (c["model"]["name"], c["dataset"]["name"], c["policy"]["name"]) == (
-        "HuggingFaceTB/SmolLM2-135M-Instruct", "sample", "keyformer")
+    assert (c["model"]["name"], c["dataset"]["name"], c["policy"]["_target_"]) == (
+        "HuggingFaceTB/SmolLM2-135M-Instruct", "sample", "keyformer.policies.keyformer.KeyformerPolicy")
     assert c["budget"] == 0.5 and c["recent"] == 0.3 and c["policy"]["budget"] == 0.5
     assert c["generation"]["num_beams"] == 1 and c["n_samples"] <= 8
     assert c["model"]["chat_template"] is True

@@ -35,6 +35,12 @@ class Policy:
     name: ClassVar[str] = "base"
     needs_scores: ClassVar[bool] = False
     evicts: ClassVar[bool] = True
+    registry: ClassVar[dict[str, type[Policy]]] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:  # a concrete policy: registered under its name
+            Policy.registry[cls.name] = cls
 
     def __post_init__(self) -> None:
         b = self.budget
