@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from keyformer import bench
+from keyformer.bench import cpu as bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,8 +72,7 @@ def test_peak_rss_reset() -> None:
 
 
 def test_gpu_bench_tiny(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import gpu_bench
+    from keyformer.bench import gpu as gpu_bench
 
     gpu_bench.main(["--tiny", "--models", "mpt", "--lengths", "8", "--max-batch", "2", "--gen-cap", "4", "--out", str(tmp_path)])
     cells = json.loads((tmp_path / "gpu_bench.json").read_text())["cells"]

@@ -4,25 +4,21 @@ Times ms/step for: plain transformers ``generate`` (its own DynamicCache: the ba
 under each SDPA backend, and Keyformer/H2O at 50 %; then the top CUDA kernels of one ``full`` and one
 Keyformer decode under the profiler.
 
-    python scripts/gpu_profile.py               # CUDA
-    python scripts/gpu_profile.py --tiny        # CPU smoke test
+    keyformer-gpu-profile               # CUDA
+    keyformer-gpu-profile --tiny        # CPU smoke test
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-
-from gpu_bench import build_model, sync  # noqa: E402
-
-import keyformer  # noqa: E402
+from ..generate import generate
+from ..policies import make_policy
+from .gpu import build_model, sync
 
 
 def ms_per_step(fn, dev, steps: int) -> float:
@@ -34,12 +30,12 @@ def ms_per_step(fn, dev, steps: int) -> float:
     return 1000 * (time.perf_counter() - t) / steps
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--prompt", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=64)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     dev = torch.device("cpu" if a.tiny else "cuda")
     model = build_model("gptj", a.tiny, 2 * a.prompt + a.steps, dev, torch.bfloat16)
     ids = torch.randint(10, model.config.vocab_size, (1, a.prompt), device=dev)
@@ -51,7 +47,7 @@ def main() -> None:
                            pad_token_id=0)
 
     def ours(pol):
-        return lambda n: keyformer.generate(model, ids, mask, pol, max_new_tokens=n, min_new_tokens=n)
+        return lambda n: generate(model, ids, mask, pol, max_new_tokens=n, min_new_tokens=n)
 
     # plain HF: its attention is our registered one, which falls back to SDPA without our cache
     print(f"plain transformers generate (DynamicCache): {ms_per_step(plain, dev, a.steps):.2f} ms/step "
@@ -61,19 +57,19 @@ def main() -> None:
     for name, be in backends.items():
         try:
             if be is None:
-                v = ms_per_step(ours(keyformer.make_policy("full")), dev, a.steps)
+                v = ms_per_step(ours(make_policy("full")), dev, a.steps)
             else:
                 with sdpa_kernel(be):
-                    v = ms_per_step(ours(keyformer.make_policy("full")), dev, a.steps)
+                    v = ms_per_step(ours(make_policy("full")), dev, a.steps)
             print(f"ours full, SDPA {name}: {v:.2f} ms/step", flush=True)
         except RuntimeError as e:
             print(f"ours full, SDPA {name}: unavailable ({str(e).splitlines()[0][:100]})", flush=True)
     for p in ("window", "h2o", "keyformer"):
-        v = ms_per_step(ours(keyformer.make_policy(p, budget=0.5)), dev, a.steps)
+        v = ms_per_step(ours(make_policy(p, budget=0.5)), dev, a.steps)
         print(f"ours {p}@0.5: {v:.2f} ms/step", flush=True)
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     for p in ("full", "keyformer"):
-        pol = keyformer.make_policy(p) if p == "full" else keyformer.make_policy(p, budget=0.5)
+        pol = make_policy(p) if p == "full" else make_policy(p, budget=0.5)
         ours(pol)(2)
         with torch.profiler.profile(activities=acts) as prof:
             ours(pol)(16)

@@ -1,6 +1,6 @@
-"""Performance benchmark: prefill, decode, memory and KV bytes of every policy, in one process.
+"""CPU performance benchmark: prefill, decode, memory and KV bytes of every policy, in one process.
 
-Run ``python -m keyformer.bench`` (Hydra config ``conf/bench.yaml``; override anything on the command line).
+Run ``keyformer-bench`` (Hydra config ``conf/bench.yaml``; override anything on the command line).
 
 Method (also written into the outputs):
 
@@ -19,7 +19,9 @@ Method (also written into the outputs):
 * **Bytes model.** Bytes read per decode step = weights + K/V attended (average over the decode), over
   the read bandwidth measured in this run (a large ``torch.sum``); the predicted speedup over full is the
   bytes ratio.
-* **Targets 1-5** of issue 6 are evaluated at the end and printed as met / NOT MET with their values.
+* **Targets.** The thresholds of the config's ``targets`` node (scoring overhead, prefill overhead, share of
+  the bytes model's speedup) and the throughput and whole-cache-copy checks are evaluated at the end and
+  printed as met / NOT MET with their values.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -41,8 +42,9 @@ from typing import Any
 
 import torch
 
-from .generate import make_cache
-from .policies import make_policy
+from ..generate import make_cache
+from ..policies import make_policy
+from ..results import git_commit
 
 # ---------------------------------------------------------------------------------------------------------
 # Process memory
@@ -97,7 +99,7 @@ def spread(xs: Sequence[float]) -> dict[str, float]:
 
 def load_bench_model(cfg: dict[str, Any]) -> tuple[Any, Any]:
     """(model, tokenizer or None): SmolLM2-135M-Instruct (SDPA, fp32) or a tiny random model."""
-    from .models import prepare_model, tiny_model
+    from ..models import tiny_model
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg["dtype"]]
     if cfg["model_name"] == "tiny":
@@ -105,19 +107,21 @@ def load_bench_model(cfg: dict[str, Any]) -> tuple[Any, Any]:
     if cfg["model_name"] != "smollm2":
         raise ValueError(f"model={cfg['model_name']!r} is unknown; valid: smollm2, tiny")
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .loading import ensure_smollm2
+    from ..loading import load_model
 
-    path = ensure_smollm2()
     transformers.utils.logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
-    return prepare_model(model), AutoTokenizer.from_pretrained(path)
+    node = {"name": "HuggingFaceTB/SmolLM2-135M-Instruct", "source": "smollm2_gguf", "arch": "llama",
+            "attn_implementation": "sdpa"}
+    return load_model({"model": node, "device": "cpu", "dtype": cfg["dtype"]})
 
 
 def prompt_tokens(cfg: dict[str, Any], tokenizer: Any, n_tokens: int) -> list[int] | None:
     """At least ``n_tokens`` ids of concatenated CNN/DailyMail articles, or None (random prompts)."""
     if cfg["prompt"] == "random" or tokenizer is None:
+        return None
+    if not cfg.get("data_dir"):
+        print("[bench] no data_dir (set KEYFORMER_DATA_DIR): random token ids instead", flush=True)
         return None
     path = Path(cfg["data_dir"]) / "cnn_dailymail.jsonl"
     if not path.is_file():
@@ -348,7 +352,7 @@ def apply_bytes_model(results: list[Result], w_bytes: int, per_token: int, n_new
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Target 5: counting whole-cache concatenations
+# Counting whole-cache concatenations (target 5)
 
 
 # data-movement ops: one of them writing a whole layer's K or V per step is a whole-cache copy
@@ -428,7 +432,8 @@ def _find(rows: list[dict[str, Any]], L: int, B: int, policy: str, budget: float
 
 
 def evaluate_targets(rows: list[dict[str, Any]], extra: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """Targets 1-5 of issue 6 with their measured values (``met`` None when not measured)."""
+    """The benchmark's targets (thresholds from ``cfg['targets']``) with their measured values (``met`` None
+    when not measured)."""
     t = cfg["targets"]
     out: list[dict[str, Any]] = []
 
@@ -544,15 +549,7 @@ def environment() -> dict[str, Any]:
         pass
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "threads": torch.get_num_threads(), "cpu": cpu, "cores": os.cpu_count(), "loadavg": list(os.getloadavg()),
-            "git_commit": _git_commit()}
-
-
-def _git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+            "git_commit": git_commit()}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -713,21 +710,24 @@ def write_outputs(out: Path, report: dict[str, Any], rows: list[dict[str, Any]],
             f.write(",".join("" if vals[k] is None else (f"{vals[k]:.6g}" if isinstance(vals[k], float) else str(vals[k]))
                              for k in CSV_FIELDS) + "\n")
     (out / "table.txt").write_text(text + "\n")
-    (out / "command.txt").write_text(" ".join(["python -m keyformer.bench", *sys.argv[1:]]) + "\n")
+    (out / "command.txt").write_text(" ".join(["keyformer-bench", *sys.argv[1:]]) + "\n")
 
 
-def _main() -> None:
+def main() -> None:
+    """``keyformer-bench``: the Hydra app of ``conf/bench.yaml``."""
     import hydra
     from omegaconf import DictConfig, OmegaConf
 
-    @hydra.main(version_base="1.3", config_path="../conf", config_name="bench")
-    def main(cfg: DictConfig) -> None:
+    conf = Path(__file__).resolve().parents[2] / "conf"  # the checkout's conf/ (editable install)
+
+    @hydra.main(version_base="1.3", config_path=str(conf), config_name="bench")
+    def app(cfg: DictConfig) -> None:
         c = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(c, dict)
         run({str(k): v for k, v in c.items()})
 
-    main()
+    app()
 
 
 if __name__ == "__main__":
-    _main()
+    main()

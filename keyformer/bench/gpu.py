@@ -12,9 +12,9 @@ Weights are random (speed does not depend on them); prompts are random token ids
 after every cell (``gpu_bench.json`` + ``gpu_bench.txt`` in ``--out``, default ``$OUT`` or
 ``results/bench/gpu``), so a run stopped by ``--time-budget-s`` or a time limit still leaves its numbers.
 
-    python scripts/gpu_bench.py                        # CUDA, the paper's 1k+1k / 2k+2k / 4k+4k
-    python scripts/gpu_bench.py --gen-cap 256           # generate at most 256 tokens per run (shorter)
-    python scripts/gpu_bench.py --tiny                  # CPU smoke test with tiny shapes
+    keyformer-gpu-bench                        # CUDA, the paper's 1k+1k / 2k+2k / 4k+4k
+    keyformer-gpu-bench --gen-cap 256          # generate at most 256 tokens per run (shorter)
+    keyformer-gpu-bench --tiny                 # CPU smoke test with tiny shapes
 """
 
 from __future__ import annotations
@@ -30,13 +30,11 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from ..generate import generate, make_cache
+from ..models import prepare_model
+from ..policies import make_policy
 
-import keyformer  # noqa: E402
-from keyformer.models import prepare_model  # noqa: E402
-
-# The reference numbers quoted in issue 6 (Keyformer paper, A100): latency speedup per setting, throughput.
+# The Keyformer paper's reference numbers (A100): latency speedup per setting, throughput gain.
 PAPER_LATENCY = {1024: 1.28, 2048: 1.62, 4096: 2.05}
 PAPER_THROUGHPUT = 2.4
 
@@ -88,7 +86,7 @@ def free(device: torch.device) -> None:
 
 
 def policy(name: str, budget: float) -> Any:
-    return keyformer.make_policy("full") if name == "full" else keyformer.make_policy(name, budget=budget)
+    return make_policy("full") if name == "full" else make_policy(name, budget=budget)
 
 
 def is_oom(e: BaseException) -> bool:
@@ -102,7 +100,7 @@ def fits(model: Any, L: int, gen: int, batch: int, pol: Any, device: torch.devic
     mask = torch.ones_like(ids)
     try:
         with torch.inference_mode():
-            cache = keyformer.make_cache(model, pol, mask, max_new_tokens=gen)
+            cache = make_cache(model, pol, mask, max_new_tokens=gen)
             out = model(input_ids=ids, attention_mask=mask, cache=cache, logits_to_keep=1)
             for _ in range(2):
                 tok = out.logits[:, -1].argmax(-1, keepdim=True)
@@ -126,7 +124,7 @@ def timed_generate(model: Any, L: int, gen: int, batch: int, pol: Any, device: t
     free(device)
     g = torch.Generator(device="cpu").manual_seed(batch * 7919 + L)
     ids = torch.randint(10, model.config.vocab_size, (batch, L), generator=g).to(device)
-    o = keyformer.generate(model, ids, torch.ones_like(ids), pol, max_new_tokens=gen, min_new_tokens=gen)
+    o = generate(model, ids, torch.ones_like(ids), pol, max_new_tokens=gen, min_new_tokens=gen)
     total = o.prefill_s + o.decode_s
     r = {"batch": batch, "prompt_len": L, "new_tokens": gen, "prefill_s": o.prefill_s, "decode_s": o.decode_s,
          "total_s": total, "decode_ms_per_step": 1000 * o.decode_s / max(1, o.n_decode_steps),
@@ -154,7 +152,7 @@ class Report:
         m = self.meta
         lines = [f"GPU benchmark on {m['device_name']} ({m['dtype']}, torch {m['torch']}, transformers "
                  f"{m['transformers']}), random weights and prompts, budget {m['budget']}, policies {m['policies']}.",
-                 f"Paper reference (issue 6): latency speedup {PAPER_LATENCY} at L+L, throughput {PAPER_THROUGHPUT}x.",
+                 f"Paper reference: latency speedup {PAPER_LATENCY} at L+L, throughput {PAPER_THROUGHPUT}x.",
                  ""]
         lines += [c["line"] for c in self.cells if "line" in c]
         return "\n".join(lines)
@@ -172,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--mem-fraction", type=float, default=0.9, help="fit check: peak <= this x device memory")
     ap.add_argument("--time-budget-s", type=float, default=None, help="skip remaining cells after this")
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "results" / "bench" / "gpu"))
+    ap.add_argument("--out", default=os.environ.get("OUT") or "results/bench/gpu")
     args = ap.parse_args(argv)
 
     import transformers

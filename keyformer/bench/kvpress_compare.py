@@ -9,13 +9,14 @@ tokens with the same side's full cache.
 Sides (each writes JSON; ``all`` runs every side and merges):
 
 * ``prompts``: tokenize prompts (chat template) from ``cnn_dailymail.jsonl`` -> ``prompts.json``.
-* ``kvpress``: run with ``.venv-kvpress/bin/python`` (kvpress pins transformers < 5.3). Imports only torch,
+* ``kvpress``: run with ``.venv-kvpress/bin/python`` on this file (kvpress pins transformers < 5.3, so
+  keyformer is not installed there). Imports only the standard library at module level, then torch,
   transformers and kvpress; the model is read from the converted safetensors folder (``--model-dir``).
 * ``ours``: run with the main venv (imports ``keyformer``).
 * ``merge``: one table from the JSON files.
 
-    bash scripts/setup_kvpress_venv.sh            # once
-    .venv/bin/python scripts/bench_kvpress.py     # = --side all, writes results/bench/kvpress/
+    bash scripts/setup_kvpress_venv.sh                            # once
+    KEYFORMER_DATA_DIR=../shared/data keyformer-bench-kvpress     # = --side all, writes results/bench/kvpress/
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "results" / "bench" / "kvpress"
+DEFAULT_OUT = Path("results") / "bench" / "kvpress"
+KVPRESS_PYTHON = Path(".venv-kvpress") / "bin" / "python"
 INSTRUCTION = "Summarize the following news article in three sentences.\n\n"
 
 
@@ -184,24 +185,25 @@ def side_ours(args: argparse.Namespace) -> None:
     import transformers
     from transformers import AutoModelForCausalLM
 
-    sys.path.insert(0, str(ROOT))
-    import keyformer
+    from keyformer.generate import generate
+    from keyformer.models import prepare_model
+    from keyformer.policies import make_policy
 
     transformers.utils.logging.disable_progress_bar()
     spec = load_prompts(Path(args.prompts))
     n_new = int(spec["new_tokens"])
-    model = keyformer.prepare_model(AutoModelForCausalLM.from_pretrained(
+    model = prepare_model(AutoModelForCausalLM.from_pretrained(
         args.model_dir, dtype=torch.float32, attn_implementation="sdpa").eval())
-    methods: list[tuple[str, Any, float | None]] = [("ours full", keyformer.make_policy("full"), None)]
+    methods: list[tuple[str, Any, float | None]] = [("ours full", make_policy("full"), None)]
     for b in spec["budgets"]:
         for name in ("window", "streaming", "h2o", "keyformer"):
-            methods.append((f"ours {name}@{b:g}", keyformer.make_policy(name, budget=float(b)), b))
+            methods.append((f"ours {name}@{b:g}", make_policy(name, budget=float(b)), b))
 
     def run(policy: Any, ids: list[int], n: int) -> dict[str, Any]:
         x = torch.tensor([ids])
         before = _status_mb("VmRSS")
         reset_peak()
-        o = keyformer.generate(model, x, torch.ones_like(x), policy, max_new_tokens=n, min_new_tokens=n)
+        o = generate(model, x, torch.ones_like(x), policy, max_new_tokens=n, min_new_tokens=n)
         return {"prefill_s": o.prefill_s, "decode_ms": 1000 * o.decode_s / max(1, o.n_decode_steps),
                 "n_decode_steps": o.n_decode_steps, "peak_rss_delta_mb": _status_mb("VmHWM") - before,
                 "tokens": o.sequences[0].tolist(), "kv_bytes_end": int(o.kv_bytes[0]),
@@ -285,11 +287,14 @@ def side_merge(args: argparse.Namespace) -> None:
 def side_all(args: argparse.Namespace) -> None:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    kv_py = ROOT / ".venv-kvpress" / "bin" / "python"
+    kv_py = KVPRESS_PYTHON
     if not kv_py.exists():
         sys.exit(f"{kv_py} missing: run `bash scripts/setup_kvpress_venv.sh` first")
+    if not args.data:
+        sys.exit("no CNN/DailyMail file: set KEYFORMER_DATA_DIR or pass --data")
     common = ["--model-dir", args.model_dir]
-    me = [str(Path(__file__).resolve())]
+    me = ["-m", "keyformer.bench.kvpress_compare"]
+    me_file = [str(Path(__file__).resolve())]  # the kvpress venv has no keyformer: run this file itself
     prompts = str(out_dir / "prompts.json")
     budgets = [str(b) for b in args.budgets]
     steps = [
@@ -297,21 +302,22 @@ def side_all(args: argparse.Namespace) -> None:
          "--new-tokens", str(args.new_tokens), "--budgets", *budgets, "--min-tokens", str(args.min_tokens),
          "--max-tokens", str(args.max_tokens), "--out", prompts],
         [sys.executable, *me, "--side", "ours", *common, "--prompts", prompts, "--out", str(out_dir / "ours.json")],
-        [str(kv_py), *me, "--side", "kvpress", *common, "--prompts", prompts, "--out", str(out_dir / "kvpress.json")],
+        [str(kv_py), *me_file, "--side", "kvpress", *common, "--prompts", prompts, "--out", str(out_dir / "kvpress.json")],
     ]
     for cmd in steps:
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
     side_merge(args)
-    (out_dir / "command.txt").write_text(" ".join(["python scripts/bench_kvpress.py", *sys.argv[1:]]) + "\n")
+    (out_dir / "command.txt").write_text(" ".join(["keyformer-bench-kvpress", *sys.argv[1:]]) + "\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--side", default="all", choices=["all", "prompts", "kvpress", "ours", "merge"])
     ap.add_argument("--model-dir", default=default_model_dir(), help="converted SmolLM2 safetensors folder")
-    ap.add_argument("--data", default=str(Path(os.environ.get("KEYFORMER_DATA_DIR") or "/work/shared/data")
-                                          / "cnn_dailymail.jsonl"))
+    data_dir = os.environ.get("KEYFORMER_DATA_DIR")
+    ap.add_argument("--data", default=str(Path(data_dir) / "cnn_dailymail.jsonl") if data_dir else None,
+                    help="cnn_dailymail.jsonl (default: in $KEYFORMER_DATA_DIR)")
     ap.add_argument("--n-prompts", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.5])
@@ -320,7 +326,7 @@ def main() -> None:
     ap.add_argument("--prompts", help="prompts.json (sides ours/kvpress)")
     ap.add_argument("--out", help="output JSON (sides prompts/ours/kvpress)")
     ap.add_argument("--out-dir", default=str(DEFAULT_OUT), help="folder of all/merge")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     {"all": side_all, "prompts": side_prompts, "kvpress": side_kvpress, "ours": side_ours, "merge": side_merge}[args.side](args)
 
 
