@@ -101,20 +101,33 @@ def _finish_tokenizer(tok: Any) -> Any:
     return tok
 
 
+def auto_device() -> str:
+    """What ``device=auto`` means: cuda when available, else cpu."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def auto_dtype(device: str) -> str:
+    """What ``dtype=auto`` means on ``device``: bfloat16 on CUDA, float32 elsewhere."""
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
 def load_model(cfg: Mapping[str, Any]) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` for the run config ``cfg`` (model node, device, dtype), in eval mode.
 
-    Hub and SmolLM2 models pass through ``keyformer.models.prepare_model``; tiny models come from
-    ``keyformer.models.tiny_model`` (already prepared) with the SmolLM2 tokenizer.
+    ``device``/``dtype`` are checked by :mod:`keyformer.errors` before this is called; ``auto`` is
+    resolved here with :func:`auto_device` / :func:`auto_dtype`. Hub and SmolLM2 models pass through
+    ``keyformer.models.prepare_model``; tiny models come from ``keyformer.models.tiny_model`` (already
+    prepared) with the SmolLM2 tokenizer.
     """
     import transformers
 
-    from keyformer.errors import resolve_device, resolve_dtype
     from keyformer.models import prepare_model, tiny_model
 
     m = cfg["model"]
-    device = resolve_device(cfg["device"])
-    dtype = torch_dtype(resolve_dtype(cfg["dtype"], device))
+    device = auto_device() if cfg["device"] == "auto" else cfg["device"]
+    dtype = torch_dtype(auto_dtype(device) if cfg["dtype"] == "auto" else cfg["dtype"])
     if m["source"] == "tiny":
         tok = _finish_tokenizer(smollm2_tokenizer())
         model = tiny_model(m["arch"], vocab_size=len(tok), seed=int(cfg.get("seed", 0)))
