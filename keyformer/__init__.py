@@ -37,7 +37,11 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        try:
+            module = importlib.import_module(f".{_EXPORTS[name]}", __name__)
+        except AttributeError as e:  # raised inside the submodule: not "no such name" of this package
+            raise ImportError(f"importing {__name__}.{_EXPORTS[name]} failed: {e}") from e
+        value = getattr(module, name)
         globals()[name] = value  # cached: later lookups do not come here
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

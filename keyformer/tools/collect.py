@@ -1,7 +1,8 @@
 """Gather run folders (results contract of run.py) into curated, committed files under results/.
 
-    python scripts/collect_results.py multirun/exp1_cnndm results/exp1_cnndm
-    python scripts/collect_results.py exp1_cnndm results/exp1_cnndm --wandb ENTITY/keyformer   # from W&B
+    keyformer-collect multirun/exp1_cnndm results/exp1_cnndm
+    keyformer-collect exp1_cnndm results/exp1_cnndm --wandb ENTITY/keyformer   # from W&B
+    keyformer-collect multirun/fewshot results/fewshot                          # lm-eval runs (task=lm_eval)
 
 The W&B source reads the runs of one group (``logger=wandb`` names the group after the sweep folder) with
 their config, summary metrics and per-sample table, and writes the same files, so the notebooks read either.
@@ -16,15 +17,22 @@ Every sub-folder of the sweep folder that holds ``config.yaml`` + ``predictions.
 * ``<out>/samples.csv``: one row per (point, sample id): per-sample ROUGE, token counts, KV bytes and the
   generated text (no reference text: the data stays out of the repo). This is what the paired bootstrap
   in :mod:`keyformer.analysis` needs.
+
+A folder of ``task=lm_eval`` runs (the few-shot experiment; every ``metrics.json`` below it, at any depth,
+with ``task: lm_eval``) gives instead ``<out>/fewshot.csv`` (one row per run and lm-eval task: acc,
+acc_norm, their stderr, n) and ``<out>/fewshot.json`` (each run's config and full metrics).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -148,6 +156,45 @@ def collect_wandb(path: str, group: str, api=None) -> tuple[pd.DataFrame, pd.Dat
     return _frames(sorted(pairs, key=lambda p: p[0]["point"]))
 
 
+LM_EVAL_COLUMNS = ("model", "task", "policy", "budget", "recent", "loglikelihood", "num_fewshot", "limit",
+                   "n_samples", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "dtype", "batch_size", "seed",
+                   "wall_s", "git_commit", "run")
+
+
+def lm_eval_metrics(root: Path) -> list[Path]:
+    """``metrics.json`` files of the complete lm-eval runs at any depth below ``root``."""
+    out = []
+    for m_path in sorted(root.glob("**/metrics.json")):
+        m = json.loads(m_path.read_text())
+        if m.get("complete") and m.get("task") == "lm_eval":
+            out.append(m_path)
+    return out
+
+
+def collect_lm_eval(root: Path, out: Path) -> list[dict[str, Any]]:
+    """Curated rows of every complete lm-eval run under ``root``; writes fewshot.csv and fewshot.json."""
+    from keyformer.results import atomic_write_text
+
+    rows, points = [], []
+    for m_path in lm_eval_metrics(root):
+        m = json.loads(m_path.read_text())
+        cfg = yaml.safe_load((m_path.parent / "config.yaml").read_text(encoding="utf-8"))
+        run = str(m_path.parent.relative_to(root))
+        points.append({"run": run, "config": {k: cfg.get(k) for k in (
+            "model", "policy", "task", "budget", "recent", "seed", "device", "dtype")}, "metrics": m})
+        for task, r in m["tasks"].items():
+            rows.append({**{k: m.get(k) for k in LM_EVAL_COLUMNS}, **{k: r.get(k) for k in LM_EVAL_COLUMNS if k in r},
+                         "task": task, "dtype": cfg["dtype"], "run": run})
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=LM_EVAL_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "fewshot.csv", buf.getvalue())
+    atomic_write_text(out / "fewshot.json", json.dumps(points, indent=1, sort_keys=True, default=str) + "\n")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweep", help="sweep folder (hydra.sweep.dir of the experiment), or with --wandb the W&B "
@@ -163,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         if not sweep.is_dir():
             print(f"error: sweep folder {sweep} does not exist", file=sys.stderr)
             return 2
+        if lm_eval_metrics(sweep):
+            rows = collect_lm_eval(sweep, args.out)
+            print(f"{len(rows)} rows (run x lm-eval task) -> {args.out / 'fewshot.csv'}")
+            return 0
         points, samples = collect(sweep)
         where = str(sweep)
     if points.empty:

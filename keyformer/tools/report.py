@@ -1,33 +1,29 @@
 """Print the markdown tables of results/README.md from the curated results (paired bootstrap CIs).
 
-    python scripts/report_tables.py            # all experiments whose results exist
+    keyformer-report                    # all experiments whose results exist under ./results
+    keyformer-report --results DIR      # another curated results folder
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from keyformer import analysis  # noqa: E402
-
-RES = ROOT / "results"
+from keyformer import analysis
 
 
 def fmt_ci(m: float, lo: float, hi: float) -> str:
     return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
 
 
-def curve_experiment(name: str, pairs: list[tuple[str, str]]) -> None:
-    if not (RES / name / "points.csv").exists():
+def curve_experiment(res: Path, name: str, pairs: list[tuple[str, str]]) -> None:
+    if not (res / name / "points.csv").exists():
         return
-    points, samples = analysis.load_experiment(RES, name)
+    points, samples = analysis.load_experiment(res, name)
     ids = analysis.common_ids(samples, points["point"].tolist())
     paired = samples[samples["id"].isin(ids)]
     print(f"\n### {name}: {len(ids)} samples common to {len(points)} points "
@@ -68,8 +64,8 @@ def curve_experiment(name: str, pairs: list[tuple[str, str]]) -> None:
                   f"{r['min_budget']:.1f}-{r['max_budget']:.1f} | {r['n']} |")
 
 
-def attention() -> None:
-    d = RES / "exp4_attention"
+def attention(res: Path) -> None:
+    d = res / "exp4_attention"
     if not (d / "layers.csv").exists():
         return
     layers = pd.read_csv(d / "layers.csv")
@@ -85,10 +81,10 @@ def attention() -> None:
     print("per layer: " + ", ".join(f"{int(i)}: {100 * v:.0f}" for i, v in sp.items()))
 
 
-def ablations() -> None:
-    if not (RES / "exp5_ablations" / "points.csv").exists():
+def ablations(res: Path) -> None:
+    if not (res / "exp5_ablations" / "points.csv").exists():
         return
-    points, samples = analysis.load_experiment(RES, "exp5_ablations")
+    points, samples = analysis.load_experiment(res, "exp5_ablations")
     print("\n### exp5_ablations (paired vs base on common articles)\n")
     print("| variant | n | ROUGE-2 | diff vs base [95 % CI] |\n|---|---|---|---|")
     for _, p in points.iterrows():
@@ -102,13 +98,13 @@ def ablations() -> None:
         print(f"| {p['point']} | {d.n} | {m:.2f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
 
 
-def realisations() -> None:
+def realisations(res: Path) -> None:
     """Same config, two code versions: H2O must match exactly; Keyformer's noise stream changed in between."""
-    old_dir = RES / "exp1_cnndm_7e9326a"
-    if not (old_dir / "points.csv").exists() or not (RES / "exp1_cnndm" / "points.csv").exists():
+    old_dir = res / "exp1_cnndm_7e9326a"
+    if not (old_dir / "points.csv").exists() or not (res / "exp1_cnndm" / "points.csv").exists():
         return
-    p_new, s_new = analysis.load_experiment(RES, "exp1_cnndm")
-    p_old, s_old = analysis.load_experiment(RES, "exp1_cnndm_7e9326a")
+    p_new, s_new = analysis.load_experiment(res, "exp1_cnndm")
+    p_old, s_old = analysis.load_experiment(res, "exp1_cnndm_7e9326a")
     print("\n### exp1 at core commit 7e9326a vs now (same config; ROUGE-2)\n")
     print("| policy | budget | identical outputs | old | now | now - old [95 % CI] |\n|---|---|---|---|---|---|")
     for _, po in p_old.sort_values(["policy", "budget"]).iterrows():
@@ -124,10 +120,18 @@ def realisations() -> None:
               f"{a.loc[ids, 'rouge2'].mean():.2f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", type=Path, default=Path("results"), help="curated results folder")
+    res = ap.parse_args(argv).results
     pairs = [("keyformer", "h2o"), ("keyformer", "window"), ("h2o", "window")]
     for name in ("exp1_cnndm", "exp2_dialogsum", "exp3_govreport"):
-        curve_experiment(name, pairs)
-    realisations()
-    attention()
-    ablations()
+        curve_experiment(res, name, pairs)
+    realisations(res)
+    attention(res)
+    ablations(res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
