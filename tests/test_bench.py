@@ -69,6 +69,7 @@ def test_peak_rss_reset() -> None:
     assert bench.peak_rss_mb() >= bench.rss_mb() > 0
 
 
+@pytest.mark.slow
 def test_gpu_bench_tiny(tmp_path: Path) -> None:
     from keyformer.bench import gpu as gpu_bench
 
