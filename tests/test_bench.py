@@ -79,3 +79,18 @@ def test_gpu_bench_tiny(tmp_path: Path) -> None:
     assert thr["runs"]["full"]["max_batch"] == 2 and thr["runs"]["keyformer"]["tokens_per_s"] > 0
     assert any(c.get("kind") == "latency" for c in cells)
 
+
+
+def test_kvpress_merge_reproduces_the_committed_table(tmp_path: Path) -> None:
+    """The merge side of keyformer-bench-kvpress on the committed side outputs gives the committed table."""
+    import shutil
+
+    from keyformer.bench import kvpress_compare
+
+    src = ROOT / "results" / "bench" / "kvpress"
+    if not (src / "kvpress.json").is_file():
+        pytest.skip("kvpress results not committed")
+    for name in ("prompts.json", "ours.json", "kvpress.json"):
+        shutil.copy(src / name, tmp_path / name)
+    kvpress_compare.main(["--side", "merge", "--out-dir", str(tmp_path)])
+    assert (tmp_path / "table.txt").read_text() == (src / "table.txt").read_text()

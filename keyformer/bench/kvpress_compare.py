@@ -9,9 +9,11 @@ tokens with the same side's full cache.
 Sides (each writes JSON; ``all`` runs every side and merges):
 
 * ``prompts``: tokenize prompts (chat template) from ``cnn_dailymail.jsonl`` -> ``prompts.json``.
-* ``kvpress``: run with ``.venv-kvpress/bin/python`` on this file (kvpress pins transformers < 5.3, so
-  keyformer is not installed there). Imports only the standard library at module level, then torch,
-  transformers and kvpress; the model is read from the converted safetensors folder (``--model-dir``).
+* ``kvpress``: run with ``.venv-kvpress/bin/python -m keyformer.bench.kvpress_compare`` from the checkout's
+  root (kvpress pins transformers < 5.3, so keyformer is not installed there; ``-m`` finds the package in
+  the current folder). Imports only the standard library and :mod:`keyformer.bench.memory` at module level,
+  then torch, transformers and kvpress; the model is read from the converted safetensors folder
+  (``--model-dir``).
 * ``ours``: run with the main venv (imports ``keyformer``).
 * ``merge``: one table from the JSON files.
 
@@ -24,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -32,29 +33,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from keyformer.bench.memory import reset_peak_rss, status_mb
+
 DEFAULT_OUT = Path("results") / "bench" / "kvpress"
-KVPRESS_PYTHON = Path(".venv-kvpress") / "bin" / "python"
+KVPRESS_PYTHON = Path(".venv-kvpress") / "bin" / "python"  # below the checkout's root
 INSTRUCTION = "Summarize the following news article in three sentences.\n\n"
 
 
 # ---------------------------------------------------------------------------------------------------------
 # shared helpers (stdlib + torch only)
-
-
-def _status_mb(key: str) -> float:
-    with open("/proc/self/status") as f:
-        m = re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.M)
-    return int(m.group(1)) / 1024 if m else float("nan")
-
-
-def reset_peak() -> bool:
-    """Reset the kernel's RSS high-water mark (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def default_model_dir() -> str:
@@ -81,15 +68,15 @@ def load_prompts(path: Path) -> dict[str, Any]:
 
 def timed_generate(fn: Any, clock: Any) -> dict[str, Any]:
     """Run ``fn()`` (a generate call using ``clock``) and return prefill/decode times and peak RSS."""
-    before = _status_mb("VmRSS")
-    reset_peak()
+    before = status_mb("VmRSS")
+    reset_peak_rss()
     t0 = time.perf_counter()
     out = fn()
     t1 = time.perf_counter()
     times = clock.times
     n_dec = max(0, len(times) - 1)
     return {"out": out, "prefill_s": times[0] - t0, "decode_ms": 1000 * (t1 - times[0]) / max(1, n_dec),
-            "n_decode_steps": n_dec, "peak_rss_delta_mb": _status_mb("VmHWM") - before}
+            "n_decode_steps": n_dec, "peak_rss_delta_mb": status_mb("VmHWM") - before}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -201,11 +188,11 @@ def side_ours(args: argparse.Namespace) -> None:
 
     def run(policy: Any, ids: list[int], n: int) -> dict[str, Any]:
         x = torch.tensor([ids])
-        before = _status_mb("VmRSS")
-        reset_peak()
+        before = status_mb("VmRSS")
+        reset_peak_rss()
         o = generate(model, x, torch.ones_like(x), policy, max_new_tokens=n, min_new_tokens=n)
         return {"prefill_s": o.prefill_s, "decode_ms": 1000 * o.decode_s / max(1, o.n_decode_steps),
-                "n_decode_steps": o.n_decode_steps, "peak_rss_delta_mb": _status_mb("VmHWM") - before,
+                "n_decode_steps": o.n_decode_steps, "peak_rss_delta_mb": status_mb("VmHWM") - before,
                 "tokens": o.sequences[0].tolist(), "kv_bytes_end": int(o.kv_bytes[0]),
                 "kv_tokens_end": int(o.kv_bytes[0] // max(1, o.cache.bytes_per_token()))}
 
@@ -285,28 +272,28 @@ def side_merge(args: argparse.Namespace) -> None:
 
 
 def side_all(args: argparse.Namespace) -> None:
-    out_dir = Path(args.out_dir)
+    root = Path(__file__).resolve().parents[2]  # the sides run from the checkout's root (see the docstring)
+    out_dir = Path(args.out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    kv_py = KVPRESS_PYTHON
+    kv_py = root / KVPRESS_PYTHON
     if not kv_py.exists():
         sys.exit(f"{kv_py} missing: run `bash scripts/setup_kvpress_venv.sh` first")
     if not args.data:
         sys.exit("no CNN/DailyMail file: set KEYFORMER_DATA_DIR or pass --data")
-    common = ["--model-dir", args.model_dir]
+    common = ["--model-dir", str(Path(args.model_dir).resolve())]
     me = ["-m", "keyformer.bench.kvpress_compare"]
-    me_file = [str(Path(__file__).resolve())]  # the kvpress venv has no keyformer: run this file itself
     prompts = str(out_dir / "prompts.json")
     budgets = [str(b) for b in args.budgets]
     steps = [
-        [sys.executable, *me, "--side", "prompts", *common, "--data", args.data, "--n-prompts", str(args.n_prompts),
+        [sys.executable, *me, "--side", "prompts", *common, "--data", str(Path(args.data).resolve()), "--n-prompts", str(args.n_prompts),
          "--new-tokens", str(args.new_tokens), "--budgets", *budgets, "--min-tokens", str(args.min_tokens),
          "--max-tokens", str(args.max_tokens), "--out", prompts],
         [sys.executable, *me, "--side", "ours", *common, "--prompts", prompts, "--out", str(out_dir / "ours.json")],
-        [str(kv_py), *me_file, "--side", "kvpress", *common, "--prompts", prompts, "--out", str(out_dir / "kvpress.json")],
+        [str(kv_py), *me, "--side", "kvpress", *common, "--prompts", prompts, "--out", str(out_dir / "kvpress.json")],
     ]
     for cmd in steps:
         print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
+        subprocess.run(cmd, check=True, cwd=root)
     side_merge(args)
     (out_dir / "command.txt").write_text(" ".join(["keyformer-bench-kvpress", *sys.argv[1:]]) + "\n")
 
