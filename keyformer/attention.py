@@ -1,15 +1,17 @@
-"""Attention over an evicting cache, with the policy's scores computed on the side.
+"""Attention over an evicting cache, with the policy's scores computed in the same pass.
 
-* The attention output uses SDPA (Llama, GPT-J, GPT-2) or MPT's own eager math with ALiBi at the kept
-  tokens' *original* distances.
-* Prompt scores are computed per sample over its real tokens, in blocks of query rows: no n x n matrix.
-* Decode steps of scoring policies compute logits once and use them for both the output and the score.
+* Policies that need no attention scores use SDPA (Llama, GPT-J, GPT-2) or MPT's own eager math with ALiBi
+  at the kept tokens' *original* distances.
+* Scoring policies, at the prompt: one blocked pass per layer, vectorised over samples, whose softmax gives
+  both the output and the scores (no n x n matrix, no second ``Q K^T``). At a decode step: logits once, used
+  for the output and the score; noise only at the held slots.
 * GQA: scores are computed per query head and **summed over the query heads of each KV-head group**, so
   state and selection are per KV head.
 
 The attention function finds the cache layer through the ``_kf_layer`` attribute that
 :meth:`keyformer.cache.EvictingLayer.update` sets on the key view it returns; with any other cache the
-model's usual SDPA path runs unchanged.
+model's usual SDPA path runs unchanged. A policy sees a :class:`keyformer.policies.base.Context`; this module
+only builds it.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from . import noise as gumbel
 from .cache import EvictingLayer
 
-SCORE_BLOCK_FLOATS = 8 * 2**20  # ~32 MB of fp32 logits per block (fallback log-sum-exp)
-SCORE_ROWS = gumbel.ROWS  # query rows per prompt-scoring block: one noise block each, no copies
+SCORE_BLOCK_FLOATS = 4 * 2**20  # fp32 logits per prompt block (B * Hq * rows * keys), ~16 MB
+SCORE_ROWS = 128  # at most this many query rows per prompt block
 
 
 class _NoCudnnSDPA:
@@ -60,25 +62,26 @@ def keyformer_attention(module, query, key, value, attention_mask, scaling=None,
 
 def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
            scaling: float, dropout: float = 0.0, slopes: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention for one layer, then score accumulation and eviction.
+    """Attention for one layer, then the policy's scoring and the cache's eviction.
 
     query [B, Hq, q, D]; key/value [B, Hkv, S, D] (S = L + q slots); ``slopes`` [Hq] for ALiBi.
     Returns [B, q, Hq, Dv].
     """
     policy = layer.cache.policy
-    B, Hq, q, _ = query.shape
-    G = Hq // key.shape[1]
+    G = query.shape[1] // key.shape[1]
+    q = query.shape[2]
+    scoring = policy.needs_attention and (layer.length == 0 or policy.compress == "step")
+    if scoring and layer.length > 0 and q > 1:
+        raise NotImplementedError("multi-token forwards over a non-empty evicting cache (chunked prefill) are "
+                                  "not supported by scoring policies")
     mask = layer.attention_mask()  # bool, True = attend
-    bias = _alibi(layer, slopes) if slopes is not None else None  # [B, Hq, 1, S]
-    if policy.needs_scores and q == 1 and layer.length > 0:
-        out = _decode_with_scores(module, layer, query, key, value, mask, bias, scaling)
-    elif policy.needs_scores:
-        if layer.length > 0:
-            raise NotImplementedError("multi-token forwards over a non-empty evicting cache (chunked "
-                                      "prefill) are not supported by scoring policies")
+    if scoring and q == 1 and layer.length > 0:
+        bias = _alibi(layer, slopes) if slopes is not None else None
+        out = _decode_with_scores(layer, query, key, value, mask, bias, scaling)
+    elif scoring:
         out = _prompt_with_scores(layer, query, key, value, slopes, scaling)
-    elif bias is not None:
-        out = _eager(query, key, value, mask, bias, scaling)
+    elif slopes is not None:
+        out = _eager(query, key, value, mask, _alibi(layer, slopes), scaling)
     else:
         if mask is not None and mask.shape[1] > 1 and G > 1:
             mask = mask.repeat_interleave(G, dim=1)
@@ -113,8 +116,9 @@ def _eager(query, key, value, mask, bias, scaling):
     return torch.matmul(probs, value).transpose(1, 2)
 
 
-def _decode_with_scores(module, layer, query, key, value, mask, bias, scaling):
-    """One query token: logits once, used for the output and for the policy score."""
+def _decode_with_scores(layer, query, key, value, mask, bias, scaling):
+    """One query token: logits once, used for the output and for the policy score. Noise, when the policy
+    asks for it, is evaluated at the held slots only."""
     policy = layer.cache.policy
     B, Hq, _, D = query.shape
     Hkv, S = key.shape[1], key.shape[2]
@@ -127,128 +131,83 @@ def _decode_with_scores(module, layer, query, key, value, mask, bias, scaling):
         logits = logits.masked_fill(~mask.view(B, -1, 1, S), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     out = torch.matmul(probs.to(value.dtype), value)  # [B, Hkv, G, Dv]
-    noise = _decode_noise(layer, Hq).view(B, Hkv, G, S) if policy.uses_noise else None
-    s = policy.score(probs, step=layer.cache.tau_step(layer), noise=noise)
-    layer.score[:, :, :S] += s.sum(2)
+    ctx = layer.context(query=query, keys=key, values=value, group=G)
+    if policy.uses_noise:
+        thunk = layer.cache.noise_fn(layer, G)
+        ctx.noise = lambda: thunk().unsqueeze(3)
+    s = policy.score(probs.unsqueeze(3), ctx)  # [B, Hkv, G, 1, S]
+    policy.accumulate(layer.score[:, :, :S], s.sum((2, 3)), ctx)
     return out.reshape(B, Hq, 1, -1).transpose(1, 2)
 
 
-def _decode_noise(layer: EvictingLayer, Hq: int) -> torch.Tensor:
-    """Noise of the decode row of every sample at its slots' positions: [B, Hq, S]. Drawn once per
-    forward for all layers (at layer 0), then gathered per layer."""
-    cache = layer.cache
-    S = layer.length + layer.q_len
-    if layer.layer_idx == 0 or getattr(cache, "fwd_noise", None) is None:
-        cur = cache.cur_pos().tolist()
-        cache.fwd_noise = [gumbel.decode_noise(cache.seeds[b], p, len(cache.layers), Hq, layer.device)
-                           for b, p in enumerate(cur)]  # [layers, p + 1, Hq] each
-    pos = layer.pos[:, :, :S].clamp(min=0)  # dead slots are masked anyway
-    G = Hq // pos.shape[1]
-    rows = [cache.fwd_noise[b][layer.layer_idx].t().gather(1, pos[b].repeat_interleave(G, dim=0))
-            for b in range(pos.shape[0])]
-    return torch.stack(rows)
-
-
 def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling) -> torch.Tensor:
-    """Prompt attention plus score accumulation, per sample over its real tokens. Returns [B, N, Hq, Dv].
+    """Prompt attention and the policy's prompt scores in ONE blocked pass, vectorised over samples.
 
-    Without ALiBi the output comes from the SDPA flash kernel, which also returns each row's log-sum-exp;
-    the score pass then recomputes logits in blocks of query rows (no n x n matrix): H2O's column sums are
-    ``sum_i exp(s_ij - lse_i)``; Keyformer normalises ``(s + g) / tau`` with its own log-sum-exp. With
-    ALiBi (MPT, eager-only) each block's logits serve both the output and the score.
+    Blocks of ``R`` query rows see keys [0, r1) only. Each block's logits are computed once; their softmax
+    gives both the attention output (``P @ V``) and the scores, whose column sums (over the scored rows and
+    the query heads of a GQA group) are a weighted GEMV. No n x n matrix is held. Prompts are left-padded:
+    pad keys are masked, pad rows are never scored. ALiBi (MPT) adds ``slope * key position`` (a per-row
+    shift of the true distance, which the softmax ignores). Returns [B, N, Hq, Dv].
     """
-    cache = layer.cache
+    cache, policy = layer.cache, layer.cache.policy
     B, Hq, N, D = query.shape
     Hkv, Dv = key.shape[1], value.shape[-1]
     G = Hq // Hkv
-    out = query.new_zeros(B, N, Hq, Dv)  # pad rows stay 0: nothing ever attends to a pad
-    for b, n in enumerate(cache.n.tolist()):
-        o = N - n
-        if not bool(cache.real[b, o:].all()):
-            raise ValueError("prompts must be left-padded (real tokens contiguous at the end)")
-        qb, kb, vb = query[b, :, o:], key[b, :, o:], value[b, :, o:]  # [Hq, n, D], [Hkv, n, D], [Hkv, n, Dv]
-        lse = None
-        if slopes is None:
-            kx, vx = (kb, vb) if G == 1 else (kb.repeat_interleave(G, 0), vb.repeat_interleave(G, 0))
-            ctx, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                qb[None], kx[None], vx[None], 0.0, True, scale=scaling) if qb.device.type == "cpu" else \
-                _sdpa_with_lse(qb, kx, vx, scaling)
-            out[b, o:] = ctx[0].transpose(0, 1)
-            lse = lse[0].float()  # [Hq, n]
-        acc = _score_blocks(layer, b, qb, kb, vb, out[b, o:] if lse is None else None, lse, slopes, scaling)
-        layer.score[b, :, o:N] += acc
-    return out
+    dev, f32 = query.device, torch.float32
+    off = N - cache.n  # [B] left-pad offsets
+    kpos = torch.arange(N, device=dev).view(1, -1) - off.view(-1, 1)  # [B, N] real positions (pads < 0)
+    padded = not cache.fwd_all_real
+    if padded and not bool((cache.real == (kpos >= 0)).all()):
+        raise ValueError("prompts must be left-padded (real tokens contiguous at the end)")
+    Q = query.to(f32).view(B, Hkv, G, N, D)
+    K = key.to(f32).unsqueeze(2)  # [B, Hkv, 1, N, D]
+    V = value.unsqueeze(2)
+    rows_from = 0 if policy.observe_rows is None else max(0, N - int(policy.observe_rows))
+    R = max(16, min(SCORE_ROWS, SCORE_BLOCK_FLOATS // max(1, B * Hq * N)))
+    out = query.new_empty(B, Hkv, G, N, Dv)
+    acc = torch.zeros(B, Hkv, 1, N, dtype=f32, device=dev)
+    ctx = layer.context(query=query, keys=key, values=value, group=G)
+    heads = torch.arange(Hq, device=dev)
+    slope = None if slopes is None else slopes.to(dev, f32).view(1, Hkv, G, 1, 1)
+    for r0 in range(0, N, R):
+        r1 = min(N, r0 + R)
+        r = r1 - r0
+        x = torch.matmul(Q[:, :, :, r0:r1], K[..., :r1, :].transpose(-1, -2))  # [B, Hkv, G, r, r1]
+        x.mul_(scaling)
+        if slope is not None:
+            x += slope * kpos[:, :r1].to(f32).view(B, 1, 1, 1, r1)
+        x[..., r0:r1].masked_fill_(_upper(r0, r1, dev)[:, r0:], float("-inf"))
+        if padded:  # pad keys are invisible; a pad row sees only itself (nothing ever attends to a pad)
+            diag = torch.arange(r1, device=dev).view(1, -1) == torch.arange(r0, r1, device=dev).view(-1, 1)
+            hide = (kpos[:, :r1] < 0).view(B, 1, r1) & ~diag
+            x.masked_fill_(hide.view(B, 1, 1, r, r1), float("-inf"))
+        p = torch.softmax(x, dim=-1)
+        out[:, :, :, r0:r1] = torch.matmul(p.to(V.dtype), V[..., :r1, :])
+        a = max(r0, rows_from)
+        if a >= r1:
+            continue
+        if policy.uses_noise:
+            ctx.noise = _prompt_noise(cache.seed_t, layer.layer_idx, heads, kpos[:, a:r1], kpos[:, :r1], Hkv, G)
+        s = policy.score(p[:, :, :, a - r0 :], ctx)  # [B, Hkv, G, r1 - a, r1]
+        wrow = (kpos[:, a:r1] >= 0).to(f32).repeat(1, G).view(B, 1, 1, G * (r1 - a))
+        acc[..., :r1] += torch.matmul(wrow, s.reshape(B, Hkv, G * (r1 - a), r1))
+    state = layer.score[:, :, :N]
+    policy.accumulate(state, acc.view(B, Hkv, N), ctx)
+    state.copy_(policy.after_prompt(state, ctx))
+    return out.view(B, Hq, N, Dv).transpose(1, 2)
 
 
-def _sdpa_with_lse(q, k, v, scaling):
-    """Non-CPU path: [1, Hq, n, Dv] output and [1, Hq, n] fp32 row log-sum-exp. On CUDA from the fused kernel
-    that returns it (flash for fp16/bf16, memory-efficient for fp32); otherwise, or if the kernel refuses the
-    shapes, SDPA plus a blocked recomputation of the log-sum-exp."""
-    if q.device.type == "cuda":
-        try:
-            if q.dtype in (torch.float16, torch.bfloat16):
-                r = torch.ops.aten._scaled_dot_product_flash_attention(q[None], k[None], v[None], 0.0, True,
-                                                                       False, scale=scaling)
-            else:
-                r = torch.ops.aten._scaled_dot_product_efficient_attention(q[None], k[None], v[None], None, True,
-                                                                           0.0, True, scale=scaling)
-            return r[0], r[1][..., : q.shape[1]]
-        except RuntimeError:
-            pass
-    return _sdpa_blocked_lse(q, k, v, scaling)
+def _prompt_noise(seeds, layer_idx, heads, qpos, kpos, Hkv, G):
+    """Thunk: Exp(1) noise of query rows at ``qpos`` [B, r] over keys at ``kpos`` [B, c] -> [B, Hkv, G, r, c]."""
 
+    def noise() -> torch.Tensor:
+        B, r = qpos.shape
+        rk = gumbel.row_keys(seeds, layer_idx, heads, qpos.clamp(min=0)).view(B, Hkv, G, r, 1)
+        return gumbel.exp_noise_fast(rk, gumbel.col_keys(kpos.clamp(min=0)).view(B, 1, 1, 1, -1))
 
-def _sdpa_blocked_lse(q, k, v, scaling):
-    """Portable fallback: output from SDPA, row log-sum-exp recomputed in blocks."""
-    with _sdpa_backends(q.device):
-        ctx = torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
-                                                               scale=scaling)
-    n = q.shape[1]
-    lse = torch.empty(q.shape[0], n, dtype=torch.float32, device=q.device)
-    step = max(1, SCORE_BLOCK_FLOATS // max(1, q.shape[0] * n))
-    for r0 in range(0, n, step):
-        r1 = min(n, r0 + step)
-        s = torch.matmul(q[:, r0:r1].float(), k[:, :r1].float().transpose(-1, -2)) * scaling
-        s = s.masked_fill(_upper(r0, r1, q.device), float("-inf"))
-        lse[:, r0:r1] = torch.logsumexp(s, dim=-1)
-    return ctx, lse[None]
+    return noise
 
 
 def _upper(r0: int, r1: int, device) -> torch.Tensor:
     """[r1 - r0, r1] True above the causal frontier of rows r0..r1."""
     return torch.arange(r1, device=device).view(1, -1) > torch.arange(r0, r1, device=device).view(-1, 1)
-
-
-def _score_blocks(layer, b, qb, kb, vb, out_b, lse, slopes, scaling) -> torch.Tensor:
-    """Column sums of the policy's prompt scores for sample ``b``: [Hkv, n]. When ``lse`` is None (ALiBi),
-    also writes the attention output of each block into ``out_b`` [n, Hq, Dv]. Blocks of ``SCORE_ROWS``
-    query rows see keys [0, r1) only, so little of the causal upper triangle is computed."""
-    cache, policy = layer.cache, layer.cache.policy
-    Hq, n, D = qb.shape
-    Hkv = kb.shape[0]
-    G = Hq // Hkv
-    acc = torch.zeros(Hkv, 1, n, dtype=torch.float32, device=qb.device)
-    if lse is not None:  # exp(s - lse) are the attention probabilities: fold scale and -lse into one matmul
-        q = torch.cat([qb.float() * scaling, -lse.unsqueeze(-1)], dim=-1).view(Hkv, G, n, D + 1)
-        kt = torch.cat([kb.float(), kb.new_ones(Hkv, n, 1, dtype=torch.float32)], dim=-1).transpose(-1, -2)
-    else:
-        q, kt = qb.float().view(Hkv, G, n, D), kb.float().transpose(-1, -2)
-    for r0 in range(0, n, SCORE_ROWS):
-        r1 = min(n, r0 + SCORE_ROWS)
-        r = r1 - r0
-        x = torch.matmul(q[:, :, r0:r1].reshape(Hkv, G * r, -1), kt[:, :, :r1]).view(Hkv, G, r, r1)
-        x[..., r0:].masked_fill_(_upper(r0, r1, qb.device)[:, r0:], float("-inf"))
-        if lse is not None:
-            probs = x.exp_()
-        else:  # ALiBi: slope * key position (a per-row shift of the true distance); output from these logits
-            x.mul_(scaling)
-            x += slopes.view(Hkv, G, 1, 1).float() * torch.arange(r1, device=qb.device, dtype=torch.float32)
-            probs = torch.softmax(x, dim=-1)
-            ctx = torch.matmul(probs.view(Hkv, G * r, r1).to(vb.dtype), vb[:, :r1])
-            out_b[r0:r1] = ctx.view(Hq, r, -1).transpose(0, 1)
-        noise = None
-        if policy.uses_noise:
-            noise = gumbel.prompt_noise(cache.seeds[b], layer.layer_idx, r0, r1, Hq, qb.device).reshape(Hkv, G, r, r1)
-        s = policy.score(probs, step=0, noise=noise).view(Hkv, G * r, r1)
-        acc[:, :, :r1] += torch.matmul(s.new_ones(Hkv, 1, G * r), s)  # column sums as a GEMV
-    return acc.view(Hkv, n)

@@ -3,15 +3,19 @@
 Layout of one layer (physical mode)::
 
     keys, values : [B, H, C, D]   preallocated buffers (C = capacity)
-    pos          : [B, H, C]      original (logical) position of each slot, -1 = empty
-    score        : [B, H, C]      accumulated policy score (fp32)
+    pos          : [B, H, C]      original (logical) position of each slot, -1 = empty or pad
+    score        : [B, H, C]      the policy's per-slot state (fp32)
     count        : [B]            live slots of each sample; they are slots [0, count[b]) in every head
 
 ``L = count.max()`` slots are in use. New tokens are written at slots [L, L + q); after attention the layer
-evicts down to the budget and compacts the survivors back into [0, count[b]). At a decode step that is one
-slot copy per (sample, head): the new token moves into the hole left by the evicted one, so there is no
-per-step concatenation or gather of the whole cache. After the prompt the buffers are re-allocated at the
-budget, so the bytes held are the bytes of the tensors.
+evicts down to the budget and compacts the survivors back into [0, count[b]). After the prompt the buffers are
+re-allocated at the budget plus one spare slot, so the bytes held are the bytes of the tensors.
+
+**Steady state.** Once every sample holds its budget (always, right after the prompt, unless an absolute budget
+exceeds a prompt), a decode step has static shapes and no host synchronisation. Per layer: write the new token
+into the spare slot ``L``, attend over the ``L + 1`` slots, fold its scores into the state, pick one victim per
+(sample, head) among the non-recent slots (lowest priority, ties: the oldest), and move the spare into the
+victim's slot. The full policy preallocates ``prompt + max_new_tokens`` slots and only writes the new token.
 
 Mask-simulation mode (``mode="mask"``, what the authors' code does) applies the same policy but never moves
 or frees anything: evicted slots are only masked out of attention. It is the naive reference in the tests.
@@ -25,10 +29,12 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from . import noise as hashnoise
 from .policies import FullPolicy, Policy
+from .policies.base import Context
 
 MODES = ("physical", "mask")
-NEG_INF = float("-inf")
+LONG_MAX = torch.iinfo(torch.long).max
 
 
 class EvictingLayer(CacheLayerMixin):
@@ -43,6 +49,7 @@ class EvictingLayer(CacheLayerMixin):
         self.seen = 0  # logical columns processed (padded prompt + generated): what generate() expects
         self.length = 0  # physical slots in use (L)
         self.dense = True  # physical mode: every slot in [0, L) is live for every sample
+        self.steady = False  # physical mode: every sample holds exactly its budget
         self.pending = False  # update() ran but evict() has not yet
 
     # -- transformers cache API -----------------------------------------------------------------------
@@ -75,7 +82,7 @@ class EvictingLayer(CacheLayerMixin):
             setattr(self, name, getattr(self, name).index_select(0, idx))
 
     def reset(self) -> None:
-        self.is_initialized, self.seen, self.length, self.dense = False, 0, 0, True
+        self.is_initialized, self.seen, self.length, self.dense, self.steady = False, 0, 0, True, False
         self.keys = self.values = None
 
     # -- storage --------------------------------------------------------------------------------------
@@ -107,7 +114,8 @@ class EvictingLayer(CacheLayerMixin):
         self.values[:, :, L : L + q] = value_states
         new_pos, new_real = self.cache.new_positions(self.layer_idx, self.seen, q, B, self.device)  # [B, q] each
         self.pos[:, :, L : L + q] = new_pos.unsqueeze(1)
-        self.score[:, :, L : L + q] = 0.0
+        if self.cache.policy.needs_attention:
+            self.score[:, :, L : L + q] = 0.0
         if self.cache.mode == "mask":
             self.alive[:, :, L : L + q] = new_real.unsqueeze(1)
         self.seen += q
@@ -121,15 +129,19 @@ class EvictingLayer(CacheLayerMixin):
     def policy(self) -> Policy:
         return self.cache.policy
 
+    def context(self, **tensors) -> Context:
+        """The :class:`Context` of this forward (the slots [0, L + q))."""
+        cache, S = self.cache, self.length + self.q_len
+        return Context(layer=self.layer_idx, num_layers=len(cache.layers), step=cache.step_of(self),
+                       horizon=cache.max_new_tokens, pos=self.pos[:, :, :S], cur=cache.cur_pos(), w=cache.w,
+                       **tensors)
+
     def live_mask(self) -> torch.Tensor:
         """[B, H or 1, L + q] bool: slots this forward's queries may attend to (before causality)."""
-        L, q = self.length, self.q_len
+        S = self.length + self.q_len
         if self.cache.mode == "mask":
-            return self.alive[:, :, : L + q]
-        slot = torch.arange(L + q, device=self.device).view(1, -1)
-        live = (slot < self.count.view(-1, 1)) & (self.pos[:, 0, : L + q] >= 0)  # pads stay dead
-        live[:, L:] = self.new_real
-        return live.unsqueeze(1)
+            return self.alive[:, :, :S]
+        return (self.pos[:, 0, :S] >= 0).unsqueeze(1)  # physical: dead slots and pads hold position -1
 
     def attention_mask(self) -> torch.Tensor | None:
         """Bool mask [B, 1 or H, q, L + q] for this forward, or None when plain causal attention is exact."""
@@ -137,6 +149,8 @@ class EvictingLayer(CacheLayerMixin):
         if self.cache.mode == "physical" and self.dense and self.cache.fwd_all_real and (q == 1 or L == 0):
             return None  # decode over a dense cache, or an unpadded prompt: is_causal handles it
         live = self.live_mask().unsqueeze(2)  # [B, h, 1, L + q]
+        if q == 1:
+            return live
         rows = torch.arange(q, device=self.device).view(q, 1)
         cols = torch.arange(L + q, device=self.device).view(1, -1) - L
         mask = live & (cols <= rows)  # old slots (cols < 0) are in every new token's past
@@ -149,14 +163,15 @@ class EvictingLayer(CacheLayerMixin):
         cache, q, L = self.cache, self.q_len, self.length
         S = L + q
         self.pending = False
-        if not cache.policy.evicts:
-            if cache.mode == "physical":
+        policy = cache.policy
+        if not policy.evicts or (policy.compress == "prompt" and L > 0):
+            if cache.mode == "physical" and not (self.dense and cache.fwd_all_real):
                 self.count = torch.full_like(self.count, S)
-                self.dense = self.dense and self.cache.fwd_all_real
+                self.dense = False
             self.length = S
             return
-        if cache.mode == "physical" and q == 1 and self.dense and L + 1 > cache.k_max:
-            self._evict_steady()  # every sample is over budget: the common decode step
+        if self.steady and q == 1:
+            self._evict_steady()  # every sample is at its budget: the common decode step
             return
         live = self.live_mask().expand(-1, self.keys.shape[1], -1)  # [B, H, S]
         n_live = live.sum(-1)  # [B, H]; equal across heads
@@ -176,43 +191,44 @@ class EvictingLayer(CacheLayerMixin):
             self.length = S
             return
         new_len = int(keep_n.max())
-        key = torch.where(keep, pos, torch.iinfo(torch.long).max)
+        key = torch.where(keep, pos, LONG_MAX)
         idx = key.argsort(dim=-1, stable=True)[..., :new_len]  # survivors in position order, then junk
         self._compact(idx, new_len, keep_n[:, 0])
 
+    def _priority(self, S: int) -> torch.Tensor:
+        cache = self.cache
+        return cache.policy.priority(self.score[:, :, :S], self.pos[:, :, :S], cache.cur_pos(), cache.w,
+                                     step=cache.step_of(self))
+
     def _keep_priority(self, live: torch.Tensor, S: int) -> torch.Tensor:
         """Priority over slots: recent window +inf, other live tokens the policy's priority, dead -inf."""
-        cache = self.cache
-        pos, score = self.pos[:, :, :S], self.score[:, :, :S]
-        cur, w = cache.cur_pos(), cache.w
-        recent = pos > cache.recent_floor
-        prio = cache.policy.priority(score, pos, cur, w, step=cache.tau_step(self)).to(torch.float64)
-        prio = torch.where(recent, torch.inf, prio)
+        recent = self.pos[:, :, :S] > self.cache.recent_floor
+        prio = torch.where(recent, torch.inf, self._priority(S).to(torch.float64))
         return torch.where(live, prio, -torch.inf)
 
     def _evict_steady(self) -> None:
-        """Decode step with every slot live and every sample over budget: evict the lowest-priority
-        non-recent token of each (sample, head) (ties: the oldest) and move the new token into its slot."""
-        cache, L = self.cache, self.length
+        """Static-shape decode step: every sample holds its budget. Evict the lowest-priority non-recent token
+        of each (sample, head) (ties: the oldest) and move the new token (slot L) into its slot."""
+        L = self.length
         S = L + 1
-        pos, score = self.pos[:, :, :S], self.score[:, :, :S]
-        prio = cache.policy.priority(score, pos, cache.cur_pos(), cache.w, step=cache.tau_step(self))
-        prio = prio.masked_fill(pos > cache.recent_floor, torch.inf)
+        pos = self.pos[:, :, :S]
+        prio = self._priority(S).masked_fill(pos > self.cache.recent_floor, torch.inf)
+        if not self.dense:  # samples below the longest budget: their dead slots (position -1) are never victims
+            prio = prio.masked_fill(pos < 0, torch.inf)
         lowest = prio == prio.amin(dim=-1, keepdim=True)
-        victim = pos.masked_fill(~lowest, torch.iinfo(torch.long).max).argmin(dim=-1, keepdim=True)  # [B, H, 1]
-        for t in (pos, score):
-            t.scatter_(2, victim, t[:, :, L:S].clone())
-        for t in (self.keys, self.values):
-            v = t[:, :, :S]
-            v.scatter_(2, victim.unsqueeze(-1).expand(-1, -1, 1, t.shape[-1]), v[:, :, L:S].clone())
+        if not self.dense:
+            lowest &= pos >= 0
+        victim = pos.masked_fill(~lowest, LONG_MAX).argmin(dim=-1, keepdim=True)  # [B, H, 1]
+        move_slot(victim, L, self.keys, self.values, self.pos, self.score)
 
     def _evict_one(self, live: torch.Tensor, over: torch.Tensor) -> None:
-        """Decode fast path: at most one eviction per (sample, head); the new slot L fills the hole."""
+        """Decode step while some sample is still below its budget (absolute budgets above a prompt):
+        at most one eviction per (sample, head); the new slot L fills the hole or the next free slot."""
         L = self.length
         prio = torch.where(live, self._keep_priority(live, L + 1), torch.inf)
         lowest = prio == prio.min(dim=-1, keepdim=True).values
         pos = self.pos[:, :, : L + 1]
-        victim = torch.where(lowest, pos, torch.iinfo(torch.long).max).argmin(dim=-1)  # ties: the oldest
+        victim = torch.where(lowest, pos, LONG_MAX).argmin(dim=-1)  # ties: the oldest
         dest = torch.where(over, victim, self.count.view(-1, 1).expand_as(victim))
         b = torch.arange(dest.shape[0], device=self.device).view(-1, 1)
         h = torch.arange(dest.shape[1], device=self.device).view(1, -1)
@@ -223,9 +239,13 @@ class EvictingLayer(CacheLayerMixin):
         self.count = self.count + (~over[:, 0]).long()
         self.length = int(self.count.max())
         self.dense = bool((self.count == self.length).all())
+        self.steady = bool((self.count == self.cache.k).all())
+        if self.steady and self.capacity > self.length + 1:
+            self._compact(torch.arange(self.length, device=self.device).expand(*pos.shape[:2], -1), self.length,
+                          self.count)
 
     def _compact(self, idx: torch.Tensor, new_len: int, count: torch.Tensor) -> None:
-        """Gather slots ``idx`` [B, H, new_len] into fresh buffers sized for the budget."""
+        """Gather slots ``idx`` [B, H, new_len] into fresh buffers sized for the budget plus a spare slot."""
         extra = self.cache.headroom()
         D, Dv = self.keys.shape[-1], self.values.shape[-1]
         gk = idx.unsqueeze(-1)
@@ -242,7 +262,8 @@ class EvictingLayer(CacheLayerMixin):
         self.keys, self.values, self.pos, self.score = keys, values, pos, score
         self.alive = torch.zeros(pos.shape, dtype=torch.bool, device=self.device)
         self.count, self.length = count.clone(), new_len
-        self.dense = bool((count == new_len).all())
+        self.dense = bool((count == new_len).all())  # one host sync per prompt, none per decode step
+        self.steady = bool((count == self.cache.k).all())
 
     # -- measurements -----------------------------------------------------------------------------------
     def kept_tokens(self) -> torch.Tensor:
@@ -257,6 +278,14 @@ class EvictingLayer(CacheLayerMixin):
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
 
 
+def move_slot(victim: torch.Tensor, src: int, *tensors: torch.Tensor) -> None:
+    """Copy slot ``src`` of each [B, H, C, ...] tensor into slot ``victim`` [B, H, 1] of the same (sample, head)."""
+    for t in tensors:
+        new = t[:, :, src : src + 1]
+        idx = victim if t.dim() == 3 else victim.unsqueeze(-1).expand(-1, -1, 1, t.shape[-1])
+        t.scatter_(2, idx, new.clone())
+
+
 class KVCache(Cache):
     """Evicting KV cache for ``generate()``.
 
@@ -264,8 +293,8 @@ class KVCache(Cache):
         policy: what to keep (see :mod:`keyformer.policies`); ``None`` means full.
         num_layers: decoder layers of the model.
         prompt_mask: [B, N] attention mask of the (left-padded) prompt; pads are never kept nor scored.
-        max_new_tokens: used to preallocate the full cache and for Keyformer's tau schedule.
-        seed: Gumbel-noise seed; ``seeds`` ([B] ints) sets one per sample.
+        max_new_tokens: used to preallocate the full cache and as the horizon of schedules (Keyformer's tau).
+        seed: noise seed; ``seeds`` ([B] ints) sets one per sample.
         mode: ``physical`` (evict and free) or ``mask`` (simulate eviction with attention masks).
     """
 
@@ -277,7 +306,6 @@ class KVCache(Cache):
         self.mode, self.max_new_tokens = mode, max_new_tokens
         self.seed, self._seeds = seed, seeds
         self.prompt_mask = prompt_mask
-        self.step = 0  # 0 during the prompt, t at the t-th decode step (for the tau schedule)
         super().__init__(layers=[EvictingLayer(self, i) for i in range(num_layers)])
 
     # -- per-sample bookkeeping, set at the prompt --------------------------------------------------------
@@ -294,6 +322,7 @@ class KVCache(Cache):
             raise ValueError(f"prompt_mask has {m.shape[1]} columns but the prompt forward has {q} tokens")
         self.real = m.bool()  # [B, N]
         self.n = self.real.sum(-1)  # real prompt lengths [B]
+        self.prompt_len = q
         self.prompt_pos = torch.where(self.real, self.real.long().cumsum(-1) - 1, -1)
         self.next_pos = self.n.clone()
         self.fwd_all_real = bool(self.real.all())
@@ -301,14 +330,12 @@ class KVCache(Cache):
             self.k = self.policy.budget_tokens(self.n)
             self.w = torch.minimum(self.policy.recent_tokens(self.k), self.k)
         else:
-            self.k = torch.full_like(self.n, torch.iinfo(torch.long).max)
+            self.k = torch.full_like(self.n, LONG_MAX)
             self.w = torch.zeros_like(self.n)
-        self.k_max = int(self.k.max())
         self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)  # recent window: pos > this
         reps = B // (len(self._seeds) if self._seeds else B)
-        self.seeds = (
-            [s for s in self._seeds for _ in range(reps)] if self._seeds else [self.seed] * B
-        )
+        self.seeds = [s for s in self._seeds for _ in range(reps)] if self._seeds else [self.seed] * B
+        self.seed_t = hashnoise.seeds_tensor(self.seeds, device)
 
     def new_positions(self, layer_idx: int, seen: int, q: int, B: int, device: torch.device):
         """Positions [B, q] and realness [B, q] of this forward's q new tokens (pads: position -1)."""
@@ -318,7 +345,10 @@ class KVCache(Cache):
             return self.prompt_pos, self.real
         if layer_idx == 0:
             self.fwd_pos = self.next_pos.view(-1, 1) + torch.arange(q, device=device).view(1, -1)
-            self.fwd_real = torch.ones(B, q, dtype=torch.bool, device=device)
+            if q != getattr(self, "_ones_q", None):
+                self._ones = torch.ones(B, q, dtype=torch.bool, device=device)
+                self._ones_q = q
+            self.fwd_real = self._ones
             self.fwd_all_real = True
             self.next_pos = self.next_pos + q
             self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)
@@ -328,14 +358,22 @@ class KVCache(Cache):
         return self.next_pos - 1
 
     def capacity_hint(self, needed: int) -> int:
-        return needed + (self.max_new_tokens if not self.policy.evicts else 0)
+        grows = not self.policy.evicts or self.policy.compress == "prompt"
+        return needed + (self.max_new_tokens if grows else 0)
 
     def headroom(self) -> int:
-        return 1
+        return 1 + (self.max_new_tokens if self.policy.compress == "prompt" else 0)
 
-    def tau_step(self, layer: EvictingLayer) -> int:
-        """0 during the prompt forward, t during the t-th decode forward (Keyformer's tau schedule)."""
-        return max(0, layer.seen - int(self.real.shape[1]))
+    def step_of(self, layer: EvictingLayer) -> int:
+        """0 during the prompt forward, t during the t-th decode forward."""
+        return max(0, layer.seen - self.prompt_len)
+
+    tau_step = step_of  # the name used before the policy interface
+
+    def noise_fn(self, layer: EvictingLayer, group: int):
+        """Exp(1) noise of this decode forward at the layer's held slots: a thunk for :class:`Context`."""
+        S = layer.length + layer.q_len
+        return lambda: hashnoise.noise_at(self.seed_t, layer.layer_idx, self.cur_pos(), layer.pos[:, :, :S], group)
 
     # -- measurements ---------------------------------------------------------------------------------------
     def bytes_per_token(self) -> int:
@@ -372,6 +410,4 @@ class KVCache(Cache):
         live = pos >= 0
         if self.mode == "mask":
             live &= layer.alive[:, :, :S]
-        else:
-            live &= torch.arange(S, device=pos.device).view(1, 1, -1) < layer.count.view(-1, 1, 1)
         return [[set(pos[b, h][live[b, h]].tolist()) for h in range(pos.shape[1])] for b in range(pos.shape[0])]

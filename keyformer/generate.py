@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from .cache import KVCache
-from .policies import KeyformerPolicy, Policy
+from .policies import Policy
 
 
 @dataclass
@@ -42,8 +42,6 @@ def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: to
                max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None,
                mode: str = "physical") -> KVCache:
     """A :class:`KVCache` for ``model`` (pass it as ``cache=`` to ``model.generate``)."""
-    if isinstance(policy, KeyformerPolicy) and max_new_tokens and policy.max_new_tokens != max_new_tokens:
-        policy = replace(policy, max_new_tokens=max_new_tokens)  # tau schedule spans this generation
     return KVCache(policy, model.config.num_hidden_layers, prompt_mask=attention_mask,
                    max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode)
 

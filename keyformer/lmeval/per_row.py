@@ -12,7 +12,7 @@ Every attention layer builds a per-row mask (``FMInference/H2O`` ``local_heavy_h
   the running score is zeroed outside the selected set (``top key-1`` and ``i``).
 
 Scores are the policy's: H2O softmax, Keyformer Gumbel softmax at ``tau_init`` with the core's seeded
-noise (``keyformer.noise.prompt_noise``). With GQA, scores are summed over the query heads of a KV-head
+noise (``keyformer.noise.prompt_noise``, the same hash as the cache's). With GQA, scores are summed over the query heads of a KV-head
 group and selection is per KV head, as in the core cache. Window / streaming policies keep the ``k`` most
 recent tokens per row (plus sinks); full attends causally.
 
@@ -35,6 +35,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from keyformer.attention import keyformer_attention
 from keyformer.noise import prompt_noise
 from keyformer.policies import Policy, WindowPolicy
+from keyformer.policies.base import Context
 
 ATTN_IMPL = "keyformer_per_row"
 
@@ -59,7 +60,7 @@ def budget_split(policy: Policy, L: int) -> tuple[int, int]:
 def policy_score(policy: Policy, logits: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
     """The policy's prompt-time (step 0) score of causal-masked ``logits`` (``noise``: Exp(1) samples from
     :func:`keyformer.noise.prompt_noise`)."""
-    return policy.score(torch.softmax(logits, dim=-1), step=0, noise=noise)
+    return policy.score(torch.softmax(logits, dim=-1), Context(step=0, noise=lambda: noise))
 
 
 def row_mask(policy: Policy, logits: torch.Tensor, *, seed: int, layer: int) -> torch.Tensor:

@@ -1,13 +1,20 @@
-"""The policy interface: score tokens, then select which to keep.
+"""The policy interface: what a policy sees, how it scores, and how it selects.
 
-A policy decides, for every (sample, layer, KV head), which cached tokens survive. The cache calls it in
-two places:
+A policy decides, for every (sample, layer, KV head), which cached tokens survive. The attention path builds a
+:class:`Context` and calls, in order, for every forward of every layer:
 
-* ``score``: turns attention probabilities ``[..., q, kv]`` (softmax of the masked logits, position bias
-  included; 0 where a query may not attend) into per-entry scores of the same shape. The cache sums them over query rows and over the query heads of a
-  GQA group and *accumulates* them per token across steps. Policies that need no attention
-  (``needs_scores = False``) are never asked.
-* ``priority``: maps the accumulated scores to the keep-priority of candidate tokens (higher is kept).
+1. ``score(probs, ctx)`` (only when ``needs_attention``): per-entry scores from the attention probabilities
+   ``probs`` [B, Hkv, G, q, S] (softmax of the masked logits, position bias included; 0 where a query may not
+   attend). ``ctx.noise()`` gives Exp(1) noise of the same shape, computed only for the entries scored. At the
+   prompt only the last ``observe_rows`` query rows are scored (all when None).
+2. The attention path sums the scores over those query rows and over the query heads of a GQA group, then
+   ``accumulate(state, s, ctx)`` folds them into the per-slot state [B, Hkv, S] (default: add; TOVA-like
+   policies replace). After the prompt ``after_prompt(state, ctx)`` may transform it (pooling).
+3. ``priority(state, pos, cur, w, step=..., ctx=...)``: keep-priority of the slots (higher is kept). The cache keeps the recent window, then
+   the highest-priority tokens, evicting ties oldest first.
+
+``compress`` says when the cache is cut: ``"step"`` (after the prompt and at every decode step) or
+``"prompt"`` (once after the prompt; decode tokens are then all kept).
 
 Budget semantics (shared by all evicting policies): a prompt of ``n`` real tokens is processed with full
 attention; the cache is then cut to ``k = budget_tokens(n)`` tokens: the ``w = recent_tokens(k)`` most
@@ -18,10 +25,30 @@ cache again holds exactly ``k`` tokens, the new one included. Evicted tokens nev
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+
+
+@dataclass
+class Context:
+    """What one forward of one layer shows a policy. Shapes: B samples, Hkv KV heads, G query heads per KV
+    head, S slots (the held tokens plus this forward's new ones)."""
+
+    layer: int = 0
+    num_layers: int = 1
+    step: int = 0  # 0 at the prompt, t at the t-th decode step
+    horizon: int = 0  # tokens this generation may produce (schedules such as Keyformer's tau span it)
+    pos: torch.Tensor | None = None  # [B, Hkv, S] absolute position of each slot (-1: empty or pad)
+    cur: torch.Tensor | None = None  # [B] position of the newest token
+    w: torch.Tensor | None = None  # [B] recent-window size
+    group: int = 1
+    keys: torch.Tensor | None = None  # [B, Hkv, S, D]
+    values: torch.Tensor | None = None
+    query: torch.Tensor | None = None  # [B, Hq, q, D]
+    noise: Callable[[], torch.Tensor] | None = None  # Exp(1) at the entries being scored
 
 
 @dataclass
@@ -33,8 +60,9 @@ class Policy:
     recent: float = 0.3
 
     name: ClassVar[str] = "base"
-    needs_scores: ClassVar[bool] = False
     evicts: ClassVar[bool] = True
+    needs_attention: ClassVar[bool] = False
+    compress: ClassVar[str] = "step"  # "step" | "prompt"
     registry: ClassVar[dict[str, type[Policy]]] = {}
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -66,18 +94,23 @@ class Policy:
         return (k.double() * self.recent).floor().long()
 
     # -- scoring ----------------------------------------------------------------------------------
-    def score(self, probs: torch.Tensor, *, step: int, noise: torch.Tensor | None) -> torch.Tensor:
-        """Per-entry scores from attention probabilities ``[..., q, kv]`` (fp32). ``noise`` is i.i.d.
-        Exp(1) of the same shape when ``uses_noise`` (Gumbel = -log noise); ``step`` is 0 at the prompt,
-        t at the t-th decode step. May work in place on ``probs`` (callers are done with them)."""
-        raise NotImplementedError
-
     uses_noise: ClassVar[bool] = False
+    observe_rows: ClassVar[int | None] = None  # prompt query rows scored (the last ones); None = all
 
-    def priority(
-        self, score: torch.Tensor, pos: torch.Tensor, cur: torch.Tensor, w: torch.Tensor, *, step: int
-    ) -> torch.Tensor:
-        """Keep-priority of candidates. ``score``/``pos`` [B, H, S]; ``cur`` [B] newest position;
-        ``w`` [B] recent window size; ``step`` 0 at the prompt, t at the t-th decode step.
-        Default: the accumulated score."""
-        return score
+    def score(self, probs: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """Per-entry scores from attention probabilities [B, Hkv, G, q, S] (fp32). May work in place."""
+        return probs
+
+    def accumulate(self, state: torch.Tensor, s: torch.Tensor, ctx: Context) -> None:
+        """Fold this forward's scores ``s`` [B, Hkv, S] into the slot state (in place). Default: sum."""
+        state += s
+
+    def after_prompt(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """The state [B, Hkv, n] after the prompt's scores are in, before the first cut."""
+        return state
+
+    def priority(self, state: torch.Tensor, pos: torch.Tensor, cur: torch.Tensor, w: torch.Tensor, *, step: int,
+                 ctx: Context | None = None) -> torch.Tensor:
+        """Keep-priority of the slots (higher is kept): ``state``/``pos`` [B, Hkv, S], ``cur`` [B] newest
+        position, ``w`` [B] recent-window size, ``step`` 0 at the prompt. The recent window is kept regardless."""
+        return state

@@ -6,15 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
 from .base import Policy
 
 
 @dataclass
 class H2OPolicy(Policy):
-    name: ClassVar[str] = "h2o"
-    needs_scores: ClassVar[bool] = True
+    """Score = attention probability, summed over query rows, GQA heads and steps (the base defaults)."""
 
-    def score(self, probs: torch.Tensor, *, step: int, noise: torch.Tensor | None) -> torch.Tensor:
-        return probs
+    name: ClassVar[str] = "h2o"
+    needs_attention: ClassVar[bool] = True

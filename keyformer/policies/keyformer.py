@@ -1,8 +1,8 @@
 """Keyformer (Adnan et al., MLSys 2024): Gumbel-softmax key-token scores.
 
-score_t = softmax((logits + g) / tau_t) over the cached tokens, with ``g`` i.i.d. Gumbel(0, 1) per
-(query head, query, key) and ``tau_t = tau_init + t * (tau_end - tau_init) / max_new_tokens`` (t = 0 at
-prefill, t at the t-th decode step). Logits include the model's position bias (ALiBi for MPT).
+score_t = softmax((logits + g) / tau_t) over the cached tokens, with ``g`` Gumbel(0, 1) per
+(query head, query, key) (:mod:`keyformer.noise`) and ``tau_t = tau_init + t * (tau_end - tau_init) / T`` (t = 0
+at prefill, t at the t-th decode step; T = ``max_new_tokens``, by default the generation's own length). Logits include the model's position bias (ALiBi for MPT).
 Scores accumulate per (sample, layer, KV head); the cache keeps w recent + top (k - w) key tokens.
 
 Candidate rule:
@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import torch
 
-from .base import Policy
+from .base import Context, Policy
 
 CANDIDATE_RULES = ("paper", "reference")
 HEAD_REDUCTIONS = ("per_head", "shared")
@@ -35,10 +35,10 @@ class KeyformerPolicy(Policy):
     noise: bool = True
     candidates: str = "paper"
     head_reduction: str = "per_head"
-    max_new_tokens: int = 128
+    max_new_tokens: int | None = None  # tau schedule length; None: the generation's max_new_tokens
 
     name: ClassVar[str] = "keyformer"
-    needs_scores: ClassVar[bool] = True
+    needs_attention: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -50,34 +50,40 @@ class KeyformerPolicy(Policy):
             raise ValueError(f"candidates={self.candidates!r} is unknown; valid: {', '.join(CANDIDATE_RULES)}")
         if self.head_reduction not in HEAD_REDUCTIONS:
             raise ValueError(f"head_reduction={self.head_reduction!r} is unknown; valid: {', '.join(HEAD_REDUCTIONS)}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be >= 1")
+        if self.max_new_tokens is not None and (isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1):
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be null (the generation's length) or >= 1")
 
     @property
     def uses_noise(self) -> bool:  # type: ignore[override]
         return self.noise
 
-    def tau(self, step: int) -> float:
-        return self.tau_init + step * (self.tau_end - self.tau_init) / self.max_new_tokens
+    def tau(self, step: int, horizon: int | None = None) -> float:
+        T = self.max_new_tokens or horizon
+        if not T:
+            return self.tau_init
+        return self.tau_init + step * (self.tau_end - self.tau_init) / T
 
-    def score(self, probs: torch.Tensor, *, step: int, noise: torch.Tensor | None) -> torch.Tensor:
+    def score(self, probs: torch.Tensor, ctx: Context) -> torch.Tensor:
         """``softmax((x + g) / tau)`` with ``g = -log E`` Gumbel, computed as ``normalise((p / E)^(1/tau))``
         from the attention probabilities ``p = softmax(x)`` (``exp((x - log E) / tau) = (e^x / E)^(1/tau)``).
-        Works in place on ``probs``."""
-        tau = self.tau(step)
-        if noise is None and tau == 1.0:
-            return probs
-        w = probs if noise is None else probs.div_(noise)
-        if tau != 1.0:
-            w = w.pow_(1.0 / tau)
-        return w.div_(w.sum(dim=-1, keepdim=True))
+        Works in place on ``probs``; noise is evaluated only at the entries scored."""
+        return gumbel_score(probs, ctx.noise() if self.noise else None, self.tau(ctx.step, ctx.horizon))
 
-    def priority(
-        self, score: torch.Tensor, pos: torch.Tensor, cur: torch.Tensor, w: torch.Tensor, *, step: int
-    ) -> torch.Tensor:
+    def priority(self, score: torch.Tensor, pos: torch.Tensor, cur: torch.Tensor, w: torch.Tensor, *, step: int,
+                 ctx: Context | None = None) -> torch.Tensor:
         if self.candidates == "reference" and step > 0:
             leaving = pos == (cur - w).view(-1, 1, 1)
             score = score.masked_fill(leaving, float("-inf"))
         if self.head_reduction == "shared":
             score = score.sum(dim=1, keepdim=True).expand_as(score)
         return score
+
+
+def gumbel_score(probs: torch.Tensor, noise: torch.Tensor | None, tau: float) -> torch.Tensor:
+    """``normalise((probs / noise) ** (1 / tau))`` over the last axis, in place."""
+    if noise is None and tau == 1.0:
+        return probs
+    w = probs if noise is None else probs.div_(noise)
+    if tau != 1.0:
+        w = w.pow_(1.0 / tau)
+    return w.div_(w.sum(dim=-1, keepdim=True))
