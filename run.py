@@ -5,6 +5,10 @@ Examples::
     python run.py                                             # SmolLM2 + sample data + keyformer, offline
     python run.py model=mpt policy=keyformer budget=0.5 device=cuda
     python run.py -m policy=window,h2o,keyformer budget=0.2,0.5,0.8
+
+Every job goes through :mod:`keyformer.job` (validation, resume, results, W&B, summary). A rejected command
+prints one line and exits with status 2: unknown group options here, before Hydra composes; bad values in
+the job (or, for a sweep, in any of its points before the first job starts: ``keyformer.job.Preflight``).
 """
 
 from __future__ import annotations
@@ -12,32 +16,21 @@ from __future__ import annotations
 import sys
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from keyformer.data import DataError
-    from keyformer.errors import ConfigError, validate
-    from keyformer.results import ResumeError
+    from keyformer.job import hydra_main
 
-    try:
-        config = OmegaConf.to_container(cfg, resolve=True)
-        if config.get("task", {}).get("name") == "lm_eval":
-            from keyformer.lmeval.job import run_lm_eval, validate_lm_eval
-
-            validate_lm_eval(config)
-            run_lm_eval(config)
-            return None
-        validate(config)
-        from keyformer.runner import run
-
-        metrics = run(config)
-    except (ConfigError, DataError, ResumeError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    return metrics.get("rougeL")
+    return hydra_main(cfg)
 
 
 if __name__ == "__main__":
+    from keyformer.job import check_overrides
+
+    message = check_overrides(sys.argv[1:])
+    if message:
+        print(message, file=sys.stderr, flush=True)
+        sys.exit(2)
     main()

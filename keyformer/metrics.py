@@ -53,6 +53,9 @@ def split_sentences(text: str) -> list[str]:
 
 @lru_cache(maxsize=1)
 def _scorer():
+    import logging
+
+    logging.getLogger("absl").setLevel(logging.WARNING)  # rouge-score logs "Using default tokenizer." at INFO
     from rouge_score import rouge_scorer
 
     return rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)

@@ -1,7 +1,8 @@
 """Results contract of one run (public: notebooks, W&B and checks read it), atomic writes and resume.
 
 ``output_dir/``
-  * ``config.yaml``: the resolved Hydra config of the job.
+  * ``config.yaml``: the resolved Hydra config of the job, plus ``resolved``: what it ran as (device and
+    dtype after ``auto``, model revision, the versions of torch, transformers and this project's code).
   * ``predictions.jsonl``: one JSON object per finished sample, appended as it finishes:
     ``id, prompt_tokens, truncated_tokens, generated_tokens, prediction, reference, rouge1, rouge2, rougeL,
     rougeLsum, kv_bytes, kv_bytes_full, batch, batch_size, prefill_ms, decode_ms, n_decode_steps``
@@ -12,6 +13,8 @@
 
 Resume: a directory whose metrics.json says ``complete`` is skipped; otherwise samples whose ids are
 already in predictions.jsonl are not recomputed. A torn last line (a kill mid-write) is dropped.
+A folder whose config.yaml differs (other than in :data:`VOLATILE_KEYS`) or whose ``resolved`` identity
+differs is never resumed, skipped, overwritten or deleted: :meth:`ResultsDir.check` raises ResumeError.
 """
 
 from __future__ import annotations
@@ -25,13 +28,51 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from keyformer.errors import UserError
+
 CONFIG, PREDICTIONS, METRICS = "config.yaml", "predictions.jsonl", "metrics.json"
 # Keys that may differ between the original run and its resumption.
 VOLATILE_KEYS = frozenset({"output_dir", "logger", "progress", "resume"})
+RESOLVED = "resolved"  # the identity block of config.yaml
 
 
-class ResumeError(ValueError):
-    """output_dir holds results of a different configuration."""
+class ResumeError(UserError, ValueError):
+    """output_dir holds results of a different configuration or identity (nothing was changed)."""
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, Mapping) and d:
+        return {k2: v2 for k, v in d.items() for k2, v2 in _flat(v, f"{prefix}{k}.").items()}
+    return {prefix.rstrip("."): d}
+
+
+def _short(v: Any, n: int = 40) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
+def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """``key: old -> new`` for each differing leaf (dotted keys), volatile keys and the identity excluded."""
+    a = _flat({k: v for k, v in old.items() if k not in VOLATILE_KEYS and k != RESOLVED})
+    b = _flat({k: v for k, v in new.items() if k not in VOLATILE_KEYS and k != RESOLVED})
+    missing = object()
+    return [f"{k}: {_short(a.get(k, missing)) if k in a else '(absent)'} -> {_short(b[k]) if k in b else '(absent)'}"
+            for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
+
+
+def identity_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[str]:
+    """Differences of the ``resolved`` identity; a model revision unknown on one side is not compared."""
+    if not old:
+        return [f"{RESOLVED}: not recorded (written by an older version) -> {_short(new.get('dtype'))} on "
+                f"{_short(new.get('device'))}"]
+    a, b = _flat(dict(old)), _flat(dict(new))
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if k == "model_revision" and (a.get(k) is None or b.get(k) is None):
+            continue
+        if a.get(k) != b.get(k):
+            out.append(f"{RESOLVED}.{k}: {_short(a.get(k))} -> {_short(b.get(k))}")
+    return out
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -93,25 +134,54 @@ class ResultsDir:
             f.flush()
             os.fsync(f.fileno())
 
-    def check_config(self, config: Mapping[str, Any]) -> None:
-        """Raise ResumeError if an existing config.yaml differs from ``config`` in a non-volatile key."""
+    def stored_config(self) -> dict | None:
         p = self.path / CONFIG
         if not p.is_file():
-            return
+            return None
         from omegaconf import OmegaConf
 
-        old = OmegaConf.to_container(OmegaConf.load(p))
-        keys = sorted(k for k in set(old) | set(config) if k not in VOLATILE_KEYS and old.get(k) != config.get(k))
-        if keys:
+        return OmegaConf.to_container(OmegaConf.load(p))
+
+    def has_results(self) -> bool:
+        return (self.path / PREDICTIONS).is_file() or (self.path / METRICS).is_file()
+
+    def check(self, config: Mapping[str, Any], identity: Mapping[str, Any]) -> None:
+        """Raise ResumeError, changing nothing, if the folder holds results of a config that differs from
+        ``config`` (a non-volatile key) or an identity that differs from ``identity``; whether ``resume`` is
+        true or false. A folder with no results, or a config.yaml alone, is free."""
+        old = self.stored_config()
+        if old is None or not self.has_results():
+            return
+        diffs = config_diff(old, config) + identity_diff(old.get(RESOLVED), identity)
+        if diffs:
+            shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
             raise ResumeError(
-                f"output_dir {self.path} holds results of a different config (keys differ: {', '.join(keys)}); "
-                "choose another output_dir or delete it"
+                f"output_dir {self.path} holds results of another run ({shown}); nothing was changed. "
+                "Ways out: a new output_dir, or resume=false into an empty folder"
             )
 
-    def write_config(self, config: Mapping[str, Any]) -> None:
+    def write_config(self, config: Mapping[str, Any], identity: Mapping[str, Any] | None = None) -> None:
         from omegaconf import OmegaConf
 
-        atomic_write_text(self.path / CONFIG, OmegaConf.to_yaml(OmegaConf.create(dict(config))))
+        data = {k: v for k, v in config.items() if k != RESOLVED}
+        if identity is not None:
+            data[RESOLVED] = dict(identity)
+        atomic_write_text(self.path / CONFIG, OmegaConf.to_yaml(OmegaConf.create(data)))
+
+    def clear(self) -> None:
+        """Remove predictions and metrics (a restart of the *same* config: callers check first)."""
+        for name in (PREDICTIONS, METRICS):
+            (self.path / name).unlink(missing_ok=True)
+
+    def discard(self, remove_dir: bool = False) -> None:
+        """Undo a job that failed before its first result: remove its config.yaml (and the folder if it
+        made it and it is now empty)."""
+        (self.path / CONFIG).unlink(missing_ok=True)
+        if remove_dir:
+            try:
+                self.path.rmdir()
+            except OSError:
+                pass
 
     def write_metrics(self, metrics: Mapping[str, Any]) -> None:
         atomic_write_json(self.path / METRICS, dict(metrics))

@@ -1,21 +1,22 @@
-"""One experiment job: load data and model, batch, generate with a KV policy, score, write results.
+"""The generation task (``task=generate``): load data and model, batch, generate with a KV policy, score.
 
-The only dependency on the core library is :func:`core_backend` (model loading, ``make_policy`` and
-``generate``); tests inject a fake :class:`Backend` to exercise batching, results and resume.
+A plug-in of the job scaffold (:mod:`keyformer.job`, which owns validation, resume, the results files,
+W&B and the summary). The only dependency on the core library is :func:`core_backend` (model loading,
+``make_policy`` and ``generate``); tests inject a fake :class:`Backend` to exercise batching and resume.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from keyformer.data import encode_prompt, load_records
+from keyformer.errors import JobError, first_line
+from keyformer.job import CORE_CODE, Job, Task, policy_fields, run_job
 from keyformer.metrics import ROUGE_KEYS, aggregate, rouge, sentence_splitter
-from keyformer.results import ResultsDir, git_commit, versions
 
 
 @dataclass
@@ -127,53 +128,68 @@ def _unique_ids(records: list[dict]) -> list[dict]:
     return records
 
 
+class GenerateTask(Task):
+    """``task=generate``: summarisation, conversation and retrieval datasets, scored with ROUGE."""
+
+    name = "generate"
+    code = (*CORE_CODE, "data", "metrics.py", "runner.py")
+
+    def __init__(self, backend: Backend | None = None):
+        self.backend = backend
+
+    def validate(self, cfg: Mapping[str, Any]) -> None:
+        from keyformer.errors import validate
+
+        validate(cfg)
+
+    def run(self, job: Job) -> dict[str, Any]:
+        cfg = job.cfg
+        records = _unique_ids(load_records(cfg["dataset"], int(cfg["n_samples"]), int(cfg["seed"])))
+        done = job.done_ids()
+        todo = [r for r in records if r["id"] not in done]
+        name, kwargs = policy_kwargs(cfg)
+        params: dict[str, Any] = {}
+        if todo:
+            params = _generate_all(cfg, self.backend or core_backend(), job, todo, len(records), len(done),
+                                   name, kwargs)
+        rows_by_id = {r["id"]: r for r in job.rows()}
+        rows = [rows_by_id[r["id"]] for r in records if r["id"] in rows_by_id]
+        m: dict[str, Any] = aggregate(rows) if rows else {"n_samples": 0}
+        m.update(policy_fields(cfg, name, params))
+        m.update(dataset=cfg["dataset"]["name"], generation=dict(cfg["generation"]),
+                 max_prompt_tokens=cfg["max_prompt_tokens"], batch_size=cfg["batch_size"],
+                 sentence_splitter=sentence_splitter(), complete=len(rows) == len(records))
+        return m
+
+    def format_table(self, metrics: Mapping[str, Any]) -> str:
+        return format_table(metrics)
+
+
+def load_model_or_fail(backend: Backend, cfg: Mapping[str, Any]) -> tuple[Any, Any]:
+    """``backend.load(cfg)``; a model that cannot be fetched (offline, unknown repo, no network) is a
+    one-line JobError instead of a traceback."""
+    try:
+        return backend.load(cfg)
+    except OSError as e:  # transformers/huggingface_hub report unreachable or unknown repos as OSError
+        raise JobError(f"model {cfg['model']['name']!r} could not be loaded: {first_line(e)}") from None
+
+
 def run(cfg: Mapping[str, Any], backend: Backend | None = None) -> dict[str, Any]:
-    """Run one job described by the resolved config ``cfg`` (a plain dict) and return its metrics."""
-    t_start = time.perf_counter()
-    rd = ResultsDir(cfg["output_dir"])
-    if cfg.get("resume", True):
-        rd.check_config(cfg)  # never skip or extend results of a different config
-    if cfg.get("resume", True) and rd.is_complete():
-        metrics = rd.metrics() or {}
-        print(f"[keyformer] {rd.path}: complete results found, skipping", flush=True)
-        print(format_table(metrics), flush=True)
-        return metrics
-    if not cfg.get("resume", True):
-        for name in ("predictions.jsonl", "metrics.json"):
-            (rd.path / name).unlink(missing_ok=True)
-    rd.write_config(cfg)
-
-    records = _unique_ids(load_records(cfg["dataset"], int(cfg["n_samples"]), int(cfg["seed"])))
-    done = {r["id"] for r in rd.predictions()}
-    todo = [r for r in records if r["id"] not in done]
-    name, kwargs = policy_kwargs(cfg)
-    policy_params: dict[str, Any] = {}
-    if todo:
-        backend = backend or core_backend()
-        policy_params = _generate_all(cfg, backend, rd, todo, len(records), len(done), name, kwargs)
-    rows_by_id = {r["id"]: r for r in rd.predictions()}
-    rows = [rows_by_id[r["id"]] for r in records if r["id"] in rows_by_id]
-    metrics = _metrics(cfg, rows, complete=len(rows) == len(records), name=name, params=policy_params,
-                       wall_s=time.perf_counter() - t_start)
-    rd.write_metrics(metrics)
-    if (cfg.get("logger") or {}).get("name") == "wandb":
-        from keyformer.logging_wandb import WandbLogger
-
-        WandbLogger(cfg, cfg, rd.path).finish(metrics, rows, bool(cfg["logger"].get("log_samples", True)))
-    print(format_table(metrics), flush=True)
-    print(f"[keyformer] results in {rd.path}", flush=True)
-    return metrics
+    """Run one generation job described by the resolved config ``cfg`` (a plain dict); return its metrics."""
+    return run_job(cfg, GenerateTask(backend))
 
 
 def _generate_all(
-    cfg: Mapping[str, Any], backend: Backend, rd: ResultsDir, todo: list[dict], total: int, n_done: int,
+    cfg: Mapping[str, Any], backend: Backend, job: Job, todo: list[dict], total: int, n_done: int,
     name: str, kwargs: dict[str, Any],
 ) -> dict[str, Any]:
     import torch
     from tqdm import tqdm
 
+    from keyformer.noise import sample_seed
+
     torch.manual_seed(int(cfg["seed"]))
-    model, tok = backend.load(cfg)
+    model, tok = load_model_or_fail(backend, cfg)
     policy = backend.make_policy(name, **kwargs)
     ds, gen = cfg["dataset"], cfg["generation"]
     limit = prompt_limit(cfg, model)
@@ -185,6 +201,7 @@ def _generate_all(
     gen_kwargs = dict(max_new_tokens=int(gen["max_new_tokens"]), num_beams=int(gen["num_beams"]),
                       seed=int(cfg["seed"]), mode=gen.get("mode", "physical"), eos_token_id=tok.eos_token_id,
                       pad_token_id=pad_id, min_new_tokens=int(gen.get("min_new_tokens", 0)))
+    job.begin(model)
     with torch.inference_mode():
         if cfg.get("warmup", True):
             ids, mask = _left_pad([encoded[0][0][-32:]], pad_id, device)
@@ -193,7 +210,8 @@ def _generate_all(
         for start in range(0, len(todo), bs):
             batch, enc = todo[start:start + bs], encoded[start:start + bs]
             ids, mask = _left_pad([e[0] for e in enc], pad_id, device)
-            out = backend.generate(model, ids, mask, policy, **gen_kwargs)
+            seeds = [sample_seed(int(cfg["seed"]), rec["id"]) for rec in batch]  # per article, not per batch
+            out = backend.generate(model, ids, mask, policy, **{**gen_kwargs, "seeds": seeds})
             seqs = out.sequences.tolist()
             for j, rec in enumerate(batch):
                 toks = _generated(seqs[j], tok.eos_token_id, pad_id)
@@ -206,25 +224,7 @@ def _generate_all(
                     "batch": batch[0]["id"], "batch_size": len(batch), "prefill_ms": 1000.0 * out.prefill_s,
                     "decode_ms": 1000.0 * out.decode_s, "n_decode_steps": int(out.n_decode_steps),
                 }
-                rd.append_prediction(row)
+                job.add(row)
                 bar.update(1)
         bar.close()
     return _policy_params(policy)
-
-
-def _metrics(cfg: Mapping[str, Any], rows: list[dict], complete: bool, name: str, params: dict[str, Any],
-             wall_s: float) -> dict[str, Any]:
-    from keyformer.errors import resolve_device, resolve_dtype
-
-    device = resolve_device(cfg["device"])
-    m: dict[str, Any] = aggregate(rows) if rows else {"n_samples": 0}
-    m.update(
-        model=cfg["model"]["name"], dataset=cfg["dataset"]["name"], policy=name,
-        budget=cfg["policy"].get("budget", cfg["budget"]) if name != "full" else 1.0,
-        recent=cfg["policy"].get("recent", cfg["recent"]), policy_params=params or dict(cfg["policy"]),
-        seed=cfg["seed"], generation=dict(cfg["generation"]), max_prompt_tokens=cfg["max_prompt_tokens"],
-        batch_size=cfg["batch_size"], device=device, dtype=resolve_dtype(cfg["dtype"], device),
-        sentence_splitter=sentence_splitter(), versions=versions(), git_commit=git_commit(),
-        wall_s=wall_s, complete=complete,
-    )
-    return m

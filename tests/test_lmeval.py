@@ -297,7 +297,9 @@ def test_config_composes_and_validates(tmp_path):
 
 @needs_tok
 @needs_data
-def test_local_yamls_end_to_end_with_results_contract(tmp_path, tok):
+def test_local_yamls_end_to_end_with_results_contract(tmp_path, tok, caplog):
+    import logging
+
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -319,9 +321,14 @@ def test_local_yamls_end_to_end_with_results_contract(tmp_path, tok):
     assert wino[0][1] == wino[1][1] and wino[0][0] != wino[1][0]
 
     cfg = _cfg(tmp_path, tasks=["piqa", "copa"], limit=3, num_fewshot=1)
-    m = run_lm_eval(cfg, model=model, tokenizer=tok)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        m = run_lm_eval(cfg, model=model, tokenizer=tok)
+    chatter = [r for r in caplog.records if r.name.startswith(("lm_eval", "lm-eval", "absl"))]
+    assert not chatter, [r.getMessage() for r in chatter]  # lm-eval's INFO/WARNING lines are silenced
     out = Path(cfg["output_dir"])
     assert m["complete"] and m["policy"] == "h2o" and m["budget"] == 0.5 and m["model"] == "tiny-llama"
+    assert m["task"] == "lm_eval" and m["versions"]["lm-eval"] and m["dtype"] == "float32"
     assert set(m["tasks"]) == {"piqa", "copa"} and m["tasks"]["piqa"]["n_samples"] == 3
     assert {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"} <= set(m["tasks"]["piqa"])
     assert m["piqa/acc"] == m["tasks"]["piqa"]["acc"] and m["loglikelihood"] == "prefill_then_decode"
@@ -330,3 +337,62 @@ def test_local_yamls_end_to_end_with_results_contract(tmp_path, tok):
     assert len(rows) == 6 and len(rows[0]["loglikelihoods"]) == 2 and (out / "config.yaml").is_file()
     again = run_lm_eval(cfg, model=None, tokenizer=None)  # complete: skipped, no model needed
     assert again["wall_s"] == m["wall_s"]
+
+
+class _Entry:
+    def __init__(self, dataset_path=None):
+        self.cfg = {"dataset_path": dataset_path} if dataset_path else None
+
+
+class _FakeTaskManager:
+    """lm-eval's index stand-in (indexing all of lm-eval's tasks takes ~10 CPU-seconds)."""
+
+    task_index = {"piqa": _Entry("baber/piqa"), "mmlu": _Entry()}
+
+
+def test_unknown_and_offline_tasks_are_one_line(tmp_path, monkeypatch):
+    from keyformer.errors import ConfigError
+    from keyformer.lmeval import job
+
+    monkeypatch.setattr(job, "_task_manager", lambda include_defaults: _FakeTaskManager())
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    with pytest.raises(ConfigError, match="unknown lm-eval task") as e:
+        job.validate_lm_eval(_cfg(tmp_path, tasks=["piqa", "no_such_task"]))
+    assert "task.tasks='no_such_task'" in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="baber/piqa, which is not cached") as e:
+        job.validate_lm_eval(_cfg(tmp_path, tasks=["piqa"], local=False))
+    assert "task.local=true" in str(e.value)
+    job.validate_lm_eval(_cfg(tmp_path, tasks=["piqa"], local=True))  # the offline copy: fine
+    job.validate_lm_eval(_cfg(tmp_path, tasks=["mmlu"], local=False))  # a group: left to lm-eval
+    (tmp_path / "hf" / "hub" / "datasets--baber--piqa").mkdir(parents=True)
+    job.validate_lm_eval(_cfg(tmp_path, tasks=["piqa"], local=False))  # cached: runs offline
+
+
+@pytest.mark.slow
+def test_unknown_task_with_lm_evals_real_index(tmp_path):
+    from keyformer.errors import ConfigError
+    from keyformer.lmeval.job import validate_lm_eval
+
+    with pytest.raises(ConfigError, match="unknown lm-eval task"):
+        validate_lm_eval(_cfg(tmp_path, tasks=["no_such_task"], local=False))
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_other_config_is_refused_before_anything_is_deleted(tmp_path, resume):
+    """The old job deleted predictions/metrics before checking the config (resume=false lost them)."""
+    from keyformer.job import resolved
+    from keyformer.lmeval.job import LmEvalTask, run_lm_eval
+    from keyformer.results import ResultsDir, ResumeError
+
+    old = _cfg(tmp_path, tasks=["copa"], limit=3)
+    rd = ResultsDir(old["output_dir"])
+    rd.write_config(old, resolved(old, LmEvalTask()))
+    rd.append_prediction({"id": "copa/0", "task": "copa", "acc": 1.0})
+    rd.write_metrics({"complete": True, "tasks": {}})
+    before = {p.name: p.read_bytes() for p in rd.path.iterdir()}
+    new = _cfg(tmp_path, tasks=["copa"], limit=5)
+    new["resume"] = resume
+    with pytest.raises(ResumeError, match=r"task\.limit: 3 -> 5"):
+        run_lm_eval(new)  # refused before any model loads
+    assert {p.name: p.read_bytes() for p in rd.path.iterdir()} == before

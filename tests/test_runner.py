@@ -1,4 +1,5 @@
-"""Runner: results contract, resume (fake backend), bad inputs (subprocess), tiny multirun (needs the core)."""
+"""The job scaffold and the generation task: results contract, resume and its identity (fake backend),
+refusals that change nothing, one-line errors, sweep preflight; end-to-end CLI runs are marked slow."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from keyformer.data import DataError
+from keyformer.errors import ConfigError, JobError, UserError
 from keyformer.loading import smollm2_available
-from keyformer.results import ResultsDir
+from keyformer.results import ResultsDir, ResumeError
 from keyformer.runner import Backend, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,9 +89,10 @@ class FakeCore:
 
 
 def cfg_dict(tmp_path, *overrides):
+    short = [] if any(o.startswith(("dataset=", "+experiment")) for o in overrides) else ["dataset.n_paragraphs=2"]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        c = compose("config", overrides=[f"output_dir={tmp_path}", "model=tiny_llama", "progress=false",
-                                          "dataset.n_paragraphs=2", *overrides])
+        c = compose("config", overrides=[f"output_dir={tmp_path}", "model=tiny_llama", "progress=false", *short,
+                                          *overrides])
     return OmegaConf.to_container(c, resolve=True)
 
 
@@ -130,19 +134,136 @@ def test_resume_after_kill_and_skip_when_complete(tmp_path):
     assert third.loads == 0 and third.calls == 0  # complete: skipped without loading a model
 
 
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def test_resume_refuses_different_config(tmp_path):
     run(cfg_dict(tmp_path, "n_samples=1"), FakeCore().backend())
     (tmp_path / "metrics.json").unlink()
-    from keyformer.results import ResumeError
-
     with pytest.raises(ResumeError, match="budget"):
         run(cfg_dict(tmp_path, "n_samples=1", "budget=0.2"), FakeCore().backend())
 
 
-def run_py(*args, env=None, timeout=600):
-    e = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline", **(env or {})}
-    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True,
-                          env=e, cwd=ROOT, timeout=timeout)
+@pytest.mark.parametrize("resume", ["true", "false"])
+def test_config_mismatch_refuses_in_one_line_and_deletes_nothing(tmp_path, resume):
+    run(cfg_dict(tmp_path, "n_samples=2"), FakeCore().backend())
+    before = snapshot(tmp_path)
+    core = FakeCore()
+    with pytest.raises(ResumeError) as e:
+        run(cfg_dict(tmp_path, "n_samples=3", "budget=0.2", f"resume={resume}"), core.backend())
+    msg = str(e.value)
+    assert "\n" not in msg and "n_samples: 2 -> 3" in msg and "budget: 0.5 -> 0.2" in msg
+    assert "new output_dir" in msg and "resume=false into an empty folder" in msg
+    assert snapshot(tmp_path) == before and core.loads == 0  # nothing deleted, rewritten or loaded
+
+
+def test_resume_false_restarts_the_same_config(tmp_path):
+    run(cfg_dict(tmp_path, "n_samples=2"), FakeCore().backend())
+    again = FakeCore()
+    m = run(cfg_dict(tmp_path, "n_samples=2", "resume=false"), again.backend())
+    assert again.calls == 2 and m["complete"] and len(ResultsDir(tmp_path).predictions()) == 2
+
+
+def test_dtype_change_refuses_to_mix(tmp_path, monkeypatch):
+    """The identity is what ran: rerunning an experiment (whose sweep folders ignore device and dtype) with
+    another dtype, or on a machine where ``dtype=auto`` means another dtype, refuses and deletes nothing."""
+    data = tmp_path / "cnn.jsonl"
+    data.write_text("".join(json.dumps({"id": f"a{i}", "article": f"Article {i} " * 30, "highlights": f"h {i}"})
+                            + "\n" for i in range(3)))
+    exp = ["+experiment=exp1_cnndm", "policy=h2o", "budget=0.5", f"dataset.path={data}", "n_samples=3",
+           "batch_size=1", "model=tiny_llama"]
+    out = tmp_path / "exp1" / "h2o_0.5"
+    killed = FakeCore(fail_after=2)  # a partial fp32 CPU run
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg_dict(out, *exp, "dtype=auto"), killed.backend())
+    stored = OmegaConf.load(out / "config.yaml").resolved
+    assert (stored.device, stored.dtype) == ("cpu", "float32") and stored.versions.torch
+    before = snapshot(out)
+    with pytest.raises(ResumeError, match=r"dtype: 'float32' -> 'bfloat16'"):
+        run(cfg_dict(out, *exp, "dtype=bfloat16"), FakeCore().backend())
+    assert snapshot(out) == before
+    # the same command where `auto` resolves to bf16 (a GPU machine): the config is equal, the identity not
+    import keyformer.errors as errors
+
+    real = errors.resolve_dtype
+    monkeypatch.setattr(errors, "resolve_dtype", lambda d, dev: "bfloat16" if d == "auto" else real(d, dev))
+    with pytest.raises(ResumeError, match=r"resolved\.dtype: 'float32' -> 'bfloat16'") as e:
+        run(cfg_dict(out, *exp, "dtype=auto"), FakeCore().backend())
+    assert "resolved.dtype" in str(e.value) and snapshot(out) == before
+    monkeypatch.setattr(errors, "resolve_dtype", real)
+    m = run(cfg_dict(out, *exp, "dtype=auto"), FakeCore().backend())  # same identity: resumes
+    assert m["complete"] and m["dtype"] == "float32" and len(ResultsDir(out).predictions()) == 3
+
+
+def test_code_or_package_version_change_refuses(tmp_path, monkeypatch):
+    import keyformer.job as job
+
+    run(cfg_dict(tmp_path, "n_samples=1"), FakeCore().backend())
+    (tmp_path / "metrics.json").unlink()
+    monkeypatch.setattr(job, "code_version", lambda files=(): "0.1.0+000000000000")
+    with pytest.raises(ResumeError, match=r"resolved\.versions\.keyformer"):
+        run(cfg_dict(tmp_path, "n_samples=1"), FakeCore().backend())
+    cfg = OmegaConf.load(tmp_path / "config.yaml")  # a folder from before identities were recorded
+    del cfg["resolved"]
+    OmegaConf.save(cfg, tmp_path / "config.yaml")
+    with pytest.raises(ResumeError, match="not recorded"):
+        run(cfg_dict(tmp_path, "n_samples=1"), FakeCore().backend())
+
+
+def test_metrics_say_what_ran(tmp_path):
+    m = run(cfg_dict(tmp_path, "n_samples=1"), FakeCore().backend())
+    assert m["model"] == "tiny-llama" and m["model_source"] == "tiny" and m["task"] == "generate"
+    assert m["dtype"] == "float32" and m["device"] == "cpu" and m["code_version"].count("+") == 1
+    assert OmegaConf.load(tmp_path / "config.yaml").resolved.versions.keyformer == m["code_version"]
+
+
+def test_gguf_model_cannot_be_renamed(tmp_path):
+    core = FakeCore()
+    with pytest.raises(ConfigError, match="model.name='foo/bar'") as e:
+        run(cfg_dict(tmp_path / "o", "model=smollm2", "model.name=foo/bar"), core.backend())
+    assert "model.source=hub model.name=foo/bar" in str(e.value) and "\n" not in str(e.value)
+    assert core.loads == 0 and not (tmp_path / "o").exists()
+
+
+def test_uncached_hub_model_offline_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="not in the local Hugging Face cache") as e:
+        run(cfg_dict(tmp_path / "o", "model=cerebras_gpt", "model.name=cerebras/Cerebras-GPT-1.3B"),
+            FakeCore().backend())
+    assert "model.name='cerebras/Cerebras-GPT-1.3B'" in str(e.value) and not (tmp_path / "o").exists()
+
+
+def test_unreachable_model_is_one_line_and_leaves_no_folder(tmp_path):
+    class Unreachable(FakeCore):
+        def load(self, cfg):
+            raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your "
+                          "internet connection or see how to run the library in offline mode.")
+
+    with pytest.raises(JobError) as e:
+        run(cfg_dict(tmp_path / "o", "n_samples=1"), Unreachable().backend())
+    assert str(e.value) == ("model 'tiny-llama' could not be loaded: We couldn't connect to "
+                            "'https://huggingface.co' to load the files.")
+    assert not (tmp_path / "o").exists()  # no partial output folder
+
+
+def test_failure_before_first_result_keeps_an_existing_folder_as_it_was(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+
+    class Broken(FakeCore):
+        def generate(self, *a, **k):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run(cfg_dict(tmp_path, "n_samples=1"), Broken().backend())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_invalid_policy_knob_names_the_knob_only(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        run(cfg_dict(tmp_path, "policy.tau_init=-1.0"), FakeCore().backend())
+    assert str(e.value) == "invalid policy keyformer: tau_init=-1.0 must be > 0"
+    assert e.value.key == "policy.tau_init"
 
 
 BAD = [
@@ -157,13 +278,104 @@ BAD = [
 
 
 @pytest.mark.parametrize("args,message", BAD)
-def test_bad_input_exits_with_message(tmp_path, args, message):
-    r = run_py(*args, f"output_dir={tmp_path}", env={"KEYFORMER_DATA_DIR": str(tmp_path / "nodata")})
-    assert r.returncode != 0
-    assert message in r.stderr and "Traceback" not in r.stderr
-    assert not (tmp_path / "config.yaml").exists()  # failed before anything ran
+def test_bad_input_is_one_line_before_anything_runs(tmp_path, monkeypatch, args, message):
+    monkeypatch.setenv("KEYFORMER_DATA_DIR", str(tmp_path / "nodata"))
+    core = FakeCore()
+    with pytest.raises(UserError) as e:
+        run(cfg_dict(tmp_path / "o", *args), core.backend())
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert core.loads == 0 and not (tmp_path / "o").exists()  # failed before anything ran
 
 
+def test_malformed_jsonl_message_is_whole(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_text('{"id": "a", "document": "d", "summary": "s"}\n{"id": "b", "document": "d" "summary": "s"}\n')
+    with pytest.raises(DataError) as e:
+        run(cfg_dict(tmp_path / "o", "dataset=xsum", f"dataset.path={p}"), FakeCore().backend())
+    assert f"{p}, line 2, column 29: invalid JSON: Expecting ',' delimiter" in str(e.value)
+    assert "near" in str(e.value) and not (tmp_path / "o").exists()
+
+
+def test_unknown_group_option_is_one_line():
+    from keyformer.job import check_overrides
+
+    assert check_overrides(["policy=foo"]) == ("error: unknown policy='foo'; allowed: full, h2o, keyformer, "
+                                               "streaming, window")
+    assert check_overrides(["-m", "model=smollm2,nope", "budget=0.2"]).startswith("error: unknown model='nope'")
+    assert check_overrides(["-m", "policy=h2o,keyformer", "+experiment=exp1_cnndm", "model.name=x/y",
+                            "hydra.sweep.dir=/tmp/x", "-cn", "config", "dataset=sample"]) is None
+    assert check_overrides(["+experiment/ablation=nope"]).startswith("error: unknown experiment/ablation='nope'")
+
+
+def _multirun_cfg(*overrides):
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    return GlobalHydra.instance().hydra.compose_config("config", list(overrides), run_mode=RunMode.MULTIRUN)
+
+
+def test_sweep_preflight_rejects_bad_points_before_any_job(tmp_path):
+    from keyformer.job import preflight_sweep
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        ok = _multirun_cfg("budget=0.5,0.2", "model=tiny_llama", f"hydra.sweep.dir={tmp_path / 'a'}")
+        assert preflight_sweep(ok) == []
+        bad = _multirun_cfg("budget=1.5,0.5,0", "policy=h2o,keyformer", "model=tiny_llama",
+                            f"hydra.sweep.dir={tmp_path / 'b'}")
+        errors = preflight_sweep(bad)
+    assert len(errors) == 4 and all("\n" not in e for e in errors)
+    assert errors[0].startswith("error: sweep point #0 (budget=1.5 policy=h2o model=tiny_llama") or \
+        "budget=1.5" in errors[0]
+    assert sum("invalid budget=1.5" in e for e in errors) == 2 and sum("invalid budget=0" in e for e in errors) == 2
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_sweep_preflight_checks_each_point_folder(tmp_path):
+    """A resumed sweep whose points would mix with another dtype is refused before any job starts."""
+    from keyformer.job import preflight_sweep
+
+    sweep = tmp_path / "sw"
+    run(cfg_dict(sweep / "point", "budget=0.5", "n_samples=1", "dataset.n_paragraphs=8"), FakeCore().backend())
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = _multirun_cfg("budget=0.5", "model=tiny_llama", "n_samples=1", f"hydra.sweep.dir={sweep}",
+                            "hydra.sweep.subdir=point", "progress=false")
+        assert preflight_sweep(cfg) == []  # same config: resumable
+        other = _multirun_cfg("budget=0.5", "model=tiny_llama", "n_samples=1", "dtype=bfloat16",
+                              f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=point")
+        (err,) = preflight_sweep(other)
+    assert "dtype: 'float32' -> 'bfloat16'" in err
+
+
+def test_rouge_scorer_is_quiet(caplog):
+    import logging
+
+    from keyformer import metrics
+
+    metrics._scorer.cache_clear()
+    with caplog.at_level(logging.INFO):
+        metrics.rouge("the cat sat", "the cat sat")
+    assert "Using default tokenizer" not in caplog.text
+
+
+def run_py(*args, env=None, timeout=600, cwd=ROOT):
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline", **(env or {})}
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True,
+                          env=e, cwd=cwd, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_cli_rejections_are_one_line_and_leave_no_folder(tmp_path):
+    for args in (["budget=1.5"], ["policy=foo"], ["model=nope"], ["-m", "budget=1.5,0.5", "n_samples=1"],
+                 ["model=cerebras_gpt", "model.name=cerebras/Cerebras-GPT-1.3B"]):
+        r = run_py(*args, cwd=tmp_path)
+        assert r.returncode == 2, (args, r.stderr[-2000:])
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert lines and all(ln.startswith("error: ") for ln in lines), (args, r.stderr[-2000:])
+        assert len(lines) <= 3 and "Traceback" not in r.stderr
+        assert list(tmp_path.iterdir()) == [], (args, list(tmp_path.rglob("*")))  # no outputs/<date>/<time>/
+
+
+@pytest.mark.slow
 def test_absent_cuda_exits_with_message(tmp_path):
     import torch
 
@@ -173,6 +385,7 @@ def test_absent_cuda_exits_with_message(tmp_path):
     assert r.returncode != 0 and "CUDA is not available" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 @needs_model
 def test_tiny_multirun_all_archs_and_policies(tmp_path):
     archs, policies = ["tiny_gptj", "tiny_gpt2", "tiny_mpt", "tiny_llama"], ["full", "window", "streaming", "h2o",
@@ -194,6 +407,7 @@ def test_tiny_multirun_all_archs_and_policies(tmp_path):
     assert r2.returncode == 0 and r2.stdout.count("complete results found, skipping") == 20
 
 
+@pytest.mark.slow
 @needs_model
 def test_default_run_smoke(tmp_path):
     r = run_py("n_samples=1", "generation.max_new_tokens=8", f"output_dir={tmp_path}")
@@ -220,10 +434,10 @@ def test_wandb_offline_and_failure_is_warning(tmp_path, monkeypatch):
 
 
 def test_complete_dir_with_other_config_is_not_skipped(tmp_path):
-    from keyformer.results import ResumeError
-
     run(cfg_dict(tmp_path, "n_samples=1"), FakeCore().backend())
     with pytest.raises(ResumeError, match="n_samples"):
         run(cfg_dict(tmp_path, "n_samples=2"), FakeCore().backend())
-    m = run(cfg_dict(tmp_path, "n_samples=2", "resume=false"), FakeCore().backend())  # start over
+    with pytest.raises(ResumeError, match="n_samples"):  # resume=false never deletes another config's results
+        run(cfg_dict(tmp_path, "n_samples=2", "resume=false"), FakeCore().backend())
+    m = run(cfg_dict(tmp_path / "empty", "n_samples=2", "resume=false"), FakeCore().backend())  # the way out
     assert m["n_samples"] == 2

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from keyformer.data.sample import generate_sample
+from keyformer.errors import UserError
 
 DATA_DIR_ENV = "KEYFORMER_DATA_DIR"
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A dataset cannot be found or read; the message names the path and how to set it."""
 
 
@@ -60,7 +61,9 @@ def _read_jsonl(path: Path) -> list[dict]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+                    near = line[max(0, e.pos - 30): e.pos + 30].strip()
+                    raise DataError(f"{path}, line {n}, column {e.colno}: invalid JSON: {e.msg} "
+                                    f"(near {near!r}); every line must be one JSON object") from None
     return rows
 
 

@@ -10,16 +10,20 @@
   loglikelihood, num_fewshot, limit, seed, versions, git_commit, wall_s`` and ``complete: true``.
 
 Resume: a complete ``output_dir`` is skipped; an incomplete one is recomputed (lm-eval runs are short;
-sweeps get one directory per point).
+sweeps get one directory per point). Validation, the resume identity, metrics.json, W&B and the summary
+come from the job scaffold (:mod:`keyformer.job`); this module is its ``lm_eval`` plug-in.
 """
 
 from __future__ import annotations
 
 import math
-import time
+import os
 from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from keyformer.job import CORE_CODE, Job, Task, policy_fields, run_job
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 LOCAL_TASKS = ("piqa", "winogrande", "openbookqa", "copa", "hellaswag", "arc_easy", "arc_challenge",
@@ -40,10 +44,10 @@ def lm_eval_name(name: str, local: bool) -> str:
 
 
 def validate_lm_eval(cfg: Mapping[str, Any]) -> None:
-    """Cheap checks of the ``task`` node (ConfigError naming the key) and of the policy."""
-    from keyformer.errors import ConfigError, check_budget, resolve_device, resolve_dtype
+    """Cheap checks of the ``task`` node (ConfigError naming the key), of the shared keys (budget, device,
+    dtype, model, policy) and of the task names: unknown to lm-eval, or needing the hub while it is offline."""
+    from keyformer.errors import ConfigError, validate_common
     from keyformer.lmeval.adapter import SEMANTICS
-    from keyformer.policies import make_policy
 
     t = cfg["task"]
     if not task_names(t.get("tasks") or []):
@@ -57,15 +61,54 @@ def validate_lm_eval(cfg: Mapping[str, Any]) -> None:
     limit = t.get("limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigError("task.limit", limit, "null (all docs) or an integer >= 1 (first N docs per task)")
-    check_budget(cfg["budget"])
-    resolve_dtype(cfg["dtype"], resolve_device(cfg["device"]))
-    from keyformer.runner import policy_kwargs
+    validate_common(cfg)
+    check_task_names(task_names(t["tasks"]), bool(t.get("local", True)))
 
-    name, kwargs = policy_kwargs(cfg)
-    try:
-        make_policy(name, **kwargs)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"policy ({name})", kwargs, str(e)) from None
+
+@lru_cache(maxsize=2)
+def _task_manager(include_defaults: bool) -> Any:
+    """lm-eval's TaskManager over the local YAMLs, plus lm-eval's own tasks when asked (indexing them takes
+    a few seconds, once per process)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=str(TASKS_DIR), include_defaults=include_defaults)
+
+
+def _hf_home() -> Path:
+    return Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser()
+
+
+def _dataset_cached(path: str) -> bool:
+    """True when the hub dataset ``path`` is in a local cache (the hub cache or datasets' own)."""
+    hub = Path(os.environ.get("HF_HUB_CACHE") or _hf_home() / "hub").expanduser()
+    ds = Path(os.environ.get("HF_DATASETS_CACHE") or _hf_home() / "datasets").expanduser()
+    return (hub / f"datasets--{path.replace('/', '--')}").is_dir() or (ds / path.replace("/", "___")).is_dir()
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+
+
+def check_task_names(names: list[str], local: bool) -> None:
+    """ConfigError for a task lm-eval does not know, or one whose hub data is not cached while offline."""
+    from keyformer.errors import ConfigError
+
+    builtin = [n for n in names if lm_eval_name(n, local) == n]
+    if not builtin:
+        return
+    index = _task_manager(True).task_index
+    for n in builtin:
+        if n not in index:
+            raise ConfigError("task.tasks", n, f"unknown lm-eval task; offline copies (task.local=true): "
+                                               f"{', '.join(LOCAL_TASKS)}; lm-eval's own: `lm_eval --tasks list`")
+        entry_cfg = getattr(index[n], "cfg", None) or {}
+        path = entry_cfg.get("dataset_path") if isinstance(entry_cfg, Mapping) else None
+        if _offline() and isinstance(path, str) and not Path(path).exists() and not _dataset_cached(path):
+            hint = "use task.local=true (offline copy in $KEYFORMER_DATA_DIR)" if n in LOCAL_TASKS else \
+                "run it once with network access"
+            raise ConfigError("task.tasks", n, f"lm-eval's {n} reads the hub dataset {path}, which is not cached "
+                                               f"and the hub is offline (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE); {hint}")
 
 
 def _num(v: Any) -> float | None:
@@ -104,79 +147,88 @@ def _prediction_rows(name: str, samples: list[dict]) -> list[dict]:
     return rows
 
 
+class LmEvalTask(Task):
+    """``task=lm_eval``: lm-eval's ``simple_evaluate`` under the cache policy. Rows are written when the
+    evaluation finishes, so a partial folder is recomputed (``resumable = False``)."""
+
+    name = "lm_eval"
+    resumable = False
+    code = (*CORE_CODE, "lmeval")
+
+    def __init__(self, model: Any = None, tokenizer: Any = None):
+        self.model, self.tokenizer = model, tokenizer
+
+    def validate(self, cfg: Mapping[str, Any]) -> None:
+        validate_lm_eval(cfg)
+
+    def versions(self) -> dict[str, str]:
+        return {"lm-eval": _pkg_version("lm_eval") or "unknown"}
+
+    def run(self, job: Job) -> dict[str, Any]:
+        import lm_eval
+        import torch
+
+        from keyformer.policies import make_policy
+        from keyformer.runner import policy_kwargs
+
+        from .adapter import KeyformerLM
+
+        cfg, t = job.cfg, job.cfg["task"]
+        names = task_names(t["tasks"])
+        local = bool(t.get("local", True))
+        lm_tasks = [lm_eval_name(n, local) for n in names]
+        seed = int(cfg["seed"])
+        torch.manual_seed(seed)
+        model, tokenizer = self.model, self.tokenizer
+        if model is None:
+            from keyformer.errors import JobError, first_line
+            from keyformer.loading import load_model
+
+            try:
+                model, tokenizer = load_model(cfg)
+            except OSError as e:
+                raise JobError(f"model {cfg['model']['name']!r} could not be loaded: {first_line(e)}") from None
+        pname, pkw = policy_kwargs(cfg)
+        policy = make_policy(pname, **pkw)
+        lm = KeyformerLM(model, tokenizer, policy, semantics=t["loglikelihood"], batch_size=int(t["batch_size"]),
+                         seed=seed)
+        builtin = any(lt == n for lt, n in zip(lm_tasks, names, strict=True))
+        tm = _task_manager(builtin)
+        job.begin(model)
+        try:
+            res = lm_eval.simple_evaluate(
+                model=lm, tasks=lm_tasks, num_fewshot=int(t["num_fewshot"]), limit=t.get("limit"),
+                task_manager=tm, bootstrap_iters=int(t["bootstrap_iters"]), log_samples=True, random_seed=seed,
+                numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=int(t.get("fewshot_seed", 1234)),
+                verbosity="ERROR",
+            )
+        except (ConnectionError, FileNotFoundError) as e:  # the data of a task cannot be fetched
+            from keyformer.errors import JobError, first_line
+
+            raise JobError(f"lm-eval could not load the data of task.tasks={names}: {first_line(e)}") from None
+        if res is None:
+            raise RuntimeError("lm_eval.simple_evaluate returned no results")
+        per_task = {n: task_metrics(res, n, lt) for n, lt in zip(names, lm_tasks, strict=True)}
+        for n, lt in zip(names, lm_tasks, strict=True):
+            for row in _prediction_rows(n, res.get("samples", {}).get(lt, [])):
+                job.add(row)
+        return {
+            "tasks": per_task, "dataset": ",".join(names),
+            **{f"{n}/{k}": v for n, m in per_task.items() for k, v in m.items() if k != "lm_eval_task"},
+            **policy_fields(cfg, pname, _params(policy)),
+            "loglikelihood": t["loglikelihood"], "num_fewshot": int(t["num_fewshot"]), "limit": t.get("limit"),
+            "batch_size": int(t["batch_size"]), "complete": True,
+        }
+
+    def format_table(self, metrics: Mapping[str, Any]) -> str:
+        return format_table(metrics)
+
+
 def run_lm_eval(cfg: Mapping[str, Any], model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
-    """Run ``cfg['task']`` (``name: lm_eval``) under the configured policy; return and write metrics.
-
-    ``model``/``tokenizer`` skip loading (tests); otherwise ``keyformer.loading.load_model(cfg)``.
+    """Run ``cfg['task']`` (``name: lm_eval``) under the configured policy through the job scaffold; return
+    and write metrics. ``model``/``tokenizer`` skip loading (tests); otherwise ``keyformer.loading.load_model``.
     """
-    import lm_eval
-    import torch
-    from lm_eval.tasks import TaskManager
-
-    from keyformer.policies import make_policy
-    from keyformer.results import ResultsDir, git_commit, versions
-    from keyformer.runner import policy_kwargs
-
-    from .adapter import KeyformerLM
-
-    t_start = time.perf_counter()
-    rd = ResultsDir(cfg["output_dir"])
-    if cfg.get("resume", True) and rd.is_complete():
-        print(f"[keyformer] {rd.path}: complete results found, skipping", flush=True)
-        return rd.metrics() or {}
-    for stale in ("predictions.jsonl", "metrics.json"):
-        (rd.path / stale).unlink(missing_ok=True)
-    rd.check_config(cfg)
-    rd.write_config(cfg)
-
-    t = cfg["task"]
-    names = task_names(t["tasks"])
-    local = bool(t.get("local", True))
-    lm_tasks = [lm_eval_name(n, local) for n in names]
-    seed = int(cfg["seed"])
-    torch.manual_seed(seed)
-    if model is None:
-        from keyformer.loading import load_model
-
-        model, tokenizer = load_model(cfg)
-    pname, pkw = policy_kwargs(cfg)
-    policy = make_policy(pname, **pkw)
-    lm = KeyformerLM(model, tokenizer, policy, semantics=t["loglikelihood"], batch_size=int(t["batch_size"]),
-                     seed=seed)
-    builtin = any(lt == n for lt, n in zip(lm_tasks, names, strict=True))
-    tm = TaskManager(include_path=str(TASKS_DIR), include_defaults=builtin)
-    res = lm_eval.simple_evaluate(
-        model=lm, tasks=lm_tasks, num_fewshot=int(t["num_fewshot"]), limit=t.get("limit"),
-        task_manager=tm, bootstrap_iters=int(t["bootstrap_iters"]), log_samples=True, random_seed=seed,
-        numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=int(t.get("fewshot_seed", 1234)),
-        verbosity="WARNING",
-    )
-    if res is None:
-        raise RuntimeError("lm_eval.simple_evaluate returned no results")
-    per_task = {n: task_metrics(res, n, lt) for n, lt in zip(names, lm_tasks, strict=True)}
-    for n, lt in zip(names, lm_tasks, strict=True):
-        for row in _prediction_rows(n, res.get("samples", {}).get(lt, [])):
-            rd.append_prediction(row)
-    vers = versions()
-    vers["lm-eval"] = lm_eval.__version__ if hasattr(lm_eval, "__version__") else _pkg_version("lm_eval")
-    metrics: dict[str, Any] = {
-        "task": "lm_eval", "tasks": per_task, "dataset": ",".join(names),
-        **{f"{n}/{k}": v for n, m in per_task.items() for k, v in m.items() if k != "lm_eval_task"},
-        "model": cfg["model"]["name"], "policy": pname,
-        "budget": cfg["policy"].get("budget", cfg["budget"]) if pname != "full" else 1.0,
-        "recent": cfg["policy"].get("recent", cfg["recent"]), "policy_params": _params(policy),
-        "loglikelihood": t["loglikelihood"], "num_fewshot": int(t["num_fewshot"]), "limit": t.get("limit"),
-        "seed": seed, "batch_size": int(t["batch_size"]), "versions": vers, "git_commit": git_commit(),
-        "wall_s": time.perf_counter() - t_start, "complete": True,
-    }
-    rd.write_metrics(metrics)
-    if (cfg.get("logger") or {}).get("name") == "wandb":
-        from keyformer.logging_wandb import WandbLogger
-
-        WandbLogger(cfg, cfg, rd.path).finish(metrics, rd.predictions(), bool(cfg["logger"].get("log_samples")))
-    print(format_table(metrics), flush=True)
-    print(f"[keyformer] results in {rd.path}", flush=True)
-    return metrics
+    return run_job(cfg, LmEvalTask(model, tokenizer))
 
 
 def _pkg_version(name: str) -> str | None:
