@@ -134,7 +134,7 @@ def _decode_with_scores(layer, query, key, value, mask, bias, scaling):
     ctx = layer.context(query=query, keys=key, values=value, group=G)
     if policy.uses_noise:
         thunk = layer.cache.noise_fn(layer, G)
-        ctx.noise = lambda: thunk().unsqueeze(3)
+        ctx.noise = lambda draw=0: thunk(draw).unsqueeze(3)
     s = policy.score(probs.unsqueeze(3), ctx)  # [B, Hkv, G, 1, S]
     policy.accumulate(layer.score[:, :, :S], s.sum((2, 3)), ctx)
     return out.reshape(B, Hq, 1, -1).transpose(1, 2)
@@ -200,9 +200,9 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
 def _prompt_noise(seeds, layer_idx, heads, qpos, kpos, Hkv, G):
     """Thunk: Exp(1) noise of query rows at ``qpos`` [B, r] over keys at ``kpos`` [B, c] -> [B, Hkv, G, r, c]."""
 
-    def noise() -> torch.Tensor:
+    def noise(draw: int = 0) -> torch.Tensor:
         B, r = qpos.shape
-        rk = gumbel.row_keys(seeds, layer_idx, heads, qpos.clamp(min=0)).view(B, Hkv, G, r, 1)
+        rk = gumbel.row_keys(gumbel.draw_seeds(seeds, draw), layer_idx, heads, qpos.clamp(min=0)).view(B, Hkv, G, r, 1)
         return gumbel.exp_noise_fast(rk, gumbel.col_keys(kpos.clamp(min=0)).view(B, 1, 1, 1, -1))
 
     return noise

@@ -373,7 +373,8 @@ class KVCache(Cache):
     def noise_fn(self, layer: EvictingLayer, group: int):
         """Exp(1) noise of this decode forward at the layer's held slots: a thunk for :class:`Context`."""
         S = layer.length + layer.q_len
-        return lambda: hashnoise.noise_at(self.seed_t, layer.layer_idx, self.cur_pos(), layer.pos[:, :, :S], group)
+        return lambda draw=0: hashnoise.noise_at(self.seed_t, layer.layer_idx, self.cur_pos(), layer.pos[:, :, :S],
+                                                 group, draw)
 
     # -- measurements ---------------------------------------------------------------------------------------
     def bytes_per_token(self) -> int:

@@ -18,6 +18,7 @@ PCG64 / torch generator draws before); compiled and eager evaluation can differ 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 
@@ -59,14 +60,28 @@ def exp_noise(rkey: torch.Tensor, ckey: torch.Tensor) -> torch.Tensor:
     return -torch.log(u)
 
 
-def noise_at(seeds: torch.Tensor, layer: int, qpos: torch.Tensor, kpos: torch.Tensor, group: int) -> torch.Tensor:
+def draw_seeds(seeds: torch.Tensor, draw: int) -> torch.Tensor:
+    """Seeds of the ``draw``-th independent noise field (draw 0: the seeds themselves)."""
+    return seeds if draw == 0 else mix32((seeds ^ (draw * 0x632BE5AB)) & M32)
+
+
+def noise_at(seeds: torch.Tensor, layer: int, qpos: torch.Tensor, kpos: torch.Tensor, group: int,
+             draw: int = 0) -> torch.Tensor:
     """Noise of one query per sample at given key positions (a decode step over its held slots).
 
     ``seeds`` [B]; ``qpos`` [B]; ``kpos`` [B, Hkv, S] -> [B, Hkv, G, S] for query heads ``hkv * G + g``."""
+    seeds = draw_seeds(seeds, draw)
     B, Hkv, S = kpos.shape
     heads = torch.arange(Hkv * group, device=kpos.device)
     rk = row_keys(seeds, layer, heads, qpos.view(-1, 1)).view(B, Hkv, group, 1)
     return exp_noise(rk, col_keys(kpos.clamp(min=0)).unsqueeze(2))
+
+
+def sample_seed(seed: int, sample_id: object) -> int:
+    """A sample's own noise seed from the run seed and its id: samples are independent draws, and a sample's
+    noise does not depend on its batch or its place in the dataset."""
+    h = int.from_bytes(hashlib.blake2b(f"{int(seed)}:{sample_id}".encode(), digest_size=8).digest(), "little")
+    return h & M32
 
 
 def seeds_tensor(seeds: list[int], device: torch.device) -> torch.Tensor:

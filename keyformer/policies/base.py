@@ -48,7 +48,7 @@ class Context:
     keys: torch.Tensor | None = None  # [B, Hkv, S, D]
     values: torch.Tensor | None = None
     query: torch.Tensor | None = None  # [B, Hq, q, D]
-    noise: Callable[[], torch.Tensor] | None = None  # Exp(1) at the entries being scored
+    noise: Callable[..., torch.Tensor] | None = None  # noise(draw=0): Exp(1) at the entries being scored
 
 
 @dataclass

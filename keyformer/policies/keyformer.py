@@ -1,8 +1,10 @@
 """Keyformer (Adnan et al., MLSys 2024): Gumbel-softmax key-token scores.
 
 score_t = softmax((logits + g) / tau_t) over the cached tokens, with ``g`` Gumbel(0, 1) per
-(query head, query, key) (:mod:`keyformer.noise`) and ``tau_t = tau_init + t * (tau_end - tau_init) / T`` (t = 0
-at prefill, t at the t-th decode step; T = ``max_new_tokens``, by default the generation's own length). Logits include the model's position bias (ALiBi for MPT).
+(query head, query, key) (:mod:`keyformer.noise`) and ``tau_t = tau_init + t * (tau_end - tau_init) / T``
+(t = 0 at prefill, t at the t-th decode step; T = ``max_new_tokens``, by default the generation's own
+length). Logits include the model's position bias (ALiBi for MPT). ``noise_samples = m`` averages the score
+over m independent noise fields (a lower-variance estimate of the expected Gumbel-softmax score).
 Scores accumulate per (sample, layer, KV head); the cache keeps w recent + top (k - w) key tokens.
 
 Candidate rule:
@@ -35,6 +37,7 @@ class KeyformerPolicy(Policy):
     noise: bool = True
     candidates: str = "paper"
     head_reduction: str = "per_head"
+    noise_samples: int = 1  # average the score over this many independent noise fields
     max_new_tokens: int | None = None  # tau schedule length; None: the generation's max_new_tokens
 
     name: ClassVar[str] = "keyformer"
@@ -46,6 +49,8 @@ class KeyformerPolicy(Policy):
             raise ValueError(f"tau_init={self.tau_init!r} must be > 0")
         if self.tau_end < self.tau_init:
             raise ValueError(f"tau_end={self.tau_end!r} must be >= tau_init={self.tau_init!r}")
+        if isinstance(self.noise_samples, bool) or not isinstance(self.noise_samples, int) or self.noise_samples < 1:
+            raise ValueError(f"noise_samples={self.noise_samples!r} must be an int >= 1")
         if self.candidates not in CANDIDATE_RULES:
             raise ValueError(f"candidates={self.candidates!r} is unknown; valid: {', '.join(CANDIDATE_RULES)}")
         if self.head_reduction not in HEAD_REDUCTIONS:
@@ -67,7 +72,13 @@ class KeyformerPolicy(Policy):
         """``softmax((x + g) / tau)`` with ``g = -log E`` Gumbel, computed as ``normalise((p / E)^(1/tau))``
         from the attention probabilities ``p = softmax(x)`` (``exp((x - log E) / tau) = (e^x / E)^(1/tau)``).
         Works in place on ``probs``; noise is evaluated only at the entries scored."""
-        return gumbel_score(probs, ctx.noise() if self.noise else None, self.tau(ctx.step, ctx.horizon))
+        tau = self.tau(ctx.step, ctx.horizon)
+        if not self.noise or self.noise_samples == 1:
+            return gumbel_score(probs, ctx.noise() if self.noise else None, tau)
+        total = gumbel_score(probs.clone(), ctx.noise(0), tau)
+        for draw in range(1, self.noise_samples):
+            total += gumbel_score(probs.clone() if draw + 1 < self.noise_samples else probs, ctx.noise(draw), tau)
+        return total.div_(self.noise_samples)
 
     def priority(self, score: torch.Tensor, pos: torch.Tensor, cur: torch.Tensor, w: torch.Tensor, *, step: int,
                  ctx: Context | None = None) -> torch.Tensor:

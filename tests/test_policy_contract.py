@@ -1,0 +1,220 @@
+"""Every registered policy, through the same checks (a new policy file is picked up with no edit here):
+
+* physical eviction == mask simulation (tokens, logits, kept positions);
+* the budget holds after the prompt and at every decode step;
+* a left-padded batch gives each prompt's output alone;
+* a hand-written naive reference: one eager forward over prompt + generated tokens whose per-layer, per-KV-head
+  masks come from a row-by-row Python simulation of the budget rules (full prompt attention, cut to k with the
+  recent window, then at each step: attend to the kept set + itself, add its scores, evict the lowest-priority
+  non-recent token, oldest first). H2O's and Keyformer's scores are written out as plain softmax math there.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AttentionInterface, LogitsProcessor, LogitsProcessorList
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from keyformer import generate, make_cache, make_policy, tiny_model
+from keyformer.noise import prompt_noise
+from keyformer.policies import POLICIES
+from keyformer.policies.base import Context
+
+N, NEW = 36, 10
+ARCHS = ("llama", "gptj", "gpt2")  # the naive forward needs the AttentionInterface (MPT: physical == mask only)
+
+
+def _policy(name: str, **kw):
+    return make_policy(name) if not POLICIES[name].evicts else make_policy(name, budget=0.5, **kw)
+
+
+def _prompt(seed: int, n: int = N) -> torch.Tensor:
+    return torch.randint(3, 256, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module", params=(*ARCHS, "mpt"))
+def arch(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def model(arch):
+    return tiny_model(arch, seed=0)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_physical_equals_mask(model, name):
+    pol, ids = _policy(name), _prompt(1)
+    phys = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, seed=3)
+    sim = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, seed=3, mode="mask")
+    assert torch.equal(phys.sequences, sim.sequences)
+    assert (phys.logits - sim.logits).abs().max() < 1e-4
+    for li in range(len(phys.cache.layers)):
+        assert phys.cache.kept_positions(li) == sim.cache.kept_positions(li)
+
+
+class _Every(LogitsProcessor):
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, input_ids, scores):
+        self.fn(self.calls)
+        self.calls += 1
+        return scores
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_budget_holds(model, name):
+    pol, ids = _policy(name), _prompt(2)
+    cache = make_cache(model, pol, torch.ones_like(ids), max_new_tokens=NEW)
+    k = int(pol.budget_tokens(torch.tensor([N]))[0]) if pol.evicts else N
+
+    def check(step):
+        held = k + step if (not pol.evicts or pol.compress == "prompt") else k
+        for li, layer in enumerate(cache.layers):
+            assert all(len(h) == held for h in cache.kept_positions(li)[0]), (li, step)
+            assert layer.length == held
+        if pol.evicts and pol.compress == "step":
+            assert cache.tensor_bytes() == (k + 1) * cache.bytes_per_token()  # the budget + one spare slot
+
+    every = _Every(check)
+    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, max_new_tokens=NEW,
+                   do_sample=False, pad_token_id=0, logits_processor=LogitsProcessorList([every]))
+    assert every.calls == NEW
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_padded_batch_equals_alone(model, name):
+    lengths = (26, 40, 33)
+    prompts = [_prompt(10 + i, n)[0] for i, n in enumerate(lengths)]
+    width = max(lengths)
+    ids = torch.zeros(3, width, dtype=torch.long)
+    mask = torch.zeros(3, width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    pol = _policy(name)
+    batch = generate(model, ids, mask, pol, max_new_tokens=NEW, pad_token_id=0, seeds=[7, 8, 9])
+    for i, p in enumerate(prompts):
+        alone = generate(model, p.view(1, -1), None, pol, max_new_tokens=NEW, pad_token_id=0, seeds=[7 + i])
+        a = alone.sequences[0]
+        assert torch.equal(batch.sequences[i, : len(a)], a), f"sample {i}"
+        if len(a) == NEW:
+            assert batch.kv_bytes[i] == alone.kv_bytes[0]
+
+
+# -- the naive reference -------------------------------------------------------------------------------------
+_REF: dict = {}
+
+
+def _naive_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    B, Hq, S, D = query.shape
+    G = Hq // key.shape[1]
+    kk, vv = key.repeat_interleave(G, dim=1), value.repeat_interleave(G, dim=1)
+    logits = (query @ kk.transpose(-1, -2)).float() * (scaling or D**-0.5)  # [1, Hq, S, S]
+    mask = _REF["mask_fn"](logits[0], module.layer_idx).repeat_interleave(G, dim=0)  # [Hq, S, S]
+    probs = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+    return (probs.to(vv.dtype) @ vv).transpose(1, 2), None
+
+
+AttentionInterface.register("kf_contract_naive", _naive_attention)
+AttentionMaskInterface.register("kf_contract_naive", sdpa_mask)
+
+
+def _row_score(policy, probs: torch.Tensor, noise: torch.Tensor, step: int, horizon: int) -> torch.Tensor:
+    """One query row's scores [S] from its attention probabilities [S]; H2O and Keyformer as plain math."""
+    if policy.name == "h2o":
+        return probs
+    if policy.name == "keyformer":
+        x = probs.log() - noise.log() if policy.noise else probs.log()  # logits + Gumbel, up to a row constant
+        return torch.softmax(x / policy.tau(step, horizon), -1)
+    ctx = Context(step=step, horizon=horizon, noise=lambda draw=0: noise.view(1, 1, 1, 1, -1))
+    return policy.score(probs.view(1, 1, 1, 1, -1).clone(), ctx).view(-1)
+
+
+def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
+    """Mask function for :func:`_naive_attention`: python sets, row by row, per KV head."""
+    k = int(policy.budget_tokens(torch.tensor([n]))[0]) if policy.evicts else 10**9
+    w = min(int(policy.recent_tokens(torch.tensor([k]))[0]), k) if policy.evicts else 0
+    rows = n if policy.observe_rows is None else min(n, policy.observe_rows)
+
+    def prio_of(state, kept, cur, step):
+        pos = torch.tensor(kept).view(1, 1, -1)
+        p = policy.priority(state[kept].view(1, 1, -1).clone(), pos, torch.tensor([cur]), torch.tensor([w]), step=step)
+        return {j: float(v) for j, v in zip(kept, p.view(-1).tolist(), strict=True)}
+
+    def fn(logits, layer):  # logits [Hq, S, S] -> [Hkv, S, S]
+        Hq, S, _ = logits.shape
+        G = Hq // hkv
+        masks = []
+        for h in range(hkv):
+            m = torch.zeros(S, S, dtype=torch.bool)
+            state = torch.zeros(S)
+            for r in range(n):
+                m[r, : r + 1] = True
+                if policy.needs_attention and r >= n - rows:
+                    pn = prompt_noise(seed, layer, r, r + 1, Hq, "cpu")[:, 0]
+                    for g in range(G):
+                        probs = torch.softmax(logits[h * G + g, r, : r + 1], -1)
+                        state[: r + 1] += _row_score(policy, probs, pn[h * G + g, : r + 1], 0, horizon)
+            if policy.needs_attention:
+                ctx = Context(step=0, horizon=horizon)
+                state[:n] = policy.after_prompt(state[:n].view(1, 1, -1).clone(), ctx).view(-1)
+            kept = list(range(n))
+            if k < n:
+                recent = [j for j in kept if j > n - 1 - w]
+                prio = prio_of(state, kept, n - 1, 0)
+                rest = sorted((j for j in kept if j not in recent), key=lambda j: (-prio[j], -j))
+                kept = sorted(recent + rest[: k - w])
+            for i in range(n, S):
+                t = i - n + 1
+                vis = [*kept, i]
+                m[i, vis] = True
+                if policy.compress == "prompt" or not policy.evicts:
+                    kept = vis
+                    continue
+                if policy.needs_attention:
+                    pn = prompt_noise(seed, layer, i, i + 1, Hq, "cpu")[:, 0]
+                    for g in range(G):
+                        probs = torch.softmax(logits[h * G + g, i, vis], -1)
+                        state[vis] += _row_score(policy, probs, pn[h * G + g, vis], t, horizon)
+                kept = vis
+                if len(kept) > k:
+                    prio = prio_of(state, kept, i, t)
+                    cands = [j for j in kept if not j > i - w]
+                    victim = min(cands or kept, key=lambda j: (prio[j], j))
+                    kept = [j for j in kept if j != victim]
+            masks.append(m)
+        return torch.stack(masks)
+
+    return fn
+
+
+@pytest.mark.parametrize("arch_name", ARCHS)
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_matches_naive_reference(arch_name, name):
+    model = tiny_model(arch_name, seed=0)
+    pol, ids = _policy(name), _prompt(4)
+    if name == "keyformer":
+        pol = make_policy(name, budget=0.5, recent=0.2)
+    out = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, seed=11)
+    seq = torch.cat([ids, out.sequences[:, :-1]], dim=1)
+    naive = model.__class__(copy.deepcopy(model.config)).eval()
+    naive.load_state_dict(model.state_dict())
+    naive.set_attn_implementation("kf_contract_naive")
+    hkv = getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads
+    _REF["mask_fn"] = naive_masks(pol, N, hkv, seed=11, horizon=NEW)
+    with torch.inference_mode():
+        logits = naive(input_ids=seq, use_cache=False).logits[:, N - 1:]
+    assert (logits - out.logits).abs().max() < 1e-4
+    assert torch.equal(logits.argmax(-1), out.sequences)
