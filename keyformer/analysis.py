@@ -1,7 +1,7 @@
 """Statistics over curated results: paired bootstrap of ROUGE differences, budget to reach a target.
 
 Everything here works on plain pandas/numpy objects read from ``results/<experiment>/`` (see
-``scripts/collect_results.py``):
+``keyformer-collect`` (:mod:`keyformer.tools.collect`)):
 
 * ``points.csv``: one row per run (config + aggregate metrics), keyed by ``point``;
 * ``samples.csv``: one row per (point, sample id) with the per-sample ROUGE scores.
@@ -184,7 +184,7 @@ def curve_table(samples: pd.DataFrame, points: pd.DataFrame, metric: str = "roug
 
 
 def load_experiment(results: str, name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(points, samples)`` of ``results/<name>/`` as written by ``scripts/collect_results.py``."""
+    """``(points, samples)`` of ``results/<name>/`` as written by ``keyformer-collect`` (:mod:`keyformer.tools.collect`)."""
     from pathlib import Path
 
     d = Path(results) / name
