@@ -114,6 +114,7 @@ class EvictingLayer(CacheLayerMixin):
         self.values[:, :, L : L + q] = value_states
         new_pos, new_real = self.cache.new_positions(self.layer_idx, self.seen, q, B, self.device)  # [B, q] each
         self.pos[:, :, L : L + q] = new_pos.unsqueeze(1)
+        self.new_kv = key_states, value_states
         if self.cache.policy.needs_attention:
             self.score[:, :, L : L + q] = 0.0
         if self.cache.mode == "mask":
@@ -219,7 +220,13 @@ class EvictingLayer(CacheLayerMixin):
         if not self.dense:
             lowest &= pos >= 0
         victim = pos.masked_fill(~lowest, LONG_MAX).argmin(dim=-1, keepdim=True)  # [B, H, 1]
-        move_slot(victim, L, self.keys, self.values, self.pos, self.score)
+        k, v = self.new_kv
+        kv_idx = victim.unsqueeze(-1).expand(-1, -1, 1, k.shape[-1])
+        self.keys.scatter_(2, kv_idx, k)  # the new token moves into the victim's slot
+        self.values.scatter_(2, kv_idx if v.shape[-1] == k.shape[-1] else victim.unsqueeze(-1).expand_as(v), v)
+        self.pos.scatter_(2, victim, self.cache.cur.view(-1, 1, 1).expand_as(victim))
+        if self.cache.policy.needs_attention:
+            self.score.scatter_(2, victim, self.score[:, :, L : L + 1].clone())
 
     def _evict_one(self, live: torch.Tensor, over: torch.Tensor) -> None:
         """Decode step while some sample is still below its budget (absolute budgets above a prompt):
@@ -278,14 +285,6 @@ class EvictingLayer(CacheLayerMixin):
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
 
 
-def move_slot(victim: torch.Tensor, src: int, *tensors: torch.Tensor) -> None:
-    """Copy slot ``src`` of each [B, H, C, ...] tensor into slot ``victim`` [B, H, 1] of the same (sample, head)."""
-    for t in tensors:
-        new = t[:, :, src : src + 1]
-        idx = victim if t.dim() == 3 else victim.unsqueeze(-1).expand(-1, -1, 1, t.shape[-1])
-        t.scatter_(2, idx, new.clone())
-
-
 class KVCache(Cache):
     """Evicting KV cache for ``generate()``.
 
@@ -325,6 +324,7 @@ class KVCache(Cache):
         self.prompt_len = q
         self.prompt_pos = torch.where(self.real, self.real.long().cumsum(-1) - 1, -1)
         self.next_pos = self.n.clone()
+        self.cur = self.next_pos - 1
         self.fwd_all_real = bool(self.real.all())
         if self.policy.evicts:
             self.k = self.policy.budget_tokens(self.n)
@@ -351,11 +351,13 @@ class KVCache(Cache):
             self.fwd_real = self._ones
             self.fwd_all_real = True
             self.next_pos = self.next_pos + q
+            self.cur = self.next_pos - 1
             self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)
         return self.fwd_pos, self.fwd_real
 
     def cur_pos(self) -> torch.Tensor:
-        return self.next_pos - 1
+        """[B] position of the newest token (updated once per forward)."""
+        return self.cur
 
     def capacity_hint(self, needed: int) -> int:
         grows = not self.policy.evicts or self.policy.compress == "prompt"

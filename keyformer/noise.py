@@ -69,11 +69,19 @@ def noise_at(seeds: torch.Tensor, layer: int, qpos: torch.Tensor, kpos: torch.Te
              draw: int = 0) -> torch.Tensor:
     """Noise of one query per sample at given key positions (a decode step over its held slots).
 
-    ``seeds`` [B]; ``qpos`` [B]; ``kpos`` [B, Hkv, S] -> [B, Hkv, G, S] for query heads ``hkv * G + g``."""
-    seeds = draw_seeds(seeds, draw)
+    ``seeds`` [B]; ``qpos`` [B]; ``kpos`` [B, Hkv, S] -> [B, Hkv, G, S] for query heads ``hkv * G + g``.
+    About 50 small integer ops: one fused compiled kernel on CPU (see :func:`exp_noise_fast`)."""
+    fn = _compiled("at", _noise_at) if _use_compile(kpos) else _noise_at
+    layer_t = torch.full((1,), layer, dtype=torch.long, device=kpos.device)  # a tensor: no recompile per layer
+    return fn(draw_seeds(seeds, draw), layer_t, qpos, kpos, group)
+
+
+def _noise_at(seeds, layer_t, qpos, kpos, group: int):
     B, Hkv, S = kpos.shape
     heads = torch.arange(Hkv * group, device=kpos.device)
-    rk = row_keys(seeds, layer, heads, qpos.view(-1, 1)).view(B, Hkv, group, 1)
+    base = mix32((seeds.view(-1, 1) * C1 + layer_t * C2) & M32)  # [B, 1]
+    hk = mix32(base ^ (heads.view(1, -1) * C3 & M32))  # [B, Hq]
+    rk = mix32(hk ^ (qpos.view(-1, 1) * C4 & M32)).view(B, Hkv, group, 1)
     return exp_noise(rk, col_keys(kpos.clamp(min=0)).unsqueeze(2))
 
 
@@ -100,26 +108,42 @@ def decode_noise(seed: int, p: int, layers: int, heads: int, device: torch.devic
     return torch.stack([prompt_noise(seed, layer, p, p + 1, heads, device)[:, 0].t() for layer in range(layers)])
 
 
-_COMPILED = None
+_COMPILED: dict[str, object] = {}
+
+
+def _use_compile(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and os.environ.get("KEYFORMER_COMPILE", "1") != "0" and _COMPILED.get("ok", True)
+
+
+def _compiled(name: str, fn):
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(fn, dynamic=True)
+    return _guarded(_COMPILED[name], fn)
+
+
+def _guarded(compiled, eager):
+    def call(*args):
+        if not _COMPILED.get("ok", True):
+            return eager(*args)
+        try:
+            return compiled(*args)
+        except Exception as e:  # noqa: BLE001 - any compiler failure: eager is always correct
+            warnings.warn(f"torch.compile failed for Keyformer's noise ({type(e).__name__}: {e}); using eager",
+                          stacklevel=3)
+            _COMPILED["ok"] = False
+            return eager(*args)
+
+    return call
 
 
 def exp_noise_fast(rkey: torch.Tensor, ckey: torch.Tensor) -> torch.Tensor:
     """:func:`exp_noise` of ``rkey`` [B, ..., r, 1] and ``ckey`` [B, 1, ..., c] for large blocks (the prompt's
     causal triangle): one fused compiled loop on CPU (about 10x fewer passes over memory than eager); eager on
-    other devices, with ``KEYFORMER_COMPILE=0``, or when the compiler is unavailable."""
-    global _COMPILED
+    other devices, with ``KEYFORMER_COMPILE=0``, or when the compiler is unavailable. Compiled and eager
+    values can differ in the last bit of ``log``; every path of one run uses the same one."""
     shape = torch.broadcast_shapes(rkey.shape, ckey.shape)
-    if rkey.device.type != "cpu" or os.environ.get("KEYFORMER_COMPILE", "1") == "0" or _COMPILED is False:
+    if not _use_compile(rkey):
         return exp_noise(rkey, ckey)
     B, c = shape[0], shape[-1]
     r2 = rkey.expand(*shape[:-1], 1).reshape(B, -1, 1)  # [B, M, 1]: few graphs (B == 1 or not)
-    c2 = ckey.reshape(B, 1, c)
-    if _COMPILED is None:
-        _COMPILED = torch.compile(exp_noise, dynamic=True)
-    try:
-        return _COMPILED(r2, c2).view(shape)
-    except Exception as e:  # noqa: BLE001 - any compiler failure: eager is always correct
-        warnings.warn(f"torch.compile failed for Keyformer's noise ({type(e).__name__}: {e}); using eager",
-                      stacklevel=2)
-        _COMPILED = False
-        return exp_noise(rkey, ckey)
+    return _compiled("block", exp_noise)(r2, ckey.reshape(B, 1, c)).view(shape)
