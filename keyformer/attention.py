@@ -24,7 +24,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from . import noise as gumbel
 from .cache import EvictingLayer
 
-SCORE_BLOCK_FLOATS = 4 * 2**20  # fp32 logits per prompt block (B * Hq * rows * keys), ~16 MB
+SCORE_BLOCK_FLOATS = 16 * 2**20  # fp32 logits per prompt block (B * Hq * rows * keys), 64 MB
 SCORE_ROWS = 128  # at most this many query rows per prompt block
 
 

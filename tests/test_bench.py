@@ -22,9 +22,11 @@ def tiny_cfg(out: Path) -> dict[str, Any]:
         "warmup": {"prompt_len": 16, "new_tokens": 2}, "out_dir": str(out), "data_dir": "/nonexistent",
         "groups": [{"prompt_len": 48, "batch": 1, "budgets": [0.5], "hf_baseline": True},
                    {"prompt_len": 32, "batch": 2, "budgets": [0.5], "policies": ["window", "keyformer"]}],
-        "throughput": {"prompt_len": 32, "full_batch": 1, "rounds": 1},
+        "e2e": {"rounds": 1, "runs": [{"prompt_len": 32, "batch": 2, "new_tokens": 4, "policy": "keyformer",
+                                        "budget": 0.5}]},
+        "throughput": {"prompt_len": 32, "new_tokens": 4, "full_batch": 1, "rounds": 1},
         "ops": {"group": 0, "steps": 2},
-        "targets": {"prefill_prompt_len": 48, "speedup_points": [[48, 1], [32, 2]]},
+        "targets": {"prefill_prompt_len": 48, "decode_points": [[48, 1], [32, 2]]},
     }))
     c = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(c, dict)
@@ -36,23 +38,26 @@ def test_bench_smoke(tmp_path: Path) -> None:
     for name in ("bench.json", "bench.csv", "table.txt", "command.txt"):
         assert (tmp_path / name).is_file()
     labels = {(r["group"], r["label"]) for r in report["rows"]}
-    assert ("L48xB1", "hf") in labels and ("L32xB2", "keyformer@0.5") in labels
+    assert ("L48xB1", "hf") in labels and ("L48xB1", "hf_static") in labels and ("L32xB2", "keyformer@0.5") in labels
     assert ("L32xB2", "h2o@0.5") not in labels  # per-group policies
-    assert [t["id"] for t in report["targets"]] == [1, 2, 3, 4, 5]
+    assert [t["id"] for t in report["targets"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert all(t["met"] is not None for t in report["targets"])  # every target measured
+    e2e = report["e2e"][0]
+    assert e2e["speedup"] > 0 and e2e["predicted_speedup"] > 0 and len(e2e["policy_s_runs"]) == 1
     for r in report["rows"]:
         assert r["decode_ms_stats"]["n"] >= 1 and r["prefill_s_median"] > 0
         assert r["kv_tensor_bytes"] >= r["kv_live_bytes"] > 0
     full = next(r for r in report["rows"] if r["group"] == "L48xB1" and r["policy"] == "full")
     half = next(r for r in report["rows"] if r["group"] == "L48xB1" and r["label"] == "keyformer@0.5")
     assert half["kv_live_bytes"] < full["kv_live_bytes"] and half["predicted_speedup"] > 1.0
-    # target 5 on the tiny model: the transformers DynamicCache concatenates the whole cache (positive control)
+    # target 7 on the tiny model: the transformers DynamicCache concatenates the whole cache (positive control)
     ops = report["ops"]
     assert ops["hf"]["whole_cache_cat"]
-    assert not any(v["whole_cache_cat"] for k, v in ops.items() if k != "hf")
+    assert not any(v["whole_cache_cat"] for k, v in ops.items() if not k.startswith("hf"))
     tp = report["throughput"]
-    assert tp["policy"]["batch"] >= tp["full"]["batch"]
+    assert tp["policy"]["batch"] >= tp["full"]["batch"] and tp["e2e_gain"] > 0
     assert json.loads((tmp_path / "bench.json").read_text())["rows"]
-    assert "Target 5" in (tmp_path / "table.txt").read_text()
+    assert "Target 7" in (tmp_path / "table.txt").read_text()
 
 
 def test_stats_helpers() -> None:
