@@ -30,7 +30,6 @@ import copy
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -45,33 +44,18 @@ import torch
 from ..generate import make_cache
 from ..policies import make_policy
 from ..results import git_commit
+from .memory import reset_peak_rss, status_mb
 
 # ---------------------------------------------------------------------------------------------------------
 # Process memory
 
 
-def _status_mb(key: str) -> float:
-    with open("/proc/self/status") as f:
-        m = re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.M)
-    return int(m.group(1)) / 1024 if m else float("nan")
-
-
-def reset_peak_rss() -> bool:
-    """Reset the kernel's RSS high-water mark (Linux >= 4.0); False if not possible here."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def rss_mb() -> float:
-    return _status_mb("VmRSS")
+    return status_mb("VmRSS")
 
 
 def peak_rss_mb() -> float:
-    return _status_mb("VmHWM")
+    return status_mb("VmHWM")
 
 
 # ---------------------------------------------------------------------------------------------------------
