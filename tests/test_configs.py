@@ -41,7 +41,12 @@ def test_groups_have_expected_options():
     assert {"gptj", "cerebras_gpt", "mpt", "mpt_chat", "mpt_storywriter", "smollm2", "tiny_gptj", "tiny_gpt2",
             "tiny_mpt", "tiny_llama"} <= set(options("model"))
     assert {"cnn_dailymail", "xsum", "govreport", "soda", "dialogsum", "sample"} <= set(options("dataset"))
-    assert set(options("policy")) == {"full", "window", "streaming", "h2o", "keyformer"}
+    # the policy group mirrors the code: one YAML per registered policy, each building that policy
+    from keyformer.policies import POLICIES, policy_class
+
+    targets = {o: OmegaConf.load(CONF / "policy" / f"{o}.yaml")["_target_"] for o in options("policy")}
+    assert {policy_class(t).name for t in targets.values()} == set(POLICIES)
+    assert all(policy_class(t).name == o for o, t in targets.items())
     assert {"greedy", "beam"} <= set(options("generation"))
     assert {"none", "wandb"} <= set(options("logger"))
     assert {"generate", "lm_eval"} <= set(options("task"))

@@ -5,8 +5,9 @@
 * a left-padded batch gives each prompt's output alone;
 * a hand-written naive reference: one eager forward over prompt + generated tokens whose per-layer, per-KV-head
   masks come from a row-by-row Python simulation of the budget rules (full prompt attention, cut to k with the
-  recent window, then at each step: attend to the kept set + itself, add its scores, evict the lowest-priority
-  non-recent token, oldest first). H2O's and Keyformer's scores are written out as plain softmax math there.
+  recent window, then at each step: attend to the kept set + itself, fold in its scores with the policy's
+  accumulation rule, evict the lowest-priority non-recent token, oldest first). H2O's and Keyformer's scores are
+  written out as plain softmax math there.
 """
 
 from __future__ import annotations
@@ -153,22 +154,29 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
         p = policy.priority(state[kept].view(1, 1, -1).clone(), pos, torch.tensor([cur]), torch.tensor([w]), step=step)
         return {j: float(v) for j, v in zip(kept, p.view(-1).tolist(), strict=True)}
 
+    def fold(state, idx, s, ctx):
+        """The policy's accumulation rule (sum for most; TOVA replaces) on the entries ``idx``."""
+        part = state[idx].view(1, 1, -1).clone()
+        policy.accumulate(part, s.view(1, 1, -1), ctx)
+        state[idx] = part.view(-1)
+
     def fn(logits, layer):  # logits [Hq, S, S] -> [Hkv, S, S]
         Hq, S, _ = logits.shape
         G = Hq // hkv
         masks = []
         for h in range(hkv):
             m = torch.zeros(S, S, dtype=torch.bool)
-            state = torch.zeros(S)
+            state, acc = torch.zeros(S), torch.zeros(n)
             for r in range(n):
                 m[r, : r + 1] = True
                 if policy.needs_attention and r >= n - rows:
                     pn = prompt_noise(seed, layer, r, r + 1, Hq, "cpu")[:, 0]
                     for g in range(G):
                         probs = torch.softmax(logits[h * G + g, r, : r + 1], -1)
-                        state[: r + 1] += _row_score(policy, probs, pn[h * G + g, : r + 1], 0, horizon)
+                        acc[: r + 1] += _row_score(policy, probs, pn[h * G + g, : r + 1], 0, horizon)
             if policy.needs_attention:
                 ctx = Context(step=0, horizon=horizon)
+                fold(state, list(range(n)), acc, ctx)
                 state[:n] = policy.after_prompt(state[:n].view(1, 1, -1).clone(), ctx).view(-1)
             kept = list(range(n))
             if k < n:
@@ -185,9 +193,11 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
                     continue
                 if policy.needs_attention:
                     pn = prompt_noise(seed, layer, i, i + 1, Hq, "cpu")[:, 0]
+                    row = torch.zeros(len(vis))
                     for g in range(G):
                         probs = torch.softmax(logits[h * G + g, i, vis], -1)
-                        state[vis] += _row_score(policy, probs, pn[h * G + g, vis], t, horizon)
+                        row += _row_score(policy, probs, pn[h * G + g, vis], t, horizon)
+                    fold(state, vis, row, Context(step=t, horizon=horizon))
                 kept = vis
                 if len(kept) > k:
                     prio = prio_of(state, kept, i, t)
