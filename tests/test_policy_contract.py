@@ -228,3 +228,48 @@ def test_matches_naive_reference(arch_name, name):
         logits = naive(input_ids=seq, use_cache=False).logits[:, N - 1:]
     assert (logits - out.logits).abs().max() < 1e-4
     assert torch.equal(logits.argmax(-1), out.sequences)
+
+
+class _HostSyncs:
+    """Counts tensor -> Python reads (``.item()``, ``int()``, ``bool()``): host synchronisations on a GPU."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func.overloadpacket.__name__ in ("_local_scalar_dense", "item", "is_nonzero"):
+                    outer.n += 1
+                return func(*args, **(kwargs or {}))
+
+        self.n, self.mode = 0, Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def _steady_syncs(model, policy, n: int = N) -> int:
+    ids = torch.cat([_prompt(5, n), _prompt(6, n)])
+    cache = make_cache(model, policy, torch.ones_like(ids), max_new_tokens=8)
+    with torch.inference_mode():
+        tok = model(input_ids=ids, cache=cache).logits[:, -1:].argmax(-1)
+        tok = model(input_ids=tok, cache=cache).logits[:, -1:].argmax(-1)
+        with _HostSyncs() as syncs:
+            for _ in range(3):
+                tok = model(input_ids=tok, cache=cache).logits[:, -1:].argmax(-1)
+    return syncs.n
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_steady_decode_step_has_no_host_sync(model, name):
+    """Once every sample holds its budget, a decode step (model included) never reads a tensor on the host."""
+    assert _steady_syncs(model, _policy(name)) == 0
+
+
+def test_host_sync_counter_sees_the_growing_path():
+    """Positive control: an absolute budget above the prompt takes the growing path, which reads counts."""
+    assert _steady_syncs(tiny_model("llama"), make_policy("h2o", budget=N + 20)) > 0
