@@ -136,7 +136,7 @@ def _decode_with_scores(layer, query, key, value, mask, bias, scaling):
         thunk = layer.cache.noise_fn(layer, G)
         ctx.noise = lambda draw=0: thunk(draw).unsqueeze(3)
     s = policy.score(probs.unsqueeze(3), ctx)  # [B, Hkv, G, 1, S]
-    policy.accumulate(layer.score[:, :, :S], s.sum((2, 3)), ctx)
+    policy.accumulate(layer.score[:, :, :S], layer.cache.pool_beams(s.sum((2, 3))), ctx)
     return out.reshape(B, Hq, 1, -1).transpose(1, 2)
 
 
@@ -192,7 +192,7 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
         wrow = (kpos[:, a:r1] >= 0).to(f32).repeat(1, G).view(B, 1, 1, G * (r1 - a))
         acc[..., :r1] += torch.matmul(wrow, s.reshape(B, Hkv, G * (r1 - a), r1))
     state = layer.score[:, :, :N]
-    policy.accumulate(state, acc.view(B, Hkv, N), ctx)
+    policy.accumulate(state, cache.pool_beams(acc.view(B, Hkv, N)), ctx)
     state.copy_(policy.after_prompt(state, ctx))
     return out.view(B, Hq, N, Dv).transpose(1, 2)
 

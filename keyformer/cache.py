@@ -295,12 +295,19 @@ class KVCache(Cache):
         max_new_tokens: used to preallocate the full cache and as the horizon of schedules (Keyformer's tau).
         seed: noise seed; ``seeds`` ([B] ints) sets one per sample.
         mode: ``physical`` (evict and free) or ``mask`` (simulate eviction with attention masks).
+        beam_groups: with beam search, ``num_beams`` for the authors' semantics: the beam copies of a sample are
+            noised independently, their scores summed, and one kept set is shared by them; 1 (default): every
+            beam row keeps its own scores and set.
     """
 
     def __init__(self, policy: Policy | None, num_layers: int, *, prompt_mask: torch.Tensor | None = None,
-                 max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None, mode: str = "physical"):
+                 max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None, mode: str = "physical",
+                 beam_groups: int = 1):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is unknown; valid: {', '.join(MODES)}")
+        if isinstance(beam_groups, bool) or not isinstance(beam_groups, int) or beam_groups < 1:
+            raise ValueError(f"beam_groups={beam_groups!r} must be an int >= 1")
+        self.beam_groups = beam_groups
         self.policy = policy if policy is not None else FullPolicy()
         self.mode, self.max_new_tokens = mode, max_new_tokens
         self.seed, self._seeds = seed, seeds
@@ -335,7 +342,12 @@ class KVCache(Cache):
         self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)  # recent window: pos > this
         reps = B // (len(self._seeds) if self._seeds else B)
         self.seeds = [s for s in self._seeds for _ in range(reps)] if self._seeds else [self.seed] * B
+        if B % self.beam_groups:
+            raise ValueError(f"beam_groups={self.beam_groups} does not divide the model batch {B}")
         self.seed_t = hashnoise.seeds_tensor(self.seeds, device)
+        if self.beam_groups > 1:  # rows are sample-major: beam r % nb of sample r // nb gets its own noise field
+            beam = torch.arange(B, device=device) % self.beam_groups
+            self.seed_t = hashnoise.mix32((self.seed_t ^ (beam * 0x7FEB352D)) & hashnoise.M32)
 
     def new_positions(self, layer_idx: int, seen: int, q: int, B: int, device: torch.device):
         """Positions [B, q] and realness [B, q] of this forward's q new tokens (pads: position -1)."""
@@ -358,6 +370,15 @@ class KVCache(Cache):
     def cur_pos(self) -> torch.Tensor:
         """[B] position of the newest token (updated once per forward)."""
         return self.cur
+
+    def pool_beams(self, s: torch.Tensor) -> torch.Tensor:
+        """This forward's per-row scores [B, H, S], summed over the beams of each sample (``beam_groups`` > 1), so
+        the rows of a sample keep identical states, positions and kept sets."""
+        nb = self.beam_groups
+        if nb == 1:
+            return s
+        B = s.shape[0]
+        return s.view(B // nb, nb, *s.shape[1:]).sum(1, keepdim=True).expand(-1, nb, *s.shape[1:]).reshape(s.shape)
 
     def capacity_hint(self, needed: int) -> int:
         grows = not self.policy.evicts or self.policy.compress == "prompt"

@@ -125,6 +125,9 @@ def validate(cfg: Mapping[str, Any]) -> None:
     _int_at_least(cfg, "max_prompt_tokens", 8)
     _int_at_least(cfg, "generation.max_new_tokens", 1)
     _int_at_least(cfg, "generation.num_beams", 1)
+    beam_scores = (cfg.get("generation") or {}).get("beam_scores", "per_beam")
+    if beam_scores not in ("per_beam", "shared"):
+        raise ConfigError("generation.beam_scores", beam_scores, "allowed: per_beam, shared (the authors' code)")
     _int_at_least(cfg, "generation.min_new_tokens", 0)
     _check_dataset(cfg)
 

@@ -11,6 +11,8 @@ from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
 from .cache import KVCache
 from .policies import Policy
 
+BEAM_SCORES = ("per_beam", "shared")
+
 
 @dataclass
 class GenerationOutput:
@@ -40,26 +42,31 @@ class _StepClock(LogitsProcessor):
 
 def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: torch.Tensor | None = None, *,
                max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None,
-               mode: str = "physical") -> KVCache:
+               mode: str = "physical", beam_groups: int = 1) -> KVCache:
     """A :class:`KVCache` for ``model`` (pass it as ``cache=`` to ``model.generate``)."""
     return KVCache(policy, model.config.num_hidden_layers, prompt_mask=attention_mask,
-                   max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode)
+                   max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups)
 
 
 @torch.inference_mode()
 def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
              policy: Policy | None, max_new_tokens: int = 64, num_beams: int = 1, seed: int = 0,
              seeds: list[int] | None = None, mode: str = "physical", eos_token_id: int | list[int] | None = None,
-             pad_token_id: int | None = None, min_new_tokens: int = 0, **kwargs) -> GenerationOutput:
+             pad_token_id: int | None = None, min_new_tokens: int = 0, beam_scores: str = "per_beam",
+             **kwargs) -> GenerationOutput:
     """Greedy or beam generation with ``policy`` over a left-padded batch.
 
     ``seed``/``seeds`` set Keyformer's Gumbel noise (one seed for all samples, or one per sample);
-    ``mode`` is ``physical`` or ``mask`` (simulation). Extra ``kwargs`` go to ``model.generate``.
+    ``mode`` is ``physical`` or ``mask`` (simulation); ``beam_scores`` is ``per_beam`` (each beam row its own
+    scores and kept set) or ``shared`` (the authors' code: beam copies noised independently, scores summed,
+    one kept set per sample). Extra ``kwargs`` go to ``model.generate``.
     """
+    if beam_scores not in BEAM_SCORES:
+        raise ValueError(f"beam_scores={beam_scores!r} is unknown; valid: {', '.join(BEAM_SCORES)}")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     cache = make_cache(model, policy, attention_mask, max_new_tokens=max_new_tokens, seed=seed, seeds=seeds,
-                       mode=mode)
+                       mode=mode, beam_groups=num_beams if beam_scores == "shared" else 1)
     sync = torch.cuda.synchronize if input_ids.device.type == "cuda" else (lambda: None)
     clock = _StepClock(sync)
     pad = pad_token_id if pad_token_id is not None else (eos_token_id if isinstance(eos_token_id, int) else 0)

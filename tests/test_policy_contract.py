@@ -273,3 +273,21 @@ def test_steady_decode_step_has_no_host_sync(model, name):
 def test_host_sync_counter_sees_the_growing_path():
     """Positive control: an absolute budget above the prompt takes the growing path, which reads counts."""
     assert _steady_syncs(tiny_model("llama"), make_policy("h2o", budget=N + 20)) > 0
+
+
+@pytest.mark.parametrize("name", ("h2o", "keyformer"))
+def test_shared_beam_scores(model, name):
+    """The authors' beam semantics: beam copies noised independently, scores summed, one kept set per sample."""
+    ids = torch.cat([_prompt(20), _prompt(21)])
+    pol = _policy(name)
+    kw = dict(max_new_tokens=6, num_beams=3, beam_scores="shared", seed=4)
+    phys = generate(model, ids, None, pol, **kw)
+    sim = generate(model, ids, None, pol, mode="mask", **kw)
+    assert torch.equal(phys.sequences, sim.sequences)
+    for li in range(len(phys.cache.layers)):
+        kept = phys.cache.kept_positions(li)
+        assert kept == sim.cache.kept_positions(li)
+        assert kept[0] == kept[1] == kept[2] and kept[3] == kept[4] == kept[5]  # one set per sample
+    if name == "keyformer":  # the beams' noise fields differ: the summed score is not one beam's score
+        per_beam = generate(model, ids, None, pol, max_new_tokens=6, num_beams=3, seed=4)
+        assert [per_beam.cache.kept_positions(li) for li in range(2)] != [phys.cache.kept_positions(li) for li in range(2)]
