@@ -71,6 +71,12 @@ def rouge(prediction: str, reference: str) -> dict[str, float]:
     return out
 
 
+def answer_found(prediction: str, answer: str) -> bool:
+    """True when ``answer`` occurs in ``prediction`` as whole words, ignoring case (retrieval datasets)."""
+    words = re.escape(" ".join(answer.lower().split())).replace(r"\ ", r"\s+")
+    return re.search(rf"(?<!\w){words}(?!\w)", prediction.lower()) is not None
+
+
 def mean(values: Iterable[float]) -> float:
     vals = [float(v) for v in values]
     return sum(vals) / len(vals) if vals else float("nan")
@@ -85,8 +91,12 @@ def aggregate(rows: list[Mapping]) -> dict[str, float]:
     * ``tokens_per_s``: generated tokens (all samples) / total prefill+decode time.
     * ``kv_bytes`` / ``kv_bytes_full``: mean per sample, physical KV bytes held at the end of generation
       and what a full cache would hold for the same tokens; ``kv_ratio`` is their ratio.
+    * ``accuracy`` (retrieval datasets, whose rows carry ``answer_found``): % of samples whose prediction
+      contains the answer.
     """
     out = {k: mean(r[k] for r in rows) for k in ROUGE_KEYS}
+    if rows and all("answer_found" in r for r in rows):
+        out["accuracy"] = 100.0 * mean(float(r["answer_found"]) for r in rows)
     batches = {r["batch"]: r for r in rows}.values()  # batch-level timings are repeated per sample
     prefill = [b["prefill_ms"] for b in batches]
     decode_s = sum(b["decode_ms"] for b in batches) / 1000.0

@@ -16,7 +16,7 @@ from typing import Any
 from keyformer.data import encode_prompt, load_records
 from keyformer.errors import JobError, first_line
 from keyformer.job import CORE_CODE, Job, Task, policy_fields, run_job
-from keyformer.metrics import ROUGE_KEYS, aggregate, rouge, sentence_splitter
+from keyformer.metrics import ROUGE_KEYS, aggregate, answer_found, rouge, sentence_splitter
 
 
 @dataclass
@@ -106,6 +106,7 @@ def format_table(m: Mapping[str, Any]) -> str:
     rows = [
         ("model", m.get("model")), ("dataset", m.get("dataset")), ("policy", m.get("policy")),
         ("budget", m.get("budget")), ("samples", m.get("n_samples")),
+        *([("accuracy %", f(m["accuracy"], 1))] if "accuracy" in m else []),
         *[(k, f(m.get(k))) for k in ROUGE_KEYS],
         ("prefill ms", f(m.get("prefill_ms"), 1)), ("decode ms/token", f(m.get("decode_ms_per_token"), 1)),
         ("tokens/s", f(m.get("tokens_per_s"), 1)),
@@ -200,7 +201,8 @@ def _generate_all(
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     gen_kwargs = dict(max_new_tokens=int(gen["max_new_tokens"]), num_beams=int(gen["num_beams"]),
                       seed=int(cfg["seed"]), mode=gen.get("mode", "physical"), eos_token_id=tok.eos_token_id,
-                      pad_token_id=pad_id, min_new_tokens=int(gen.get("min_new_tokens", 0)))
+                      pad_token_id=pad_id, min_new_tokens=int(gen.get("min_new_tokens", 0)),
+                      beam_scores=gen.get("beam_scores", "per_beam"))
     job.begin(model)
     with torch.inference_mode():
         if cfg.get("warmup", True):
@@ -220,6 +222,8 @@ def _generate_all(
                     "id": rec["id"], "prompt_tokens": len(enc[j][0]), "truncated_tokens": enc[j][1],
                     "generated_tokens": len(toks), "prediction": text, "reference": rec["reference"],
                     **rouge(text, rec["reference"]),
+                    **({"answer": rec["answer"], "answer_found": answer_found(text, rec["answer"])}
+                       if "answer" in rec else {}),
                     "kv_bytes": int(out.kv_bytes[j]), "kv_bytes_full": int(out.kv_bytes_full[j]),
                     "batch": batch[0]["id"], "batch_size": len(batch), "prefill_ms": 1000.0 * out.prefill_s,
                     "decode_ms": 1000.0 * out.decode_s, "n_decode_steps": int(out.n_decode_steps),

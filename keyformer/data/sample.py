@@ -1,9 +1,13 @@
-"""Embedded synthetic ``sample`` dataset: long documents with key facts hidden among distractors.
+"""Embedded synthetic ``sample`` dataset: find one key fact of a long report among distractors.
 
 Everything is generated here from small word lists (no copied text), deterministically from a seed.
-Each record describes one fictional event through a handful of *key facts* (a person, an organisation,
-a place, an amount, a date, a count) scattered among unrelated *distractor* paragraphs. The reference
-summary restates the key facts, so ROUGE rewards a model that kept those tokens in its KV cache.
+Each record is a fictional report: a *lede* paragraph with the key facts of one event (a person, an
+organisation, a place, an amount, a date, a count and the project's one-word *code name*) placed in the
+first half of the document, as a news report puts its facts first, followed and preceded by unrelated
+*distractor* paragraphs. The question after the report asks for the code name; the reference answer is
+``The code name of the project is <word>.`` and ``answer`` is the word itself, so ``accuracy`` (is the
+word in the prediction) and ROUGE reward a model whose KV cache kept the lede. A sliding window of half the
+prompt has dropped it; full attention, H2O and Keyformer can still answer.
 """
 
 from __future__ import annotations
@@ -28,6 +32,13 @@ MONTHS = ["January", "February", "March", "April", "May", "June", "July", "Augus
 TOPICS = ["the weather", "local history", "a football season", "the farmers' market", "a museum exhibit",
           "road maintenance", "a choir competition", "the autumn festival", "birdwatching", "a bakery"]
 ADJ = ["quiet", "busy", "pleasant", "unremarkable", "familiar", "lively", "grey", "windy", "ordinary"]
+# One-token words (with a leading space) in SmolLM2's vocabulary, unlike any place, organisation or name above.
+CODE_NAMES = ["falcon", "copper", "lantern", "violet", "thunder", "orchid", "canyon", "comet", "walnut", "saffron",
+              "marble", "anchor", "barley", "cobalt", "crystal", "glacier", "hazel", "ivory", "kettle", "lemon",
+              "mango", "nectar", "olive", "pepper", "quartz", "ribbon", "sparrow", "timber", "velvet", "wagon",
+              "cedar", "tiger", "rocket", "pillow", "candle", "dragon", "eagle", "hammer", "mirror", "needle"]
+QUESTION = "What is the code name of the project?"
+INSTRUCTION = "Answer the question at the end of the report."
 FILLER = [
     "Residents said that {topic} had been a {adj} subject of conversation for most of the week.",
     "Several visitors remarked that {topic} reminded them of earlier years, though opinions differed.",
@@ -41,7 +52,7 @@ FILLER = [
 
 
 def _fact_sentences(rng: random.Random) -> tuple[list[str], list[str]]:
-    """Return (key-fact paragraphs, reference sentences) for one fictional event."""
+    """Return (key-fact sentences, summary sentences) for one fictional event."""
     person = f"{rng.choice(FIRST)} {rng.choice(LAST)}"
     role, org = rng.choice(ROLES), rng.choice(ORGS)
     place, project = rng.choice(PLACES), rng.choice(PROJECTS)
@@ -70,20 +81,21 @@ def _distractor(rng: random.Random, n_sentences: int = 4) -> str:
 
 
 def generate_sample(n_records: int = 16, seed: int = 0, n_paragraphs: int = 8) -> list[dict]:
-    """Generate ``n_records`` records ``{id, document, reference}``.
+    """Generate ``n_records`` records ``{id, document, question, answer, reference}``.
 
-    ``n_paragraphs`` controls the document length (about 60 words per paragraph); the four key-fact
-    paragraphs are placed at random positions among ``max(n_paragraphs, 4) - 4`` distractors.
+    ``n_paragraphs`` counts the paragraphs of the document (about 55 words each): the lede (the key facts
+    and the code name) at a random position in the first half, and ``n_paragraphs - 1`` distractors.
     """
     if n_records < 1 or n_paragraphs < 1:
         raise ValueError(f"n_records and n_paragraphs must be >= 1, got {n_records}, {n_paragraphs}")
     records = []
     for i in range(n_records):
         rng = random.Random(f"keyformer-sample-{seed}-{i}")
-        facts, summary = _fact_sentences(rng)
-        paragraphs = [_distractor(rng) for _ in range(max(n_paragraphs, len(facts)) - len(facts))]
-        for fact in facts:
-            paragraphs.insert(rng.randint(0, len(paragraphs)), f"{fact} {_distractor(rng, 2)}")
-        records.append({"id": f"sample-{seed}-{i:04d}", "document": "\n\n".join(paragraphs),
-                        "reference": "\n".join(summary)})
+        facts, _ = _fact_sentences(rng)
+        code = rng.choice(CODE_NAMES)
+        lede = " ".join([facts[0], f"The project's code name is {code}.", *facts[1:]])
+        paragraphs = [_distractor(rng) for _ in range(n_paragraphs - 1)]
+        paragraphs.insert(rng.randint(0, (n_paragraphs - 1) // 2), lede)
+        records.append({"id": f"sample-{seed}-{i:04d}", "document": "\n\n".join(paragraphs), "question": QUESTION,
+                        "answer": code, "reference": f"The code name of the project is {code}."})
     return records
