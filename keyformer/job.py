@@ -235,7 +235,8 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
     if logger.get("name") == "wandb":
         from keyformer.logging_wandb import WandbLogger
 
-        WandbLogger(cfg, cfg, rd.path).finish(metrics, job.rows(), bool(logger.get("log_samples", True)))
+        WandbLogger(cfg, {**cfg, "resolved": job.identity}, rd.path).finish(
+            metrics, job.rows(), bool(logger.get("log_samples", True)))
     print(task.format_table(metrics), flush=True)
     print(f"[keyformer] results in {rd.path}", flush=True)
     return metrics

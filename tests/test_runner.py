@@ -423,8 +423,16 @@ def test_default_run_smoke(tmp_path):
 def test_wandb_offline_and_failure_is_warning(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
+    real_init, seen = wandb.init, {}
+
+    def spy(*a, **k):
+        seen.update(k["config"])
+        return real_init(*a, **k)
+
+    monkeypatch.setattr(wandb, "init", spy)
     run(cfg_dict(tmp_path / "sweep" / "ok", "n_samples=1", "logger=wandb"), FakeCore().backend())
     assert list((tmp_path / "sweep" / "ok" / "wandb").glob("offline-run-*"))
+    assert seen["resolved"]["dtype"] == "float32"  # W&B's config says what ran, too
 
     def broken(*a, **k):
         raise RuntimeError("no network")
