@@ -371,6 +371,17 @@ class KVCache(Cache):
         """[B] position of the newest token (updated once per forward)."""
         return self.cur
 
+    def select_rows(self, idx: torch.Tensor) -> None:
+        """Make row ``b`` a copy of row ``idx[b]`` (after a prompt forward): fork shared contexts, as lm-eval's
+        requests with one context and several continuations do. The batch may grow or shrink."""
+        idx = idx.to(self.real.device)
+        for layer in self.layers:
+            layer.reorder_cache(idx)
+        for name in ("real", "n", "prompt_pos", "next_pos", "cur", "k", "w", "recent_floor", "seed_t"):
+            setattr(self, name, getattr(self, name).index_select(0, idx))
+        self.seeds = [self.seeds[i] for i in idx.tolist()]
+        self.fwd_all_real = bool(self.real.all())
+
     def pool_beams(self, s: torch.Tensor) -> torch.Tensor:
         """This forward's per-row scores [B, H, S], summed over the beams of each sample (``beam_groups`` > 1), so
         the rows of a sample keep identical states, positions and kept sets."""

@@ -51,3 +51,14 @@ def device() -> Any:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     return dev
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: one thread is faster, and much faster on a shared, loaded machine."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

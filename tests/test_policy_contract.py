@@ -36,12 +36,7 @@ def _prompt(seed: int, n: int = N) -> torch.Tensor:
     return torch.randint(3, 256, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module", params=(*ARCHS, "mpt"))
@@ -50,19 +45,22 @@ def arch(request):
 
 
 @pytest.fixture(scope="module")
-def model(arch):
-    return tiny_model(arch, seed=0)
+def model(arch, device):
+    return tiny_model(arch, seed=0).to(device)
+
+
+def _outcome(model, policy, ids, **kw):
+    """Tokens, logits and the kept positions of every layer, of one generation."""
+    out = generate(model, ids.to(model.device), None, policy, max_new_tokens=NEW, output_logits=True, **kw)
+    return out.sequences, out.logits, [out.cache.kept_positions(li) for li in range(len(out.cache.layers))]
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_physical_equals_mask(model, name):
-    pol, ids = _policy(name), _prompt(1)
-    phys = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, seed=3)
-    sim = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, seed=3, mode="mask")
-    assert torch.equal(phys.sequences, sim.sequences)
-    assert (phys.logits - sim.logits).abs().max() < 1e-4
-    for li in range(len(phys.cache.layers)):
-        assert phys.cache.kept_positions(li) == sim.cache.kept_positions(li)
+    (tok_p, log_p, kept_p), (tok_m, log_m, kept_m) = (
+        _outcome(model, _policy(name), _prompt(1), seed=3, mode=mode) for mode in ("physical", "mask"))
+    assert torch.equal(tok_p, tok_m) and kept_p == kept_m
+    assert (log_p - log_m).abs().max() < 1e-4
 
 
 class _Every(LogitsProcessor):
@@ -77,7 +75,7 @@ class _Every(LogitsProcessor):
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_budget_holds(model, name):
-    pol, ids = _policy(name), _prompt(2)
+    pol, ids = _policy(name), _prompt(2).to(model.device)
     cache = make_cache(model, pol, torch.ones_like(ids), max_new_tokens=NEW)
     k = int(pol.budget_tokens(torch.tensor([N]))[0]) if pol.evicts else N
 
@@ -104,10 +102,10 @@ def test_padded_batch_equals_alone(model, name):
     mask = torch.zeros(3, width, dtype=torch.long)
     for i, p in enumerate(prompts):
         ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
-    pol = _policy(name)
-    batch = generate(model, ids, mask, pol, max_new_tokens=NEW, pad_token_id=0, seeds=[7, 8, 9])
+    pol, dev = _policy(name), model.device
+    batch = generate(model, ids.to(dev), mask.to(dev), pol, max_new_tokens=NEW, pad_token_id=0, seeds=[7, 8, 9])
     for i, p in enumerate(prompts):
-        alone = generate(model, p.view(1, -1), None, pol, max_new_tokens=NEW, pad_token_id=0, seeds=[7 + i])
+        alone = generate(model, p.view(1, -1).to(dev), None, pol, max_new_tokens=NEW, pad_token_id=0, seeds=[7 + i])
         a = alone.sequences[0]
         assert torch.equal(batch.sequences[i, : len(a)], a), f"sample {i}"
         if len(a) == NEW:
@@ -253,7 +251,7 @@ class _HostSyncs:
 
 
 def _steady_syncs(model, policy, n: int = N) -> int:
-    ids = torch.cat([_prompt(5, n), _prompt(6, n)])
+    ids = torch.cat([_prompt(5, n), _prompt(6, n)]).to(model.device)
     cache = make_cache(model, policy, torch.ones_like(ids), max_new_tokens=8)
     with torch.inference_mode():
         tok = model(input_ids=ids, cache=cache).logits[:, -1:].argmax(-1)
@@ -278,7 +276,7 @@ def test_host_sync_counter_sees_the_growing_path():
 @pytest.mark.parametrize("name", ("h2o", "keyformer"))
 def test_shared_beam_scores(model, name):
     """The authors' beam semantics: beam copies noised independently, scores summed, one kept set per sample."""
-    ids = torch.cat([_prompt(20), _prompt(21)])
+    ids = torch.cat([_prompt(20), _prompt(21)]).to(model.device)
     pol = _policy(name)
     kw = dict(max_new_tokens=6, num_beams=3, beam_scores="shared", seed=4)
     phys = generate(model, ids, None, pol, **kw)

@@ -41,25 +41,15 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 def _load_named(name: str, device: str, dtype: str, seed: int) -> tuple[Any, Any]:
     """(model, tokenizer) for ``conf/model/<name>.yaml`` through ``keyformer.loading.load_model``."""
-    from omegaconf import OmegaConf
+    from keyformer.loading import load_model, model_config
 
-    from keyformer.loading import load_model
-
-    node = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"), resolve=True)
-    return load_model({"model": node, "device": device, "dtype": dtype, "seed": seed})
+    return load_model({"model": model_config(name), "device": device, "dtype": dtype, "seed": seed})
 
 
 def _expand_cache(cache: Any, idx: torch.Tensor) -> None:
-    """Make row ``b`` of ``cache`` a copy of row ``idx[b]`` after the prompt forward (shared contexts).
-
-    Uses the per-sample state of :class:`keyformer.cache.KVCache` (the core has no public fork API); the
-    naive-reference tests cover it.
-    """
-    for layer in cache.layers:
-        layer.reorder_cache(idx)
-    for name in ("real", "n", "prompt_pos", "next_pos", "k", "w"):
-        setattr(cache, name, getattr(cache, name).index_select(0, idx))
-    cache.seeds = [cache.seeds[i] for i in idx.tolist()]
+    """Make row ``b`` of ``cache`` a copy of row ``idx[b]`` after the prompt forward (shared contexts); the
+    naive-reference tests cover it."""
+    cache.select_rows(idx)
 
 
 @register_model("keyformer")
