@@ -139,9 +139,11 @@ class GenerateTask(Task):
         self.backend = backend
 
     def validate(self, cfg: Mapping[str, Any]) -> None:
+        from keyformer.data import check_source
         from keyformer.errors import validate
 
         validate(cfg)
+        check_source(cfg["dataset"])  # a missing local file or an offline hub: DataError
 
     def run(self, job: Job) -> dict[str, Any]:
         cfg = job.cfg
