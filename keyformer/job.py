@@ -262,13 +262,14 @@ def hydra_main(cfg: Any) -> Any:
         print(f"error: {e}", file=sys.stderr, flush=True)
         discard_hydra_dir()
         sys.exit(2)
+    discard_hydra_dir()  # results went to another output_dir: no stray outputs/<date>/<time>/ either
     return metrics.get("rougeL")
 
 
 def discard_hydra_dir() -> None:
     """Remove the Hydra output folder of this job when it holds only Hydra's own files (``.hydra/`` and the
-    job log): a rejected command leaves no empty ``outputs/<date>/<time>/``. Folders with anything else
-    (results of an earlier run, a sweep's other files) are kept."""
+    job log): a rejected command, or a job whose ``output_dir`` is elsewhere, leaves no
+    ``outputs/<date>/<time>/``. Folders with anything else (results, a sweep's other files) are kept."""
     import shutil
 
     try:

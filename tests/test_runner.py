@@ -411,7 +411,10 @@ def test_tiny_multirun_all_archs_and_policies(tmp_path):
 @pytest.mark.slow
 @needs_model
 def test_default_run_smoke(tmp_path):
-    r = run_py("n_samples=1", "generation.max_new_tokens=8", f"output_dir={tmp_path}")
+    (tmp_path / "cwd").mkdir()
+    r = run_py("n_samples=1", "generation.max_new_tokens=8", f"output_dir={tmp_path / 'out'}", cwd=tmp_path / "cwd")
+    tmp_path = tmp_path / "out"
+    assert list((tmp_path.parent / "cwd").iterdir()) == []  # no stray Hydra outputs/<date>/<time>/
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and m["policy"] == "keyformer"
