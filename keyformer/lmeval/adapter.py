@@ -11,8 +11,8 @@ Log-likelihood semantics (``semantics=``):
   ``k`` computed from the whole length; see :mod:`keyformer.lmeval.per_row`. One request per forward.
 
 With the full policy both reduce to one plain causal forward (right-padded batches), as lm-eval's
-``HFLM`` does. Keyformer's tau schedule spans the policy's ``max_new_tokens`` (not the continuation
-length, so a row's score does not depend on its batch). ``generate_until`` uses
+``HFLM`` does. Keyformer's tau schedule spans the policy's ``max_new_tokens``, or 128 when it is null (not
+the continuation length, so a row's score does not depend on its batch). ``generate_until`` uses
 :func:`keyformer.generate.generate` (the generation path, physical cache).
 """
 

@@ -27,6 +27,7 @@ import torch
 from .base import Context, Policy
 
 CANDIDATE_RULES = ("paper", "reference")
+DEFAULT_HORIZON = 128  # the authors' max_new_tokens
 HEAD_REDUCTIONS = ("per_head", "shared")
 
 
@@ -63,9 +64,9 @@ class KeyformerPolicy(Policy):
         return self.noise
 
     def tau(self, step: int, horizon: int | None = None) -> float:
-        T = self.max_new_tokens or horizon
-        if not T:
-            return self.tau_init
+        """tau at decode step ``step``: the schedule spans ``max_new_tokens``, else the generation's length
+        ``horizon``, else (scoring without a generation, as lm-eval's log-likelihoods) the paper's 128."""
+        T = self.max_new_tokens or horizon or DEFAULT_HORIZON
         return self.tau_init + step * (self.tau_end - self.tau_init) / T
 
     def score(self, probs: torch.Tensor, ctx: Context) -> torch.Tensor:
