@@ -159,7 +159,7 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
     padded = not cache.fwd_all_real
     if padded and not bool((cache.real == (kpos >= 0)).all()):
         raise ValueError("prompts must be left-padded (real tokens contiguous at the end)")
-    Q = query.to(f32).view(B, Hkv, G, N, D)
+    Q = (query.to(f32) * scaling).view(B, Hkv, G, N, D)  # scaled once (exact when scaling is a power of 2)
     K = key.to(f32).unsqueeze(2)  # [B, Hkv, 1, N, D]
     V = value.unsqueeze(2)
     rows_from = 0 if policy.observe_rows is None else max(0, N - int(policy.observe_rows))
@@ -173,7 +173,6 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
         r1 = min(N, r0 + R)
         r = r1 - r0
         x = torch.matmul(Q[:, :, :, r0:r1], K[..., :r1, :].transpose(-1, -2))  # [B, Hkv, G, r, r1]
-        x.mul_(scaling)
         if slope is not None:
             x += slope * kpos[:, :r1].to(f32).view(B, 1, 1, 1, r1)
         x[..., r0:r1].masked_fill_(_upper(r0, r1, dev)[:, r0:], float("-inf"))

@@ -308,6 +308,8 @@ class KVCache(Cache):
         if isinstance(beam_groups, bool) or not isinstance(beam_groups, int) or beam_groups < 1:
             raise ValueError(f"beam_groups={beam_groups!r} must be an int >= 1")
         self.beam_groups = beam_groups
+        self._step_noise: torch.Tensor | None = None
+        self._uniform: bool | None = None  # every layer steady at one length (decided once, after the prompt)
         self.policy = policy if policy is not None else FullPolicy()
         self.mode, self.max_new_tokens = mode, max_new_tokens
         self.seed, self._seeds = seed, seeds
@@ -405,10 +407,36 @@ class KVCache(Cache):
     tau_step = step_of  # the name used before the policy interface
 
     def noise_fn(self, layer: EvictingLayer, group: int):
-        """Exp(1) noise of this decode forward at the layer's held slots: a thunk for :class:`Context`."""
+        """Exp(1) noise of this decode forward at the layer's held slots: a thunk for :class:`Context`.
+
+        In the steady state with one budget for every layer, the first layer's call computes the noise of all
+        layers at once (their slots are known: last step's survivors plus the new token in the spare slot), so a
+        step pays one kernel launch, not one per layer; values are identical to the per-layer ones."""
         S = layer.length + layer.q_len
-        return lambda draw=0: hashnoise.noise_at(self.seed_t, layer.layer_idx, self.cur_pos(), layer.pos[:, :, :S],
-                                                 group, draw)
+
+        def noise(draw: int = 0) -> torch.Tensor:
+            if draw == 0 and layer.steady and self.all_layers_steady(S):
+                if layer.layer_idx == 0 or self._step_noise is None:
+                    self._step_noise = self._all_layers_noise(S, group)
+                return self._step_noise[layer.layer_idx]
+            return hashnoise.noise_at(self.seed_t, layer.layer_idx, self.cur, layer.pos[:, :, :S], group, draw)
+
+        return noise
+
+    def all_layers_steady(self, S: int) -> bool:
+        if self._uniform is None:
+            self._uniform = all(lay.steady and lay.length + 1 == S for lay in self.layers)
+        return self._uniform
+
+    def _all_layers_noise(self, S: int, group: int) -> torch.Tensor:
+        """[layers, B, Hkv, G, S] noise of this step for every layer."""
+        nl = len(self.layers)
+        pos = torch.stack([lay.pos[:, :, :S] for lay in self.layers])  # [layers, B, Hkv, S]
+        pos[..., S - 1] = self.cur.view(1, -1, 1)  # the spare slot: this step's token, in layers not yet updated
+        B = pos.shape[1]
+        layers = torch.arange(nl, device=pos.device).repeat_interleave(B)
+        out = hashnoise.noise_at(self.seed_t.repeat(nl), layers, self.cur.repeat(nl), pos.flatten(0, 1), group)
+        return out.view(nl, B, *out.shape[1:])
 
     # -- measurements ---------------------------------------------------------------------------------------
     def bytes_per_token(self) -> int:

@@ -65,21 +65,23 @@ def draw_seeds(seeds: torch.Tensor, draw: int) -> torch.Tensor:
     return seeds if draw == 0 else mix32((seeds ^ (draw * 0x632BE5AB)) & M32)
 
 
-def noise_at(seeds: torch.Tensor, layer: int, qpos: torch.Tensor, kpos: torch.Tensor, group: int,
+def noise_at(seeds: torch.Tensor, layer: int | torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor, group: int,
              draw: int = 0) -> torch.Tensor:
-    """Noise of one query per sample at given key positions (a decode step over its held slots).
+    """Noise of one query per row at given key positions (a decode step over its held slots).
 
-    ``seeds`` [B]; ``qpos`` [B]; ``kpos`` [B, Hkv, S] -> [B, Hkv, G, S] for query heads ``hkv * G + g``.
-    About 50 small integer ops: one fused compiled kernel on CPU (see :func:`exp_noise_fast`)."""
-    fn = _compiled("at", _noise_at) if _use_compile(kpos) else _noise_at
-    layer_t = torch.full((1,), layer, dtype=torch.long, device=kpos.device)  # a tensor: no recompile per layer
-    return fn(draw_seeds(seeds, draw), layer_t, qpos, kpos, group)
+    ``seeds`` [B]; ``layer`` an int or [B] per row; ``qpos`` [B]; ``kpos`` [B, Hkv, S] -> [B, Hkv, G, S] for query
+    heads ``hkv * G + g``. About 50 small integer ops: one fused compiled kernel on CPU (see
+    :func:`exp_noise_fast`); an entry's value does not depend on the shape it is computed in."""
+    fn = compiled("at", _noise_at) if use_compile(kpos) else _noise_at
+    if not isinstance(layer, torch.Tensor):  # a tensor, so that there is no recompilation per layer
+        layer = torch.full((1,), layer, dtype=torch.long, device=kpos.device)
+    return fn(draw_seeds(seeds, draw), layer, qpos, kpos, group)
 
 
 def _noise_at(seeds, layer_t, qpos, kpos, group: int):
     B, Hkv, S = kpos.shape
     heads = torch.arange(Hkv * group, device=kpos.device)
-    base = mix32((seeds.view(-1, 1) * C1 + layer_t * C2) & M32)  # [B, 1]
+    base = mix32((seeds.view(-1, 1) * C1 + layer_t.view(-1, 1) * C2) & M32)  # [B, 1]
     hk = mix32(base ^ (heads.view(1, -1) * C3 & M32))  # [B, Hq]
     rk = mix32(hk ^ (qpos.view(-1, 1) * C4 & M32)).view(B, Hkv, group, 1)
     return exp_noise(rk, col_keys(kpos.clamp(min=0)).unsqueeze(2))
@@ -111,24 +113,26 @@ def decode_noise(seed: int, p: int, layers: int, heads: int, device: torch.devic
 _COMPILED: dict[str, object] = {}
 
 
-def _use_compile(t: torch.Tensor) -> bool:
+def use_compile(t: torch.Tensor) -> bool:
+    """Whether CPU kernels on ``t`` run compiled (``KEYFORMER_COMPILE``, default on; off after a failure)."""
     return t.device.type == "cpu" and os.environ.get("KEYFORMER_COMPILE", "1") != "0" and _COMPILED.get("ok", True)
 
 
-def _compiled(name: str, fn):
+def compiled(name: str, fn):
+    """``torch.compile(fn, dynamic=True)``, made once per name, falling back to ``fn`` on any compiler error."""
     if name not in _COMPILED:
         _COMPILED[name] = torch.compile(fn, dynamic=True)
     return _guarded(_COMPILED[name], fn)
 
 
-def _guarded(compiled, eager):
+def _guarded(fast, eager):
     def call(*args):
         if not _COMPILED.get("ok", True):
             return eager(*args)
         try:
-            return compiled(*args)
+            return fast(*args)
         except Exception as e:  # noqa: BLE001 - any compiler failure: eager is always correct
-            warnings.warn(f"torch.compile failed for Keyformer's noise ({type(e).__name__}: {e}); using eager",
+            warnings.warn(f"torch.compile failed for Keyformer's kernels ({type(e).__name__}: {e}); using eager",
                           stacklevel=3)
             _COMPILED["ok"] = False
             return eager(*args)
@@ -142,8 +146,8 @@ def exp_noise_fast(rkey: torch.Tensor, ckey: torch.Tensor) -> torch.Tensor:
     other devices, with ``KEYFORMER_COMPILE=0``, or when the compiler is unavailable. Compiled and eager
     values can differ in the last bit of ``log``; every path of one run uses the same one."""
     shape = torch.broadcast_shapes(rkey.shape, ckey.shape)
-    if not _use_compile(rkey):
+    if not use_compile(rkey):
         return exp_noise(rkey, ckey)
     B, c = shape[0], shape[-1]
     r2 = rkey.expand(*shape[:-1], 1).reshape(B, -1, 1)  # [B, M, 1]: few graphs (B == 1 or not)
-    return _compiled("block", exp_noise)(r2, ckey.reshape(B, 1, c)).view(shape)
+    return compiled("block", exp_noise)(r2, ckey.reshape(B, 1, c)).view(shape)

@@ -1,5 +1,7 @@
 """Shared fixtures.
 
+Tests run Keyformer's noise kernels eagerly unless ``KEYFORMER_COMPILE`` is set (see ``pytest_configure``).
+
 ``device``: the torch device the device-aware tests run on, from ``KEYFORMER_TEST_DEVICE`` (default
 ``cpu``), e.g. ``KEYFORMER_TEST_DEVICE=cuda pytest -m on_device`` on a GPU machine (what
 ``scripts/run_gpu_all.sh`` does). Every test that takes the fixture gets the ``on_device`` marker. On CUDA,
@@ -26,6 +28,9 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Tests run the eager noise kernels (no compile time in the suite); tests/test_noise.py checks that the
+    # compiled ones, which real runs use on CPU, agree with them. KEYFORMER_COMPILE=1 runs everything compiled.
+    os.environ.setdefault("KEYFORMER_COMPILE", "0")
     name = device_name()
     if name != "cpu":
         import torch

@@ -1,0 +1,107 @@
+"""Keyformer's counter-based noise: distribution, independence, coordinates, compiled == eager, per-sample seeds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from keyformer import generate, make_policy, tiny_model
+from keyformer import noise as nz
+
+
+def _field(seed: int = 1, layer: int = 0, n: int = 256, heads: int = 4) -> torch.Tensor:
+    return nz.prompt_noise(seed, layer, 0, n, heads, "cpu")  # [heads, n, n]
+
+
+def test_exp1_distribution_and_independence():
+    e = _field()
+    vals = e[:, torch.ones(256, 256, dtype=torch.bool).tril()].flatten()  # the causal triangle
+    assert abs(vals.mean().item() - 1) < 0.01 and abs(vals.var().item() - 1) < 0.03
+    for q, expected in ((0.5, 0.6931), (0.9, 2.3026), (0.99, 4.6052)):  # Exp(1) quantiles
+        assert abs(vals.quantile(q).item() - expected) < 0.05 * expected
+    g = -e.log()  # Gumbel: neighbours along every coordinate are uncorrelated
+    pairs = [(g[:, 1:, :], g[:, :-1, :]), (g[:, :, 1:], g[:, :, :-1]), (g[1:], g[:-1]),
+             (g, -_field(layer=1).log()), (g, -_field(seed=2).log())]
+    for a, b in pairs:
+        r = torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1]
+        assert abs(r.item()) < 0.01
+
+
+def test_decode_noise_is_the_prompt_noise_at_the_held_positions():
+    seeds = nz.seeds_tensor([7, 8], "cpu")
+    pos = torch.tensor([[[3, 0, 9, 11]], [[1, 5, -1, 12]]])  # [B, Hkv=1, S]; -1 is an empty slot
+    cur = torch.tensor([11, 12])
+    got = nz.noise_at(seeds, 2, cur, pos, group=3)  # [B, 1, 3, S]
+    for b, (s, p) in enumerate(((7, 11), (8, 12))):
+        row = nz.prompt_noise(s, 2, p, p + 1, 3, "cpu")[:, 0]  # [3 heads, p + 1]
+        for j, kp in enumerate(pos[b, 0].tolist()):
+            if kp >= 0:
+                assert torch.allclose(got[b, 0, :, j], row[:, kp], rtol=1e-6)
+
+
+def test_compiled_kernels_agree_with_eager(monkeypatch):
+    monkeypatch.setenv("KEYFORMER_COMPILE", "1")
+    rk = nz.row_keys(nz.seeds_tensor([3, 4], "cpu"), 5, torch.arange(6), torch.arange(40).view(1, -1).repeat(2, 1))
+    ck = nz.col_keys(torch.arange(40)).view(1, 1, -1).expand(2, 1, -1)
+    eager = nz.exp_noise(rk.unsqueeze(-1), ck.unsqueeze(2))
+    fast = nz.exp_noise_fast(rk.unsqueeze(-1), ck.unsqueeze(2))
+    assert torch.allclose(fast, eager, rtol=2e-6)
+    pos = torch.randint(0, 40, (2, 2, 33))
+    full = nz.noise_at(nz.seeds_tensor([3, 4], "cpu"), 5, torch.tensor([39, 39]), pos, 3)
+    part = nz.noise_at(nz.seeds_tensor([3, 4], "cpu"), 5, torch.tensor([39, 39]), pos[..., :7], 3)
+    assert torch.equal(full[..., :7], part)  # the value of an entry does not depend on the tensor's shape
+    monkeypatch.setenv("KEYFORMER_COMPILE", "0")
+    assert torch.allclose(nz.noise_at(nz.seeds_tensor([3, 4], "cpu"), 5, torch.tensor([39, 39]), pos, 3), full,
+                          rtol=2e-6)
+
+
+def test_per_sample_seeds():
+    """Articles are independent draws: an article's output is the same alone and in any batch, and two
+    articles' seeds give different noise (here: different kept sets for the same text)."""
+    a, b = nz.sample_seed(0, "article-a"), nz.sample_seed(0, "article-b")
+    assert a == nz.sample_seed(0, "article-a") and a != b and a != nz.sample_seed(1, "article-a")
+    model = tiny_model("gptj")
+    ids = torch.randint(3, 256, (1, 48), generator=torch.Generator().manual_seed(0))
+    pol = make_policy("keyformer", budget=0.3)
+    both = generate(model, ids.repeat(2, 1), None, pol, max_new_tokens=6, seeds=[a, b])
+    alone = [generate(model, ids, None, pol, max_new_tokens=6, seeds=[s]) for s in (a, b)]
+    swapped = generate(model, ids.repeat(2, 1), None, pol, max_new_tokens=6, seeds=[b, a])
+    for li in range(2):
+        kept = both.cache.kept_positions(li)
+        assert kept[0] == alone[0].cache.kept_positions(li)[0] and kept[1] == alone[1].cache.kept_positions(li)[0]
+        assert swapped.cache.kept_positions(li) == kept[::-1]
+    assert any(both.cache.kept_positions(li)[0] != both.cache.kept_positions(li)[1] for li in range(2))
+
+
+@pytest.mark.parametrize("bad", [0, -1, True])
+def test_noise_samples_validation(bad):
+    with pytest.raises(ValueError, match="noise_samples"):
+        make_policy("keyformer", noise_samples=bad)
+
+
+def test_noise_samples_average_fields():
+    """m = 2 averages two independent fields: it differs from either field alone, and m = 1 is the default."""
+    model = tiny_model("llama")
+    ids = torch.randint(3, 256, (1, 48), generator=torch.Generator().manual_seed(1))
+    kept = lambda m: [generate(model, ids, None, make_policy("keyformer", budget=0.3, noise_samples=m),  # noqa: E731
+                               max_new_tokens=4, seed=9).cache.kept_positions(li) for li in range(2)]
+    assert kept(1) == [generate(model, ids, None, make_policy("keyformer", budget=0.3), max_new_tokens=4,
+                                seed=9).cache.kept_positions(li) for li in range(2)]
+    assert kept(4) != kept(1)
+
+
+def test_compiled_gumbel_score_agrees_with_eager(monkeypatch):
+    from keyformer.policies.keyformer import gumbel_score
+
+    p = torch.softmax(torch.randn(2, 3, 2, 64, 400, generator=torch.Generator().manual_seed(0)), -1)  # >= FUSE_MIN
+    e = -torch.rand(p.shape, generator=torch.Generator().manual_seed(1)).clamp(min=1e-7).log()
+    from keyformer.policies.keyformer import FUSE_MIN
+
+    assert p.numel() >= FUSE_MIN  # the compiled path is the one taken with KEYFORMER_COMPILE=1
+    out = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("KEYFORMER_COMPILE", flag)
+        out[flag] = [gumbel_score(p.clone(), e, tau) for tau in (1.0, 1.7, 1.9)]  # two taus: one graph
+    for a, b in zip(out["0"], out["1"], strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+        assert torch.allclose(a.sum(-1), torch.ones(()), atol=1e-5)
