@@ -404,7 +404,6 @@ class KVCache(Cache):
         """0 during the prompt forward, t during the t-th decode forward."""
         return max(0, layer.seen - self.prompt_len)
 
-    tau_step = step_of  # the name used before the policy interface
 
     def noise_fn(self, layer: EvictingLayer, group: int):
         """Exp(1) noise of this decode forward at the layer's held slots: a thunk for :class:`Context`.
