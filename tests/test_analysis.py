@@ -236,3 +236,28 @@ def test_attention_stats_entry_point(tmp_path):
     layers = pd.read_csv(out / "layers.csv")
     assert set(layers["stat"]) == {"row_mass", "acc_mass", "last_mass", "sparsity"}
     assert len(pd.read_csv(out / "summary.csv"))
+
+
+def test_report_new_stream_table(tmp_path: Path, capsys) -> None:
+    """keyformer-report pairs a re-run Keyformer point with the committed H2O and old Keyformer points."""
+    from keyformer.tools import report
+
+    rng = np.random.default_rng(3)
+    ids = [f"a{i}" for i in range(40)]
+    base = rng.normal(10, 4, size=40)
+
+    def write(name: str, pts: dict[str, tuple[str, float, np.ndarray]]) -> None:
+        d = tmp_path / name
+        d.mkdir()
+        pd.DataFrame([{"point": p, "policy": pol, "budget": b, "complete": True} for p, (pol, b, _) in pts.items()]
+                     ).to_csv(d / "points.csv", index=False)
+        pd.DataFrame([{"point": p, "id": i, "rouge2": v} for p, (_, _, vals) in pts.items()
+                      for i, v in zip(ids, vals, strict=True)]).to_csv(d / "samples.csv", index=False)
+
+    write("exp1_cnndm", {"h": ("h2o", 0.2, base), "k": ("keyformer", 0.2, base + 0.5),
+                         "h5": ("h2o", 0.5, base), "k5": ("keyformer", 0.5, base)})
+    write("exp1_cnndm_stream2", {"n": ("keyformer", 0.2, base + 1.0), "n5": ("keyformer", 0.5, base + 1.0)})
+    report.new_stream(tmp_path)
+    out = capsys.readouterr().out
+    assert "| 0.2 | 40 |" in out and "+1.00 [+1.00, +1.00] | +0.50 [+0.50, +0.50] |" in out
+    assert "Pooled over 2 budgets (40 articles): now - H2O +1.00 [+1.00, +1.00]" in out

@@ -120,6 +120,37 @@ def realisations(res: Path) -> None:
               f"{a.loc[ids, 'rouge2'].mean():.2f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
 
 
+def new_stream(res: Path, name: str = "exp1_cnndm_stream2") -> None:
+    """Keyformer re-run on the fast core's noise stream (hash noise, per-sample seeds) against the committed
+    H2O and old-stream Keyformer points of exp1, paired over the same articles."""
+    if not (res / name / "points.csv").exists() or not (res / "exp1_cnndm" / "points.csv").exists():
+        return
+    p_new, s_new = analysis.load_experiment(res, name)
+    p_ref, s_ref = analysis.load_experiment(res, "exp1_cnndm")
+    print(f"\n### exp1: Keyformer on the fast core's noise stream ({name}) vs H2O and the old stream (ROUGE-2)\n")
+    print("| budget | n | Keyformer now | Keyformer old | H2O | now - H2O [95 % CI] | now - old [95 % CI] |\n"
+          "|---|---|---|---|---|---|---|")
+    diffs = []
+    for _, pk in p_new[p_new["policy"] == "keyformer"].sort_values("budget").iterrows():
+        ref = {pol: p_ref[(p_ref["policy"] == pol) & np.isclose(p_ref["budget"], pk["budget"])]
+               for pol in ("h2o", "keyformer")}
+        if any(r.empty for r in ref.values()):
+            continue
+        a = s_new[s_new["point"] == pk["point"]].set_index("id")
+        h = s_ref[s_ref["point"] == ref["h2o"]["point"].iloc[0]].set_index("id")
+        o = s_ref[s_ref["point"] == ref["keyformer"]["point"].iloc[0]].set_index("id")
+        ids = a.index.intersection(h.index).intersection(o.index)
+        dh = analysis.paired_bootstrap(a.loc[ids, "rouge2"], h.loc[ids, "rouge2"], n_boot=5000)
+        do = analysis.paired_bootstrap(a.loc[ids, "rouge2"], o.loc[ids, "rouge2"], n_boot=5000)
+        diffs.append((a.loc[ids, "rouge2"] - h.loc[ids, "rouge2"]).rename(pk["budget"]))
+        print(f"| {pk['budget']:.1f} | {len(ids)} | {a.loc[ids, 'rouge2'].mean():.2f} | {o.loc[ids, 'rouge2'].mean():.2f} | "
+              f"{h.loc[ids, 'rouge2'].mean():.2f} | {fmt_ci(dh.mean, dh.lo, dh.hi)} | {fmt_ci(do.mean, do.lo, do.hi)} |")
+    if len(diffs) > 1:  # pooled over budgets: per-article mean difference, bootstrapped over articles
+        per_article = pd.concat(diffs, axis=1).dropna().mean(axis=1)
+        m, lo, hi = analysis.mean_ci(per_article.to_numpy(), n_boot=5000)
+        print(f"\nPooled over {len(diffs)} budgets ({len(per_article)} articles): now - H2O {fmt_ci(m, lo, hi)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=Path, default=Path("results"), help="curated results folder")
@@ -128,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("exp1_cnndm", "exp2_dialogsum", "exp3_govreport"):
         curve_experiment(res, name, pairs)
     realisations(res)
+    new_stream(res)
     attention(res)
     ablations(res)
     return 0
