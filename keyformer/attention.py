@@ -156,9 +156,7 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
     dev, f32 = query.device, torch.float32
     off = N - cache.n  # [B] left-pad offsets
     kpos = torch.arange(N, device=dev).view(1, -1) - off.view(-1, 1)  # [B, N] real positions (pads < 0)
-    padded = not cache.fwd_all_real
-    if padded and not bool((cache.real == (kpos >= 0)).all()):
-        raise ValueError("prompts must be left-padded (real tokens contiguous at the end)")
+    padded = not cache.fwd_all_real  # left padding is checked once, when the cache reads the prompt mask
     Q = (query.to(f32) * scaling).view(B, Hkv, G, N, D)  # scaled once (exact when scaling is a power of 2)
     K = key.to(f32).unsqueeze(2)  # [B, Hkv, 1, N, D]
     V = value.unsqueeze(2)

@@ -330,6 +330,8 @@ class KVCache(Cache):
             raise ValueError(f"prompt_mask has {m.shape[1]} columns but the prompt forward has {q} tokens")
         self.real = m.bool()  # [B, N]
         self.n = self.real.sum(-1)  # real prompt lengths [B]
+        if not bool((self.real == (torch.arange(q, device=device) >= (q - self.n).view(-1, 1))).all()):
+            raise ValueError("prompts must be left-padded (real tokens contiguous at the end)")
         self.prompt_len = q
         self.prompt_pos = torch.where(self.real, self.real.long().cumsum(-1) - 1, -1)
         self.next_pos = self.n.clone()
@@ -343,10 +345,10 @@ class KVCache(Cache):
             self.w = torch.zeros_like(self.n)
         self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)  # recent window: pos > this
         reps = B // (len(self._seeds) if self._seeds else B)
-        self.seeds = [s for s in self._seeds for _ in range(reps)] if self._seeds else [self.seed] * B
+        seeds = [s for s in self._seeds for _ in range(reps)] if self._seeds else [self.seed] * B
         if B % self.beam_groups:
             raise ValueError(f"beam_groups={self.beam_groups} does not divide the model batch {B}")
-        self.seed_t = hashnoise.seeds_tensor(self.seeds, device)
+        self.seed_t = hashnoise.seeds_tensor(seeds, device)  # [B] per-row noise seeds
         if self.beam_groups > 1:  # rows are sample-major: beam r % nb of sample r // nb gets its own noise field
             beam = torch.arange(B, device=device) % self.beam_groups
             self.seed_t = hashnoise.mix32((self.seed_t ^ (beam * 0x7FEB352D)) & hashnoise.M32)
@@ -381,7 +383,6 @@ class KVCache(Cache):
             layer.reorder_cache(idx)
         for name in ("real", "n", "prompt_pos", "next_pos", "cur", "k", "w", "recent_floor", "seed_t"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
-        self.seeds = [self.seeds[i] for i in idx.tolist()]
         self.fwd_all_real = bool(self.real.all())
 
     def pool_beams(self, s: torch.Tensor) -> torch.Tensor:

@@ -41,8 +41,10 @@ def seed32(seed: int) -> int:
     return ((s & M32) ^ ((s >> 32) & M32) ^ ((s >> 64) & M32)) & M32
 
 
-def row_keys(seeds: torch.Tensor, layer: int, heads: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
-    """Keys of query rows: ``seeds`` [B], ``heads`` [Hq], ``qpos`` [B, r] -> [B, Hq, r] (int64)."""
+def row_keys(seeds: torch.Tensor, layer: int | torch.Tensor, heads: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
+    """Keys of query rows: ``seeds`` [B], ``layer`` an int or [B], ``heads`` [Hq], ``qpos`` [B, r] -> [B, Hq, r]."""
+    if isinstance(layer, torch.Tensor):
+        layer = layer.view(-1, 1)
     base = mix32((seeds.view(-1, 1) * C1 + layer * C2) & M32)  # [B, 1]
     hk = mix32(base ^ (heads.view(1, -1) * C3 & M32))  # [B, Hq]
     return mix32(hk.unsqueeze(-1) ^ (qpos.unsqueeze(1) * C4 & M32))
@@ -80,11 +82,8 @@ def noise_at(seeds: torch.Tensor, layer: int | torch.Tensor, qpos: torch.Tensor,
 
 def _noise_at(seeds, layer_t, qpos, kpos, group: int):
     B, Hkv, S = kpos.shape
-    heads = torch.arange(Hkv * group, device=kpos.device)
-    base = mix32((seeds.view(-1, 1) * C1 + layer_t.view(-1, 1) * C2) & M32)  # [B, 1]
-    hk = mix32(base ^ (heads.view(1, -1) * C3 & M32))  # [B, Hq]
-    rk = mix32(hk ^ (qpos.view(-1, 1) * C4 & M32)).view(B, Hkv, group, 1)
-    return exp_noise(rk, col_keys(kpos.clamp(min=0)).unsqueeze(2))
+    rk = row_keys(seeds, layer_t, torch.arange(Hkv * group, device=kpos.device), qpos.view(-1, 1))
+    return exp_noise(rk.view(B, Hkv, group, 1), col_keys(kpos.clamp(min=0)).unsqueeze(2))
 
 
 def sample_seed(seed: int, sample_id: object) -> int:

@@ -50,6 +50,7 @@ def test_compiled_kernels_agree_with_eager(monkeypatch):
     full = nz.noise_at(nz.seeds_tensor([3, 4], "cpu"), 5, torch.tensor([39, 39]), pos, 3)
     part = nz.noise_at(nz.seeds_tensor([3, 4], "cpu"), 5, torch.tensor([39, 39]), pos[..., :7], 3)
     assert torch.equal(full[..., :7], part)  # the value of an entry does not depend on the tensor's shape
+    assert nz._COMPILED.get("ok", True) and "at" in nz._COMPILED and "block" in nz._COMPILED  # really compiled
     monkeypatch.setenv("KEYFORMER_COMPILE", "0")
     assert torch.allclose(nz.noise_at(nz.seeds_tensor([3, 4], "cpu"), 5, torch.tensor([39, 39]), pos, 3), full,
                           rtol=2e-6)
@@ -102,6 +103,7 @@ def test_compiled_gumbel_score_agrees_with_eager(monkeypatch):
     for flag in ("0", "1"):
         monkeypatch.setenv("KEYFORMER_COMPILE", flag)
         out[flag] = [gumbel_score(p.clone(), e, tau) for tau in (1.0, 1.7, 1.9)]  # two taus: one graph
+    assert nz._COMPILED.get("ok", True) and "gumbel" in nz._COMPILED and "gumbel1" in nz._COMPILED
     for a, b in zip(out["0"], out["1"], strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
         assert torch.allclose(a.sum(-1), torch.ones(()), atol=1e-5)

@@ -289,3 +289,11 @@ def test_shared_beam_scores(model, name):
     if name == "keyformer":  # the beams' noise fields differ: the summed score is not one beam's score
         per_beam = generate(model, ids, None, pol, max_new_tokens=6, num_beams=3, seed=4)
         assert [per_beam.cache.kept_positions(li) for li in range(2)] != [phys.cache.kept_positions(li) for li in range(2)]
+
+
+def test_right_padding_is_refused():
+    model, ids = tiny_model("llama"), torch.cat([_prompt(30), _prompt(31)])
+    mask = torch.ones_like(ids)
+    mask[0, -3:] = 0  # right-padded row
+    with pytest.raises(ValueError, match="left-padded"):
+        generate(model, ids, mask, _policy("h2o"), max_new_tokens=2)

@@ -95,8 +95,8 @@ class KeyformerPolicy(Policy):
 
 def gumbel_score(probs: torch.Tensor, noise: torch.Tensor | None, tau: float) -> torch.Tensor:
     """``normalise((probs / noise) ** (1 / tau))`` over the last axis (in place when eager). On CPU, a large
-    block (the prompt's) is one compiled kernel instead of four passes over memory; a decode row stays eager,
-    where a compiled call's fixed cost (~60 us) exceeds the four small ops' (~30 us)."""
+    block (the prompt's) is one compiled kernel instead of four passes over memory; a decode row stays eager:
+    profiled at a 1k prompt, a compiled call took 114 us per layer against about 30 us for the four small ops."""
     if noise is None and tau == 1.0:
         return probs
     if noise is not None and probs.numel() >= FUSE_MIN and hashnoise.use_compile(probs):
