@@ -228,6 +228,31 @@ def test_matches_naive_reference(arch_name, name):
     assert torch.equal(logits.argmax(-1), out.sequences)
 
 
+@pytest.mark.parametrize("name", ("h2o", "keyformer", "tova", "streaming"))
+def test_prefill_only_matches_naive_reference(name):
+    """``prefill_only=true`` turns a step policy into a prompt compressor: the cut after the prompt is the
+    policy's own, every generated token is then kept (the naive reference's ``compress == "prompt"`` rule)."""
+    model = tiny_model("llama", seed=0)
+    pol, ids = make_policy(name, budget=0.5, prefill_only=True), _prompt(5)
+    assert pol.compress == "prompt" and make_policy(name, budget=0.5).compress == "step"
+    out = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, seed=3)
+    k = int(pol.budget_tokens(torch.tensor([N]))[0])
+    assert all(len(s) == k + NEW - 1 for s in out.cache.kept_positions(0)[0])  # the last token is not cached yet
+    seq = torch.cat([ids, out.sequences[:, :-1]], dim=1)
+    naive = model.__class__(copy.deepcopy(model.config)).eval()
+    naive.load_state_dict(model.state_dict())
+    naive.set_attn_implementation("kf_contract_naive")
+    _REF["mask_fn"] = naive_masks(pol, N, model.config.num_key_value_heads, seed=3, horizon=NEW)
+    with torch.inference_mode():
+        logits = naive(input_ids=seq, use_cache=False).logits[:, N - 1:]
+    assert (logits - out.logits).abs().max() < 1e-4
+
+
+def test_prefill_only_validation():
+    with pytest.raises(ValueError, match="prefill_only"):
+        make_policy("h2o", prefill_only="yes")
+
+
 class _HostSyncs:
     """Counts tensor -> Python reads (``.item()``, ``int()``, ``bool()``): host synchronisations on a GPU."""
 

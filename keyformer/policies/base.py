@@ -54,10 +54,13 @@ class Context:
 @dataclass
 class Policy:
     """Base policy: ``budget`` is a fraction of the prompt in (0, 1] (float) or an absolute token count
-    (int >= 1); ``recent`` is the fraction of the budget reserved for the most recent tokens, in [0, 1]."""
+    (int >= 1); ``recent`` is the fraction of the budget reserved for the most recent tokens, in [0, 1].
+    ``prefill_only`` turns any step policy into a prompt compressor (cut once after the prompt, decode tokens
+    all kept), the setting kvpress and SnapKV-style methods use."""
 
     budget: float | int = 0.5
     recent: float = 0.3
+    prefill_only: bool = False
 
     name: ClassVar[str] = "base"
     evicts: ClassVar[bool] = True
@@ -80,6 +83,10 @@ class Policy:
             raise ValueError(f"budget={b!r} is a token count < 1; absolute budgets must be >= 1")
         if not 0.0 <= float(self.recent) <= 1.0:
             raise ValueError(f"recent={self.recent!r} is outside [0, 1] (fraction of the budget kept as recent window)")
+        if not isinstance(self.prefill_only, bool):
+            raise ValueError(f"prefill_only={self.prefill_only!r} must be true or false")
+        if self.prefill_only:
+            self.compress = "prompt"  # type: ignore[misc]  # shadows the class's "step" for this instance
 
     # -- budget ---------------------------------------------------------------------------------
     def budget_tokens(self, n: torch.Tensor) -> torch.Tensor:
