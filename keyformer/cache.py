@@ -49,7 +49,9 @@ class EvictingLayer(CacheLayerMixin):
         self.seen = 0  # logical columns processed (padded prompt + generated): what generate() expects
         self.length = 0  # physical slots in use (L)
         self.dense = True  # physical mode: every slot in [0, L) is live for every sample
-        self.steady = False  # physical mode: every sample holds exactly its budget
+        self.steady = False  # physical mode: every (sample, head) holds exactly its budget
+        self.ragged = False  # physical mode: the heads of a sample hold different numbers of tokens (Ada-KV)
+        self.k_bh: torch.Tensor | None = None  # [B, H] per-head budgets fixed at the prompt cut (Ada-KV)
         self.pending = False  # update() ran but evict() has not yet
 
     # -- transformers cache API -----------------------------------------------------------------------
@@ -62,6 +64,7 @@ class EvictingLayer(CacheLayerMixin):
         self.score = torch.empty(B, H, 0, dtype=torch.float32, device=self.device)
         self.alive = torch.empty(B, H, 0, dtype=torch.bool, device=self.device)  # mask mode only
         self.count = torch.zeros(B, dtype=torch.long, device=self.device)
+        self.k_bh = None
         self.is_initialized = True
 
     def get_seq_length(self) -> int:
@@ -80,9 +83,12 @@ class EvictingLayer(CacheLayerMixin):
         idx = beam_idx.to(self.device)
         for name in ("keys", "values", "pos", "score", "alive", "count"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
+        if self.k_bh is not None:
+            self.k_bh = self.k_bh.index_select(0, idx)
 
     def reset(self) -> None:
         self.is_initialized, self.seen, self.length, self.dense, self.steady = False, 0, 0, True, False
+        self.ragged, self.k_bh = False, None
         self.keys = self.values = None
 
     # -- storage --------------------------------------------------------------------------------------
@@ -142,6 +148,8 @@ class EvictingLayer(CacheLayerMixin):
         S = self.length + self.q_len
         if self.cache.mode == "mask":
             return self.alive[:, :, :S]
+        if self.ragged:  # per-head budgets: each head has its own dead slots
+            return self.pos[:, :, :S] >= 0
         return (self.pos[:, 0, :S] >= 0).unsqueeze(1)  # physical: dead slots and pads hold position -1
 
     def attention_mask(self) -> torch.Tensor | None:
@@ -159,6 +167,12 @@ class EvictingLayer(CacheLayerMixin):
         return mask | (cols == rows)
 
     # -- eviction ---------------------------------------------------------------------------------------
+    def budget(self) -> torch.Tensor:
+        """Tokens this layer keeps: [B, H] per-head budgets (Ada-KV, after the prompt) or [B, 1]."""
+        if self.k_bh is not None:
+            return self.k_bh
+        return self.cache.layer_k(self.layer_idx).view(-1, 1)
+
     def evict(self) -> None:
         """Cut the cache back to the budget after this forward's attention (see module docstring)."""
         cache, q, L = self.cache, self.q_len, self.length
@@ -175,14 +189,17 @@ class EvictingLayer(CacheLayerMixin):
             self._evict_steady()  # every sample is at its budget: the common decode step
             return
         live = self.live_mask().expand(-1, self.keys.shape[1], -1)  # [B, H, S]
-        n_live = live.sum(-1)  # [B, H]; equal across heads
-        k = cache.k.view(-1, 1)
+        n_live = live.sum(-1)  # [B, H]
+        k = self.budget()
         if cache.mode == "physical" and q == 1 and L > 0:
             self._evict_one(live, n_live > k)
             return
         keep_n = torch.minimum(n_live, k)
         prio = self._keep_priority(live, S)
         pos = self.pos[:, :, :S]
+        if L == 0 and policy.adaptive_heads:  # the prompt cut shares the layer's budget among its heads
+            keep_n = policy.head_budgets(prio, pos, keep_n)
+            self.k_bh = torch.where(n_live > k, keep_n, k.expand_as(keep_n))
         by_pos = pos.argsort(dim=-1, descending=True, stable=True)  # ties: keep the more recent
         order = by_pos.gather(-1, prio.gather(-1, by_pos).argsort(dim=-1, descending=True, stable=True))
         rank = torch.empty_like(order).scatter_(-1, order, torch.arange(S, device=self.device).expand_as(order))
@@ -194,7 +211,7 @@ class EvictingLayer(CacheLayerMixin):
         new_len = int(keep_n.max())
         key = torch.where(keep, pos, LONG_MAX)
         idx = key.argsort(dim=-1, stable=True)[..., :new_len]  # survivors in position order, then junk
-        self._compact(idx, new_len, keep_n[:, 0])
+        self._compact(idx, new_len, keep_n)
 
     def _priority(self, S: int) -> torch.Tensor:
         cache = self.cache
@@ -246,13 +263,15 @@ class EvictingLayer(CacheLayerMixin):
         self.count = self.count + (~over[:, 0]).long()
         self.length = int(self.count.max())
         self.dense = bool((self.count == self.length).all())
-        self.steady = bool((self.count == self.cache.k).all())
+        self.steady = bool((self.count.view(-1, 1) == self.budget()).all())
         if self.steady and self.capacity > self.length + 1:
             self._compact(torch.arange(self.length, device=self.device).expand(*pos.shape[:2], -1), self.length,
                           self.count)
 
     def _compact(self, idx: torch.Tensor, new_len: int, count: torch.Tensor) -> None:
-        """Gather slots ``idx`` [B, H, new_len] into fresh buffers sized for the budget plus a spare slot."""
+        """Gather slots ``idx`` [B, H, new_len] into fresh buffers sized for the budget plus a spare slot;
+        ``count`` [B] or [B, H]: live slots per sample (or per head), at the front of each head."""
+        count = count.view(count.shape[0], -1).expand(*idx.shape[:2])
         extra = self.cache.headroom()
         D, Dv = self.keys.shape[-1], self.values.shape[-1]
         gk = idx.unsqueeze(-1)
@@ -264,13 +283,15 @@ class EvictingLayer(CacheLayerMixin):
         score = torch.zeros(pos.shape, dtype=torch.float32, device=self.device)
         pos[:, :, :new_len] = self.pos.gather(2, idx)
         score[:, :, :new_len] = self.score.gather(2, idx)
-        junk = torch.arange(new_len + extra, device=self.device).view(1, 1, -1) >= count.view(-1, 1, 1)
+        junk = torch.arange(new_len + extra, device=self.device).view(1, 1, -1) >= count.unsqueeze(-1)
         pos.masked_fill_(junk, -1)
         self.keys, self.values, self.pos, self.score = keys, values, pos, score
         self.alive = torch.zeros(pos.shape, dtype=torch.bool, device=self.device)
-        self.count, self.length = count.clone(), new_len
-        self.dense = bool((count == new_len).all())  # one host sync per prompt, none per decode step
-        self.steady = bool((count == self.cache.k).all())
+        self.count, self.length = count.amax(dim=1), new_len
+        # host syncs once per prompt, none per decode step
+        self.dense = bool((count == new_len).all())
+        self.ragged = not self.dense and not bool((count == count[:, :1]).all())
+        self.steady = bool((count == self.budget()).all())
 
     # -- measurements -----------------------------------------------------------------------------------
     def kept_tokens(self) -> torch.Tensor:
@@ -344,6 +365,7 @@ class KVCache(Cache):
             self.k = torch.full_like(self.n, LONG_MAX)
             self.w = torch.zeros_like(self.n)
         self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)  # recent window: pos > this
+        self._layer_k: dict[int, torch.Tensor] = {}
         reps = B // (len(self._seeds) if self._seeds else B)
         seeds = [s for s in self._seeds for _ in range(reps)] if self._seeds else [self.seed] * B
         if B % self.beam_groups:
@@ -371,6 +393,15 @@ class KVCache(Cache):
             self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)
         return self.fwd_pos, self.fwd_real
 
+    def layer_k(self, layer_idx: int) -> torch.Tensor:
+        """[B] budget of one layer (the policy's ``layer_budget``; the same for every layer by default)."""
+        if layer_idx not in self._layer_k:
+            k = self.k
+            if self.policy.evicts:
+                k = self.policy.layer_budget(k, self.n, layer_idx, len(self.layers))
+            self._layer_k[layer_idx] = k
+        return self._layer_k[layer_idx]
+
     def cur_pos(self) -> torch.Tensor:
         """[B] position of the newest token (updated once per forward)."""
         return self.cur
@@ -383,6 +414,7 @@ class KVCache(Cache):
             layer.reorder_cache(idx)
         for name in ("real", "n", "prompt_pos", "next_pos", "cur", "k", "w", "recent_floor", "seed_t"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
+        self._layer_k = {}
         self.fwd_all_real = bool(self.real.all())
 
     def pool_beams(self, s: torch.Tensor) -> torch.Tensor:

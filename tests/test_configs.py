@@ -95,7 +95,8 @@ def test_every_experiment_composes(experiment):
         bench = OmegaConf.to_container(cfg.bench, resolve=True)
         assert bench["targets"]["scoring_overhead"] > 1 and bench["groups"] and "hydra" not in bench
     else:
-        assert cfg.hydra.sweep.dir == f"multirun/{experiment}" and points
+        folder = experiment.removesuffix("_extras")  # extra arms share their study's folder
+        assert cfg.hydra.sweep.dir == f"multirun/{folder}" and points
     for point in points:
         c = OmegaConf.to_container(make_cfg(f"+experiment={experiment}", *point), resolve=True)
         for key, value in (p.split("=", 1) for p in point):
@@ -103,7 +104,7 @@ def test_every_experiment_composes(experiment):
                 assert c["budget"] == float(value) and c["policy"]["budget"] == float(value)
             elif key == "policy":
                 assert c["policy"]["_target_"] == OmegaConf.load(CONF / "policy" / f"{value}.yaml")["_target_"]
-            elif key == "+experiment/ablation":
+            elif key in ("+experiment/ablation", "+experiment/exp8_arm"):
                 assert c["variant"] == value
             else:
                 raise AssertionError(f"{experiment}: unexpected sweep key {key}")

@@ -29,7 +29,12 @@ ARCHS = ("llama", "gptj", "gpt2")  # the naive forward needs the AttentionInterf
 
 
 def _policy(name: str, **kw):
-    return make_policy(name) if not POLICIES[name].evicts else make_policy(name, budget=0.5, **kw)
+    """The policy at budget 0.5; observation windows (SnapKV family) shrunk to 8 so that scores decide."""
+    if not POLICIES[name].evicts:
+        return make_policy(name)
+    if "window_size" in POLICIES[name].__dataclass_fields__:
+        kw.setdefault("window_size", 8)
+    return make_policy(name, budget=0.5, **kw)
 
 
 def _prompt(seed: int, n: int = N) -> torch.Tensor:
@@ -75,17 +80,27 @@ class _Every(LogitsProcessor):
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_budget_holds(model, name):
+    """Each layer holds its budget (per-layer policies: the layer's share; Ada-KV: the layer's budget shared
+    among its heads, each head's share fixed at the prompt), after the prompt and at every decode step."""
     pol, ids = _policy(name), _prompt(2).to(model.device)
     cache = make_cache(model, pol, torch.ones_like(ids), max_new_tokens=NEW)
     k = int(pol.budget_tokens(torch.tensor([N]))[0]) if pol.evicts else N
+    nl, grows = len(cache.layers), not pol.evicts or pol.compress == "prompt"
+    kl = [int(pol.layer_budget(torch.tensor([k]), torch.tensor([N]), li, nl)[0]) if pol.evicts else N
+          for li in range(nl)]
+    first: dict[int, list[int]] = {}
 
     def check(step):
-        held = k + step if (not pol.evicts or pol.compress == "prompt") else k
+        grow = step if grows else 0
         for li, layer in enumerate(cache.layers):
-            assert all(len(h) == held for h in cache.kept_positions(li)[0]), (li, step)
-            assert layer.length == held
-        if pol.evicts and pol.compress == "step":
-            assert cache.tensor_bytes() == (k + 1) * cache.bytes_per_token()  # the budget + one spare slot
+            heads = [len(h) for h in cache.kept_positions(li)[0]]
+            assert sum(heads) == len(heads) * (kl[li] + grow), (li, step)  # the layer's budget
+            share = first.setdefault(li, [h - grow for h in heads])
+            assert heads == [h + grow for h in share], (li, step)  # each head keeps its share
+            if not pol.adaptive_heads:
+                assert all(h == kl[li] + grow for h in heads) and layer.length == kl[li] + grow, (li, step)
+            if not grows:
+                assert layer.keys.shape[2] == max(heads) + 1  # the budget + one spare slot, nothing more
 
     every = _Every(check)
     model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, max_new_tokens=NEW,
@@ -158,11 +173,35 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
         policy.accumulate(part, s.view(1, 1, -1), ctx)
         state[idx] = part.view(-1)
 
+    def layer_k(layer: int) -> int:
+        if not policy.evicts:
+            return k
+        return int(policy.layer_budget(torch.tensor([k]), torch.tensor([n]), layer, _REF["layers"])[0])
+
+    def ranked(items):  # (priority, position, head): kept first; ties to the more recent position
+        return sorted(items, key=lambda t: (-t[0], -t[1], t[2]))
+
+    def cut(prios: list[dict[int, float]], kl: int) -> list[list[int]]:
+        """The prompt cut of every head: recent window + top priorities, per head or shared (Ada-KV)."""
+        heads = range(len(prios))
+        pr = [{j: (torch.inf if j > n - 1 - w else p) for j, p in prios[h].items()} for h in heads]
+        quota = [min(n, kl)] * len(prios)
+        if policy.adaptive_heads and kl < n:
+            safe = int(kl * policy.alpha_safeguard)
+            boosted = []
+            for h in heads:
+                top = {j for _, j, _ in ranked([(p, j, h) for j, p in pr[h].items()])[:safe]}
+                boosted += [(torch.inf if j in top else p, j, h) for j, p in pr[h].items()]
+            chosen = ranked(boosted)[: kl * len(prios)]
+            quota = [sum(1 for _, _, hh in chosen if hh == h) for h in heads]
+        return [sorted(j for _, j, _ in ranked([(p, j, h) for j, p in pr[h].items()])[: quota[h]]) for h in heads]
+
     def fn(logits, layer):  # logits [Hq, S, S] -> [Hkv, S, S]
         Hq, S, _ = logits.shape
         G = Hq // hkv
-        masks = []
-        for h in range(hkv):
+        kl = layer_k(layer)
+        masks, states, prios = [], [], []
+        for h in range(hkv):  # the prompt: full attention, scores folded into the state
             m = torch.zeros(S, S, dtype=torch.bool)
             state, acc = torch.zeros(S), torch.zeros(n)
             for r in range(n):
@@ -176,12 +215,13 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
                 ctx = Context(step=0, horizon=horizon)
                 fold(state, list(range(n)), acc, ctx)
                 state[:n] = policy.after_prompt(state[:n].view(1, 1, -1).clone(), ctx).view(-1)
-            kept = list(range(n))
-            if k < n:
-                recent = [j for j in kept if j > n - 1 - w]
-                prio = prio_of(state, kept, n - 1, 0)
-                rest = sorted((j for j in kept if j not in recent), key=lambda j: (-prio[j], -j))
-                kept = sorted(recent + rest[: k - w])
+            masks.append(m)
+            states.append(state)
+            prios.append(prio_of(state, list(range(n)), n - 1, 0))
+        cuts = cut(prios, kl) if kl < n else [list(range(n))] * hkv
+        for h in range(hkv):  # decode: each head at its own budget
+            m, state, kept = masks[h], states[h], cuts[h]
+            kh = len(kept) if policy.adaptive_heads else kl
             for i in range(n, S):
                 t = i - n + 1
                 vis = [*kept, i]
@@ -197,12 +237,11 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
                         row += _row_score(policy, probs, pn[h * G + g, vis], t, horizon)
                     fold(state, vis, row, Context(step=t, horizon=horizon))
                 kept = vis
-                if len(kept) > k:
+                if len(kept) > kh:
                     prio = prio_of(state, kept, i, t)
                     cands = [j for j in kept if not j > i - w]
                     victim = min(cands or kept, key=lambda j: (prio[j], j))
                     kept = [j for j in kept if j != victim]
-            masks.append(m)
         return torch.stack(masks)
 
     return fn
@@ -213,7 +252,7 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
 def test_matches_naive_reference(arch_name, name):
     model = tiny_model(arch_name, seed=0)
     pol, ids = _policy(name), _prompt(4)
-    if name == "keyformer":
+    if name in ("keyformer", "adakv_keyformer"):
         pol = make_policy(name, budget=0.5, recent=0.2)
     out = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, seed=11)
     seq = torch.cat([ids, out.sequences[:, :-1]], dim=1)
@@ -221,6 +260,7 @@ def test_matches_naive_reference(arch_name, name):
     naive.load_state_dict(model.state_dict())
     naive.set_attn_implementation("kf_contract_naive")
     hkv = getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads
+    _REF["layers"] = model.config.num_hidden_layers
     _REF["mask_fn"] = naive_masks(pol, N, hkv, seed=11, horizon=NEW)
     with torch.inference_mode():
         logits = naive(input_ids=seq, use_cache=False).logits[:, N - 1:]
@@ -242,6 +282,7 @@ def test_prefill_only_matches_naive_reference(name):
     naive = model.__class__(copy.deepcopy(model.config)).eval()
     naive.load_state_dict(model.state_dict())
     naive.set_attn_implementation("kf_contract_naive")
+    _REF["layers"] = model.config.num_hidden_layers
     _REF["mask_fn"] = naive_masks(pol, N, model.config.num_key_value_heads, seed=3, horizon=NEW)
     with torch.inference_mode():
         logits = naive(input_ids=seq, use_cache=False).logits[:, N - 1:]
@@ -322,3 +363,26 @@ def test_right_padding_is_refused():
     mask[0, -3:] = 0  # right-padded row
     with pytest.raises(ValueError, match="left-padded"):
         generate(model, ids, mask, _policy("h2o"), max_new_tokens=2)
+
+
+def test_pyramid_and_adakv_budgets_act():
+    """On a prompt where they can act, PyramidKV's layer budgets differ and average k, and Ada-KV's head
+    budgets differ, sum to the layer's budget and respect the safeguard."""
+    model, ids = tiny_model("llama", seed=0), _prompt(6, 64)
+    k = 32
+    pyr = make_policy("pyramidkv", budget=0.5, window_size=4)
+    out = generate(model, ids, None, pyr, max_new_tokens=2, seed=1)
+    held = [len(out.cache.kept_positions(li)[0][0]) - 1 for li in range(len(out.cache.layers))]
+    assert held[0] > held[-1] and sum(held) == k * len(held)
+    ada = make_policy("adakv_keyformer", budget=0.5)
+    out = generate(model, ids, None, ada, max_new_tokens=2, seed=1)
+    for li in range(len(out.cache.layers)):
+        heads = [len(h) for h in out.cache.kept_positions(li)[0]]
+        assert sum(heads) == k * len(heads) and min(heads) >= int(k * ada.alpha_safeguard)
+    assert any(len({len(h) for h in out.cache.kept_positions(li)[0]}) > 1 for li in range(len(out.cache.layers)))
+    with pytest.raises(ValueError, match="fractional budget"):
+        make_policy("adakv_snapkv", budget=16)
+    with pytest.raises(ValueError, match="head_reduction"):
+        make_policy("adakv_keyformer", head_reduction="shared")
+    with pytest.raises(ValueError, match="beta"):
+        make_policy("pyramidkv", beta=0)

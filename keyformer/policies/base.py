@@ -100,6 +100,19 @@ class Policy:
         """w per sample: ``int(k * recent)``."""
         return (k.double() * self.recent).floor().long()
 
+    def layer_budget(self, k: torch.Tensor, n: torch.Tensor, layer: int, num_layers: int) -> torch.Tensor:
+        """Budget [B] of ``layer`` from the per-sample budget ``k`` [B] and prompt lengths ``n`` [B]. Default: ``k``
+        in every layer; per-layer policies (PyramidKV) keep the mean over layers at ``k``."""
+        return k
+
+    adaptive_heads: ClassVar[bool] = False  # head_budgets() shares a layer's budget among its heads (Ada-KV)
+
+    def head_budgets(self, prio: torch.Tensor, pos: torch.Tensor, keep_n: torch.Tensor) -> torch.Tensor:
+        """Tokens kept per (sample, KV head) at the prompt cut, [B, H], from keep-priorities ``prio`` [B, H, S]
+        (recent window +inf, dead slots -inf), positions ``pos`` [B, H, S] and the uniform counts ``keep_n``
+        [B, H]; called only when ``adaptive_heads``. These budgets then hold at every decode step."""
+        return keep_n
+
     # -- scoring ----------------------------------------------------------------------------------
     uses_noise: ClassVar[bool] = False
     observe_rows: ClassVar[int | None] = None  # prompt query rows scored (the last ones); None = all
