@@ -1,16 +1,29 @@
-"""Datasets (local JSONL, hub, embedded ``sample``) and prompt construction."""
+"""Datasets (local JSONL, hub, the generated ``sample`` and ``needle``) and prompt construction."""
 
-from keyformer.data.loaders import DATA_DIR_ENV, DataError, check_source, load_records, local_path
-from keyformer.data.prompts import ALPACA, SODA, encode_prompt, render
+from keyformer.data.loaders import (
+    DATA_DIR_ENV,
+    GENERATED,
+    DataError,
+    check_options,
+    check_source,
+    load_records,
+    local_path,
+)
+from keyformer.data.needle import generate_needle
+from keyformer.data.prompts import ALPACA, SODA, TRUNCATIONS, encode_prompt, render
 from keyformer.data.sample import generate_sample
 
 __all__ = [
     "ALPACA",
     "DATA_DIR_ENV",
+    "GENERATED",
     "SODA",
+    "TRUNCATIONS",
     "DataError",
+    "check_options",
     "check_source",
     "encode_prompt",
+    "generate_needle",
     "generate_sample",
     "load_records",
     "local_path",

@@ -1,7 +1,10 @@
-"""Dataset loaders: local JSONL (``KEYFORMER_DATA_DIR`` / ``dataset.path``), the HF hub, or ``sample``.
+"""Dataset loaders: local JSONL (``KEYFORMER_DATA_DIR`` / ``dataset.path``), the HF hub, or the generated
+``sample`` and ``needle`` sets.
 
 Every loader returns a list of records ``{id, document, reference}``; conversation datasets (SODA and
-its DialogSum stand-in) also carry ``narrative``, ``speakers`` and ``history``.
+its DialogSum stand-in) also carry ``narrative``, ``speakers`` and ``history``; QA datasets with a
+``fields.question`` (the L-Eval sets) carry ``question``; a list-valued reference field (LongBench and L-Eval
+``answers``) gives ``reference`` = its first element and ``answers`` = the whole list (scored as the best).
 Selection is deterministic: the first ``n`` records in file order (``selection: first``, the default),
 or a seeded subset without replacement (``selection: random``, ``random.Random(seed).sample``).
 """
@@ -16,10 +19,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from keyformer.data.needle import generate_needle
+from keyformer.data.prompts import TRUNCATIONS
 from keyformer.data.sample import generate_sample
-from keyformer.errors import UserError
+from keyformer.errors import ConfigError, UserError
 
 DATA_DIR_ENV = "KEYFORMER_DATA_DIR"
+GENERATED = ("sample", "needle")  # made in keyformer/data/, no files
 
 
 class DataError(UserError, ValueError):
@@ -37,8 +43,9 @@ def local_path(ds: Mapping[str, Any]) -> Path | None:
 
 
 def check_source(ds: Mapping[str, Any]) -> None:
-    """Raise DataError early when the configured data cannot be available (missing file, offline hub)."""
-    if ds.get("name") == "sample":
+    """Raise DataError early when the configured data cannot be available (missing file, offline hub, no
+    source at all)."""
+    if ds.get("name") in GENERATED:
         return
     path = local_path(ds)
     if path is not None:
@@ -46,6 +53,9 @@ def check_source(ds: Mapping[str, Any]) -> None:
             how = "dataset.path" if ds.get("path") else f"{DATA_DIR_ENV} (= {os.environ.get(DATA_DIR_ENV)})"
             raise DataError(f"dataset '{ds.get('name')}': local file {path} does not exist; it is set by {how}")
         return
+    if not (ds.get("hub") or {}).get("path"):
+        raise DataError(f"dataset '{ds.get('name')}' has only a local source: set {DATA_DIR_ENV} to a folder holding "
+                        f"{ds.get('file')} or set dataset.path=/path/to/{ds.get('file')}")
     if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
         raise DataError(
             f"dataset '{ds.get('name')}': no local file and the hub is offline; set {DATA_DIR_ENV} to a folder "
@@ -120,7 +130,12 @@ def _to_record(raw: Mapping[str, Any], i: int, ds: Mapping[str, Any], fields: Ma
         rec.update(_conversation(raw, fields, int(ds.get("context_turns", 1))))
     else:
         rec["document"] = _text(raw.get(fields["document"]))
-        rec["reference"] = _text(raw.get(fields["reference"]))
+        ref = raw.get(fields["reference"])
+        rec["reference"] = _text(ref)
+        if isinstance(ref, list):
+            rec["answers"] = [str(a) for a in ref]
+        if fields.get("question"):
+            rec["question"] = _text(raw.get(fields["question"]))
     return rec
 
 
@@ -139,6 +154,9 @@ def load_records(ds: Mapping[str, Any], n: int | None = None, seed: int = 0) -> 
         count = max(n or 0, int(ds.get("n_records", 16)))
         rows = generate_sample(count, seed=int(ds.get("seed", 0)), n_paragraphs=int(ds.get("n_paragraphs", 8)))
         return _select(rows, n, str(ds.get("selection", "first")), seed)
+    if ds["name"] == "needle":
+        rows = generate_needle(list(ds["lengths"]), list(ds["depths"]), int(ds["n_values"]), int(ds.get("seed", 0)))
+        return _select(rows, n, str(ds.get("selection", "first")), seed)
     check_source(ds)
     path = local_path(ds)
     if path is not None:
@@ -150,3 +168,38 @@ def load_records(ds: Mapping[str, Any], n: int | None = None, seed: int = 0) -> 
         raw, fields = _read_hub(hub), hub.get("fields") or ds.get("fields") or {}
     rows = _select(list(enumerate(raw)), n, str(ds.get("selection", "first")), seed)
     return [_to_record(r, i, ds, fields) for i, r in rows]
+
+
+def check_options(ds: Mapping[str, Any]) -> None:
+    """Check the dataset keys of the long-context tasks: ``truncation``, ``metrics`` and the ``needle`` grid.
+
+    Raises ConfigError naming the key, the bad value and the valid choices. Absent keys keep the rules
+    of the datasets before them (``truncation: end``, ROUGE).
+    """
+    from keyformer.metrics import METRICS
+
+    truncation = ds.get("truncation", "end")
+    if truncation not in TRUNCATIONS:
+        raise ConfigError("dataset.truncation", truncation,
+                          f"allowed: {', '.join(TRUNCATIONS)} (which part of a too-long document is cut)")
+    metrics = ds.get("metrics", [])
+    if not isinstance(metrics, list | tuple):
+        raise ConfigError("dataset.metrics", metrics, f"must be a list of metric names from: {', '.join(METRICS)}")
+    for m in metrics:
+        if m not in METRICS:
+            raise ConfigError("dataset.metrics", m, f"unknown metric; allowed: {', '.join(METRICS)}")
+    if "accuracy" in metrics and ds.get("name") not in GENERATED:
+        raise ConfigError("dataset.metrics", "accuracy",
+                          f"needs records with an answer word (the generated datasets: {', '.join(GENERATED)}); "
+                          "for QA datasets use token_f1 or exact_match")
+    if ds.get("name") == "needle":
+        from keyformer.data.needle import GridError, check_grid
+
+        for key in ("lengths", "depths"):
+            if not isinstance(ds.get(key), list | tuple):
+                raise ConfigError(f"dataset.{key}", ds.get(key), "must be a list")
+        try:
+            check_grid(list(ds["lengths"]), list(ds["depths"]), ds.get("n_values"))  # type: ignore[arg-type]
+        except GridError as e:
+            raise ConfigError(f"dataset.{e.key}", ds.get(e.key), str(e),
+                              message=f"invalid dataset.{e.key}={ds.get(e.key)!r}: {e}") from None

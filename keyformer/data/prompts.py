@@ -1,8 +1,12 @@
-"""Prompt templates (as in the Keyformer paper's code) and token-level truncation of the document.
+"""Prompt templates (as in the Keyformer paper's code and LongBench) and token-level truncation of the document.
 
-Templates contain a ``{document}`` slot; when a prompt exceeds the token limit, the *document's tail*
-is cut at token level so the instruction and the ``### Response:`` suffix (or the chat template's
-assistant header) survive. The authors' code truncated the whole prompt, cutting the suffix off.
+Templates contain a ``{document}`` slot; when a prompt exceeds the token limit, only the document is cut, at
+token level, so the instruction, the question and the ``### Response:`` suffix (or the chat template's
+assistant header) survive. ``truncation="end"`` (the default, and the rule of every dataset before the
+long-context ones) cuts the *document's tail*; ``truncation="middle"`` cuts its *middle*, keeping its first and
+last halves of the room left, as LongBench does (``pred.py``: "truncate in the middle, since the left and
+right side may contain crucial instructions"). The authors' code truncated the whole prompt, cutting the
+suffix off.
 """
 
 from __future__ import annotations
@@ -25,9 +29,33 @@ CHAT = "{instruction}\n\n{document}"
 ALPACA_QA = ALPACA.replace("{document}\n\n### Response:", "{document}\n\nQuestion: {question}\n\n### Response:")
 CHAT_QA = "{instruction}\n\n{document}\n\nQuestion: {question}"
 
-TEMPLATES = {"alpaca": ALPACA, "soda": SODA, "chat": CHAT, "alpaca_qa": ALPACA_QA, "chat_qa": CHAT_QA}
+# LongBench v1 prompts (THUDM/LongBench config/dataset2prompt.json; {context} -> {document}, {input} ->
+# {question}). Instruct models get the whole prompt as their one user message (no CHAT_TEMPLATES entry).
+LONGBENCH_MULTI_NEWS = (
+    "You are given several news passages. Write a one-page summary of all news. \n\nNews:\n{document}\n\n"
+    "Now, write a one-page summary of all the news.\n\nSummary:"
+)
+_QASPER_RULES = (
+    "as concisely as you can, using a single phrase or sentence if possible. If the question cannot be answered "
+    "based on the information in the article, write \"unanswerable\". If the question is a yes/no question, "
+    "answer \"yes\", \"no\", or \"unanswerable\". Do not provide any explanation."
+)
+LONGBENCH_QASPER = (
+    f"You are given a scientific article and a question. Answer the question {_QASPER_RULES}\n\n"
+    f"Article: {{document}}\n\n Answer the question based on the above article {_QASPER_RULES}\n\n"
+    "Question: {question}\n\nAnswer:"
+)
+LONGBENCH_MULTIFIELDQA_EN = (
+    "Read the following text and answer briefly.\n\n{document}\n\nNow, answer the following question based on "
+    "the above text, only give me the answer and do not output any other words.\n\nQuestion: {question}\nAnswer:"
+)
+
+TEMPLATES = {"alpaca": ALPACA, "soda": SODA, "chat": CHAT, "alpaca_qa": ALPACA_QA, "chat_qa": CHAT_QA,
+             "longbench_multi_news": LONGBENCH_MULTI_NEWS, "longbench_qasper": LONGBENCH_QASPER,
+             "longbench_multifieldqa_en": LONGBENCH_MULTIFIELDQA_EN}
 CHAT_TEMPLATES = {"alpaca": "chat", "alpaca_qa": "chat_qa"}  # what an instruct model gets instead
 _SLOT = "\x00DOCUMENT\x00"
+TRUNCATIONS = ("end", "middle")  # which part of a too-long document is cut (dataset.truncation)
 
 
 def render(template: str, record: Mapping[str, Any], instruction: str, document: str = _SLOT) -> str:
@@ -63,11 +91,16 @@ def encode_prompt(
     instruction: str,
     max_tokens: int,
     chat: bool = False,
+    truncation: str = "end",
 ) -> tuple[list[int], int]:
     """Token ids of the prompt, at most ``max_tokens`` long, and the number of document tokens cut.
 
-    Pieces are tokenized separately and concatenated; only the document is shortened (from its end).
+    Pieces are tokenized separately and concatenated; only the document is shortened: from its end
+    (``truncation="end"``), or in its middle (``"middle"``: the first ``room // 2`` and the last
+    ``room - room // 2`` of the ``room`` tokens left for it are kept).
     """
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"truncation={truncation!r}: allowed: {', '.join(TRUNCATIONS)}")
     before, after = prompt_parts(record, template, instruction, tokenizer, chat)
     special = not chat  # chat templates already contain their special tokens
     pre = tokenizer(before, add_special_tokens=special)["input_ids"] if before else []
@@ -80,4 +113,9 @@ def encode_prompt(
             f"{len(pre) + len(post)} tokens"
         )
     cut = max(0, len(doc) - room)
-    return list(pre) + list(doc[: len(doc) - cut]) + list(post), cut
+    if cut and truncation == "middle":
+        head = room // 2
+        kept = list(doc[:head]) + list(doc[len(doc) - (room - head):])
+    else:
+        kept = list(doc[: len(doc) - cut])
+    return list(pre) + kept + list(post), cut
