@@ -16,7 +16,7 @@ from typing import Any
 from keyformer.data import encode_prompt, load_records
 from keyformer.errors import JobError, first_line
 from keyformer.job import CORE_CODE, Job, Task, policy_fields, run_job
-from keyformer.metrics import ROUGE_KEYS, aggregate, answer_found, rouge, sentence_splitter
+from keyformer.metrics import ROUGE_KEYS, aggregate, score, sentence_splitter
 
 
 @dataclass
@@ -107,7 +107,10 @@ def format_table(m: Mapping[str, Any]) -> str:
         ("model", m.get("model")), ("dataset", m.get("dataset")), ("policy", m.get("policy")),
         ("budget", m.get("budget")), ("samples", m.get("n_samples")),
         *([("accuracy %", f(m["accuracy"], 1))] if "accuracy" in m else []),
+        *[(label, f(m[k])) for k, label in (("token_f1", "token F1"), ("exact_match", "exact match %"),
+                                            ("rougeL_longbench", "rougeL (LongBench)")) if k in m],
         *[(k, f(m.get(k))) for k in ROUGE_KEYS],
+        *([("truncated samples", m["n_truncated"])] if "n_truncated" in m else []),
         ("prefill ms", f(m.get("prefill_ms"), 1)), ("decode ms/token", f(m.get("decode_ms_per_token"), 1)),
         ("tokens/s", f(m.get("tokens_per_s"), 1)),
         ("KV MiB (held)", f(kv / 2**20 if isinstance(kv, float | int) else kv, 3)),
@@ -117,6 +120,9 @@ def format_table(m: Mapping[str, Any]) -> str:
     w = max(len(k) for k, _ in rows)
     line = "-" * (w + 24)
     return "\n".join([line, *(f"{k:<{w}}  {v}" for k, v in rows), line])
+
+
+NEEDLE_FIELDS = ("needle_length", "needle_depth")  # copied from ``needle`` records into their rows
 
 
 def _unique_ids(records: list[dict]) -> list[dict]:
@@ -130,7 +136,8 @@ def _unique_ids(records: list[dict]) -> list[dict]:
 
 
 class GenerateTask(Task):
-    """``task=generate``: summarisation, conversation and retrieval datasets, scored with ROUGE."""
+    """``task=generate``: summarisation, conversation, retrieval and long-context QA datasets, scored with
+    ROUGE plus the dataset's ``metrics`` (:func:`keyformer.metrics.score`)."""
 
     name = "generate"
     code = (*CORE_CODE, "data", "metrics.py", "runner.py")
@@ -139,10 +146,11 @@ class GenerateTask(Task):
         self.backend = backend
 
     def validate(self, cfg: Mapping[str, Any]) -> None:
-        from keyformer.data import check_source
+        from keyformer.data import check_options, check_source
         from keyformer.errors import validate
 
         validate(cfg)
+        check_options(cfg["dataset"])  # truncation, metrics, the needle grid: ConfigError
         check_source(cfg["dataset"])  # a missing local file or an offline hub: DataError
 
     def run(self, job: Job) -> dict[str, Any]:
@@ -197,14 +205,17 @@ def _generate_all(
     ds, gen = cfg["dataset"], cfg["generation"]
     limit = prompt_limit(cfg, model)
     chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
-    encoded = [encode_prompt(tok, r, ds.get("template", "alpaca"), ds.get("instruction", ""), limit, chat)
-               for r in todo]
+    truncation, metrics = str(ds.get("truncation", "end")), tuple(ds.get("metrics") or ())
+    encoded = [encode_prompt(tok, r, ds.get("template", "alpaca"), ds.get("instruction", ""), limit, chat,
+                             truncation) for r in todo]
     device, bs = _device(model), int(cfg["batch_size"])
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    from keyformer.quant import kv_quant_from
+
     gen_kwargs = dict(max_new_tokens=int(gen["max_new_tokens"]), num_beams=int(gen["num_beams"]),
                       seed=int(cfg["seed"]), mode=gen.get("mode", "physical"), eos_token_id=tok.eos_token_id,
                       pad_token_id=pad_id, min_new_tokens=int(gen.get("min_new_tokens", 0)),
-                      beam_scores=gen.get("beam_scores", "per_beam"))
+                      beam_scores=gen.get("beam_scores", "per_beam"), kv_quant=kv_quant_from(cfg.get("kv_quant")))
     job.begin(model)
     with torch.inference_mode():
         if cfg.get("warmup", True):
@@ -223,9 +234,9 @@ def _generate_all(
                 row = {
                     "id": rec["id"], "prompt_tokens": len(enc[j][0]), "truncated_tokens": enc[j][1],
                     "generated_tokens": len(toks), "prediction": text, "reference": rec["reference"],
-                    **rouge(text, rec["reference"]),
-                    **({"answer": rec["answer"], "answer_found": answer_found(text, rec["answer"])}
-                       if "answer" in rec else {}),
+                    **({"answers": rec["answers"]} if len(rec.get("answers") or ()) > 1 else {}),
+                    **score(text, rec, metrics),
+                    **{k: rec[k] for k in NEEDLE_FIELDS if k in rec},
                     "kv_bytes": int(out.kv_bytes[j]), "kv_bytes_full": int(out.kv_bytes_full[j]),
                     "batch": batch[0]["id"], "batch_size": len(batch), "prefill_ms": 1000.0 * out.prefill_s,
                     "decode_ms": 1000.0 * out.decode_s, "n_decode_steps": int(out.n_decode_steps),
