@@ -2,7 +2,8 @@
 
 Layout of one layer (physical mode)::
 
-    keys, values : [B, H, C, D]   preallocated buffers (C = capacity)
+    keys, values : [B, H, C, D]   preallocated buffers (C = capacity); with ``kv_quant`` the uint8 codes of
+                                  each token, plus kscale/kzero/vscale/vzero [B, H, C, D / group] (fp16)
     pos          : [B, H, C]      original (logical) position of each slot, -1 = empty or pad
     score        : [B, H, C]      the policy's per-slot state (fp32)
     count        : [B]            live slots of each sample; they are slots [0, count[b]) in every head
@@ -32,9 +33,12 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from . import noise as hashnoise
 from .policies import FullPolicy, Policy
 from .policies.base import Context
+from .quant import KVQuant
 
 MODES = ("physical", "mask")
 LONG_MAX = torch.iinfo(torch.long).max
+KV = ("keys", "values")
+KV_QUANT = ("keys", "values", "kscale", "kzero", "vscale", "vzero")
 
 
 class EvictingLayer(CacheLayerMixin):
@@ -58,8 +62,21 @@ class EvictingLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         B, H, _, D = key_states.shape
         self.dtype, self.device = key_states.dtype, key_states.device
-        self.keys = key_states.new_empty(B, H, 0, D)
-        self.values = value_states.new_empty(B, H, 0, value_states.shape[-1])
+        self.dims = D, value_states.shape[-1]
+        qz = self.cache.kv_quant
+        if qz is None:
+            self.slots = KV
+            self.keys = key_states.new_empty(B, H, 0, D)
+            self.values = value_states.new_empty(B, H, 0, value_states.shape[-1])
+        else:
+            self.slots = KV_QUANT
+            for d in self.dims:
+                qz.check_dim(d)
+            u8, f16 = dict(dtype=torch.uint8, device=self.device), dict(dtype=torch.float16, device=self.device)
+            (kd, vd), g = self.dims, qz.group_size
+            self.keys, self.values = torch.empty(B, H, 0, qz.code_width(kd), **u8), torch.empty(B, H, 0, qz.code_width(vd), **u8)
+            self.kscale, self.kzero = torch.empty(B, H, 0, kd // g, **f16), torch.empty(B, H, 0, kd // g, **f16)
+            self.vscale, self.vzero = torch.empty(B, H, 0, vd // g, **f16), torch.empty(B, H, 0, vd // g, **f16)
         self.pos = torch.empty(B, H, 0, dtype=torch.long, device=self.device)
         self.score = torch.empty(B, H, 0, dtype=torch.float32, device=self.device)
         self.alive = torch.empty(B, H, 0, dtype=torch.bool, device=self.device)  # mask mode only
@@ -81,7 +98,7 @@ class EvictingLayer(CacheLayerMixin):
         if not self.is_initialized:
             return
         idx = beam_idx.to(self.device)
-        for name in ("keys", "values", "pos", "score", "alive", "count"):
+        for name in (*self.slots, "pos", "score", "alive", "count"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
         if self.k_bh is not None:
             self.k_bh = self.k_bh.index_select(0, idx)
@@ -103,7 +120,8 @@ class EvictingLayer(CacheLayerMixin):
         cap = max(needed, self.cache.capacity_hint(needed), 2 * self.capacity)
         grow = cap - self.capacity
         pad = lambda t, fill: torch.cat([t, t.new_full((*t.shape[:2], grow, *t.shape[3:]), fill)], dim=2)  # noqa: E731
-        self.keys, self.values = pad(self.keys, 0), pad(self.values, 0)
+        for name in self.slots:
+            setattr(self, name, pad(getattr(self, name), 0))
         self.pos, self.score, self.alive = pad(self.pos, -1), pad(self.score, 0.0), pad(self.alive, False)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -116,20 +134,37 @@ class EvictingLayer(CacheLayerMixin):
         B, H, q, _ = key_states.shape
         L = self.length
         self._reserve(L + q)
-        self.keys[:, :, L : L + q] = key_states
-        self.values[:, :, L : L + q] = value_states
+        rows = self._rows(key_states, value_states)
+        for name, r in zip(self.slots, rows, strict=True):
+            getattr(self, name)[:, :, L : L + q] = r
         new_pos, new_real = self.cache.new_positions(self.layer_idx, self.seen, q, B, self.device)  # [B, q] each
         self.pos[:, :, L : L + q] = new_pos.unsqueeze(1)
-        self.new_kv = key_states, value_states
+        self.new_kv = rows
         if self.cache.policy.needs_attention:
             self.score[:, :, L : L + q] = 0.0
         if self.cache.mode == "mask":
             self.alive[:, :, L : L + q] = new_real.unsqueeze(1)
         self.seen += q
         self.q_len, self.new_real, self.pending = q, new_real, True
-        k, v = self.keys[:, :, : L + q], self.values[:, :, : L + q]
+        if self.slots is KV:
+            k, v = self.keys[:, :, : L + q], self.values[:, :, : L + q]
+        elif L == 0:  # the prompt attends in full precision; the cache keeps its quantized rows
+            k, v = key_states, value_states
+        else:
+            qz, S = self.cache.kv_quant, L + q
+            k = qz.dequantize(self.keys[:, :, :S], self.kscale[:, :, :S], self.kzero[:, :, :S], self.dtype)
+            v = qz.dequantize(self.values[:, :, :S], self.vscale[:, :, :S], self.vzero[:, :, :S], self.dtype)
         k._kf_layer = self  # how our attention function finds this layer (see keyformer.attention)
         return k, v
+
+    def _rows(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What is stored for new tokens, in the order of ``self.slots``."""
+        qz = self.cache.kv_quant
+        if qz is None:
+            return key_states, value_states
+        kc, ks, kz = qz.quantize(key_states)
+        vc, vs, vz = qz.quantize(value_states)
+        return kc, vc, ks, kz, vs, vz
 
     # -- what the attention needs -----------------------------------------------------------------------
     @property
@@ -237,10 +272,9 @@ class EvictingLayer(CacheLayerMixin):
         if not self.dense:
             lowest &= pos >= 0
         victim = pos.masked_fill(~lowest, LONG_MAX).argmin(dim=-1, keepdim=True)  # [B, H, 1]
-        k, v = self.new_kv
-        kv_idx = victim.unsqueeze(-1).expand(-1, -1, 1, k.shape[-1])
-        self.keys.scatter_(2, kv_idx, k)  # the new token moves into the victim's slot
-        self.values.scatter_(2, kv_idx if v.shape[-1] == k.shape[-1] else victim.unsqueeze(-1).expand_as(v), v)
+        vic = victim.unsqueeze(-1)
+        for name, r in zip(self.slots, self.new_kv, strict=True):  # the new token moves into the victim's slot
+            getattr(self, name).scatter_(2, vic.expand(-1, -1, 1, r.shape[-1]), r)
         self.pos.scatter_(2, victim, self.cache.cur.view(-1, 1, 1).expand_as(victim))
         if self.cache.policy.needs_attention:
             self.score.scatter_(2, victim, self.score[:, :, L : L + 1].clone())
@@ -256,7 +290,7 @@ class EvictingLayer(CacheLayerMixin):
         dest = torch.where(over, victim, self.count.view(-1, 1).expand_as(victim))
         b = torch.arange(dest.shape[0], device=self.device).view(-1, 1)
         h = torch.arange(dest.shape[1], device=self.device).view(1, -1)
-        for name in ("keys", "values", "pos", "score"):
+        for name in (*self.slots, "pos", "score"):
             t = getattr(self, name)
             t[b, h, dest] = t[:, :, L]
         self.pos[:, :, L] = torch.where(dest == L, self.pos[:, :, L], -1)
@@ -273,19 +307,19 @@ class EvictingLayer(CacheLayerMixin):
         ``count`` [B] or [B, H]: live slots per sample (or per head), at the front of each head."""
         count = count.view(count.shape[0], -1).expand(*idx.shape[:2])
         extra = self.cache.headroom()
-        D, Dv = self.keys.shape[-1], self.values.shape[-1]
         gk = idx.unsqueeze(-1)
-        keys = self.keys.new_zeros(*idx.shape[:2], new_len + extra, D)
-        values = self.values.new_zeros(*idx.shape[:2], new_len + extra, Dv)
-        keys[:, :, :new_len] = self.keys.gather(2, gk.expand(-1, -1, -1, D))
-        values[:, :, :new_len] = self.values.gather(2, gk.expand(-1, -1, -1, Dv))
+        for name in self.slots:
+            t = getattr(self, name)
+            new = t.new_zeros(*idx.shape[:2], new_len + extra, t.shape[-1])
+            new[:, :, :new_len] = t.gather(2, gk.expand(-1, -1, -1, t.shape[-1]))
+            setattr(self, name, new)
         pos = torch.full((*idx.shape[:2], new_len + extra), -1, dtype=torch.long, device=self.device)
         score = torch.zeros(pos.shape, dtype=torch.float32, device=self.device)
         pos[:, :, :new_len] = self.pos.gather(2, idx)
         score[:, :, :new_len] = self.score.gather(2, idx)
         junk = torch.arange(new_len + extra, device=self.device).view(1, 1, -1) >= count.unsqueeze(-1)
         pos.masked_fill_(junk, -1)
-        self.keys, self.values, self.pos, self.score = keys, values, pos, score
+        self.pos, self.score = pos, score
         self.alive = torch.zeros(pos.shape, dtype=torch.bool, device=self.device)
         self.count, self.length = count.amax(dim=1), new_len
         # host syncs once per prompt, none per decode step
@@ -303,7 +337,15 @@ class EvictingLayer(CacheLayerMixin):
         return live.sum(-1)
 
     def tensor_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
+        return sum(t.numel() * t.element_size() for t in self.stored())
+
+    def stored(self) -> list[torch.Tensor]:
+        """The tensors that hold K/V (codes, scales and zeros when quantized)."""
+        return [getattr(self, name) for name in self.slots]
+
+    def slot_bytes(self) -> int:
+        """Bytes one (sample, head, slot) holds across the stored tensors."""
+        return sum(t.shape[-1] * t.element_size() for t in self.stored())
 
 
 class KVCache(Cache):
@@ -323,12 +365,13 @@ class KVCache(Cache):
 
     def __init__(self, policy: Policy | None, num_layers: int, *, prompt_mask: torch.Tensor | None = None,
                  max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None, mode: str = "physical",
-                 beam_groups: int = 1):
+                 beam_groups: int = 1, kv_quant: KVQuant | None = None):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is unknown; valid: {', '.join(MODES)}")
         if isinstance(beam_groups, bool) or not isinstance(beam_groups, int) or beam_groups < 1:
             raise ValueError(f"beam_groups={beam_groups!r} must be an int >= 1")
         self.beam_groups = beam_groups
+        self.kv_quant = kv_quant
         self._step_noise: torch.Tensor | None = None
         self._uniform: bool | None = None  # every layer steady at one length (decided once, after the prompt)
         self.policy = policy if policy is not None else FullPolicy()
@@ -473,26 +516,24 @@ class KVCache(Cache):
     # -- measurements ---------------------------------------------------------------------------------------
     def bytes_per_token(self) -> int:
         """K+V bytes of one token over all layers and KV heads."""
-        total = 0
-        for layer in self.layers:
-            if layer.is_initialized:
-                _, H, _, D = layer.keys.shape
-                total += H * (D + layer.values.shape[-1]) * layer.keys.element_size()
-        return total
+        return sum(layer.keys.shape[1] * layer.slot_bytes() for layer in self.layers if layer.is_initialized)
 
     def kv_bytes(self) -> list[int]:
         """Per sample: bytes of the live tokens held, summed over layers."""
         out = torch.zeros_like(self.n)
         for layer in self.layers:
             if layer.is_initialized:
-                _, H, _, D = layer.keys.shape
-                per = (D + layer.values.shape[-1]) * layer.keys.element_size()
-                out = out + layer.kept_tokens().sum(-1) * per
+                out = out + layer.kept_tokens().sum(-1) * layer.slot_bytes()
         return out.tolist()
 
     def kv_bytes_full(self) -> list[int]:
         """Per sample: bytes a full cache would hold for the same tokens."""
-        return ((self.next_pos) * self.bytes_per_token()).tolist()
+        return (self.next_pos * self.fp_bytes_per_token()).tolist()
+
+    def fp_bytes_per_token(self) -> int:
+        """K+V bytes of one token over all layers and KV heads in the model's dtype (unquantized)."""
+        size = lambda lay: torch.empty((), dtype=lay.dtype).element_size()  # noqa: E731
+        return sum(lay.keys.shape[1] * sum(lay.dims) * size(lay) for lay in self.layers if lay.is_initialized)
 
     def tensor_bytes(self) -> int:
         return sum(layer.tensor_bytes() for layer in self.layers if layer.is_initialized)

@@ -114,6 +114,13 @@ def validate_common(cfg: Mapping[str, Any]) -> None:
     resolve_dtype(_get(cfg, "dtype"), device)
     _check_model(cfg)
     _check_policy_kwargs(cfg)
+    if cfg.get("kv_quant") is not None:
+        from keyformer.quant import kv_quant_from
+
+        try:
+            kv_quant_from(cfg["kv_quant"])
+        except ValueError as e:
+            raise ConfigError("kv_quant", cfg["kv_quant"], str(e)) from None
 
 
 def validate(cfg: Mapping[str, Any]) -> None:

@@ -10,6 +10,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from .cache import KVCache
 from .policies import Policy
+from .quant import KVQuant
 
 BEAM_SCORES = ("per_beam", "shared")
 
@@ -42,10 +43,11 @@ class _StepClock(LogitsProcessor):
 
 def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: torch.Tensor | None = None, *,
                max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None,
-               mode: str = "physical", beam_groups: int = 1) -> KVCache:
+               mode: str = "physical", beam_groups: int = 1, kv_quant: KVQuant | None = None) -> KVCache:
     """A :class:`KVCache` for ``model`` (pass it as ``cache=`` to ``model.generate``)."""
     return KVCache(policy, model.config.num_hidden_layers, prompt_mask=attention_mask,
-                   max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups)
+                   max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups,
+                   kv_quant=kv_quant)
 
 
 @torch.inference_mode()
@@ -53,20 +55,21 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
              policy: Policy | None, max_new_tokens: int = 64, num_beams: int = 1, seed: int = 0,
              seeds: list[int] | None = None, mode: str = "physical", eos_token_id: int | list[int] | None = None,
              pad_token_id: int | None = None, min_new_tokens: int = 0, beam_scores: str = "per_beam",
-             **kwargs) -> GenerationOutput:
+             kv_quant: KVQuant | None = None, **kwargs) -> GenerationOutput:
     """Greedy or beam generation with ``policy`` over a left-padded batch.
 
     ``seed``/``seeds`` set Keyformer's Gumbel noise (one seed for all samples, or one per sample);
     ``mode`` is ``physical`` or ``mask`` (simulation); ``beam_scores`` is ``per_beam`` (each beam row its own
     scores and kept set) or ``shared`` (the authors' code: beam copies noised independently, scores summed,
-    one kept set per sample). Extra ``kwargs`` go to ``model.generate``.
+    one kept set per sample); ``kv_quant`` stores the held K/V quantized (:mod:`keyformer.quant`). Extra
+    ``kwargs`` go to ``model.generate``.
     """
     if beam_scores not in BEAM_SCORES:
         raise ValueError(f"beam_scores={beam_scores!r} is unknown; valid: {', '.join(BEAM_SCORES)}")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     cache = make_cache(model, policy, attention_mask, max_new_tokens=max_new_tokens, seed=seed, seeds=seeds,
-                       mode=mode, beam_groups=num_beams if beam_scores == "shared" else 1)
+                       mode=mode, beam_groups=num_beams if beam_scores == "shared" else 1, kv_quant=kv_quant)
     sync = torch.cuda.synchronize if input_ids.device.type == "cuda" else (lambda: None)
     clock = _StepClock(sync)
     pad = pad_token_id if pad_token_id is not None else (eos_token_id if isinstance(eos_token_id, int) else 0)

@@ -23,6 +23,7 @@ job starts).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import logging
@@ -38,7 +39,7 @@ from keyformer.results import CONFIG, ResultsDir, git_commit, versions
 PACKAGE = Path(__file__).resolve().parent
 CONF_DIR = PACKAGE.parent / "conf"
 # Source files (relative to the package) whose code changes what every task computes.
-CORE_CODE = ("cache.py", "attention.py", "noise.py", "models.py", "generate.py", "loading.py", "policies")
+CORE_CODE = ("cache.py", "attention.py", "noise.py", "models.py", "generate.py", "loading.py", "quant.py", "policies")
 TASKS = {"generate": "keyformer.runner:GenerateTask", "lm_eval": "keyformer.lmeval.job:LmEvalTask"}
 
 
@@ -79,9 +80,11 @@ def task_for(cfg: Mapping[str, Any]) -> Task:
 
 
 # -- identity --------------------------------------------------------------------------------------------------
+@functools.cache
 def code_version(files: Sequence[str] = CORE_CODE) -> str:
     """``<package version>+<12 hex>``: a hash of the source files that change outputs, so a resumed run
-    never mixes results of different code (a refactor elsewhere does not count)."""
+    never mixes results of different code (a refactor elsewhere does not count). Taken once per process:
+    a sweep's later jobs run the code imported by its first, whatever is on disk by then."""
     from importlib import metadata
 
     h = hashlib.sha256()

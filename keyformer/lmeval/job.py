@@ -50,6 +50,8 @@ def validate_lm_eval(cfg: Mapping[str, Any]) -> None:
     from keyformer.lmeval.adapter import SEMANTICS
 
     t = cfg["task"]
+    if cfg.get("kv_quant") is not None:
+        raise ConfigError("kv_quant", cfg["kv_quant"], "is not supported by task=lm_eval yet; valid: null")
     if not task_names(t.get("tasks") or []):
         raise ConfigError("task.tasks", t.get("tasks"), "name at least one lm-eval task, e.g. [piqa, copa]")
     if t.get("loglikelihood") not in SEMANTICS:
