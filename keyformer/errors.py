@@ -128,6 +128,8 @@ def validate(cfg: Mapping[str, Any]) -> None:
     (The generation task also checks that the dataset's file exists: ``keyformer.data.check_source``.)"""
     validate_common(cfg)
     _int_at_least(cfg, "n_samples", 1)
+    if cfg.get("stop_after") is not None:
+        _int_at_least(cfg, "stop_after", 1)
     _int_at_least(cfg, "batch_size", 1)
     _int_at_least(cfg, "max_prompt_tokens", 8)
     _int_at_least(cfg, "generation.max_new_tokens", 1)

@@ -32,7 +32,7 @@ from keyformer.errors import UserError
 
 CONFIG, PREDICTIONS, METRICS = "config.yaml", "predictions.jsonl", "metrics.json"
 # Keys that may differ between the original run and its resumption.
-VOLATILE_KEYS = frozenset({"output_dir", "logger", "progress", "resume"})
+VOLATILE_KEYS = frozenset({"output_dir", "logger", "progress", "resume", "stop_after"})
 RESOLVED = "resolved"  # the identity block of config.yaml
 
 

@@ -158,6 +158,8 @@ class GenerateTask(Task):
         records = _unique_ids(load_records(cfg["dataset"], int(cfg["n_samples"]), int(cfg["seed"])))
         done = job.done_ids()
         todo = [r for r in records if r["id"] not in done]
+        if cfg.get("stop_after") is not None:  # a time-boxed call: the point stays partial and resumes
+            todo = todo[: int(cfg["stop_after"])]
         name, kwargs = policy_kwargs(cfg)
         params: dict[str, Any] = {}
         if todo:

@@ -134,6 +134,21 @@ def test_resume_after_kill_and_skip_when_complete(tmp_path):
     assert third.loads == 0 and third.calls == 0  # complete: skipped without loading a model
 
 
+def test_stop_after_time_boxes_a_point_that_then_resumes(tmp_path):
+    """``stop_after`` is not part of the identity: calls of 2 + 2 + rest samples give the uninterrupted run."""
+    for stop, calls, n in ((2, 1, 2), (2, 1, 4), (None, 1, 5)):
+        core = FakeCore()
+        m = run(cfg_dict(tmp_path / "p", "n_samples=5", "batch_size=2", *([f"stop_after={stop}"] if stop else [])),
+                core.backend())
+        assert core.calls == calls and m["n_samples"] == n and m["complete"] == (n == 5)
+    whole = FakeCore()
+    run(cfg_dict(tmp_path / "w", "n_samples=5", "batch_size=2"), whole.backend())
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "batch"} for r in rows]  # noqa: E731
+    assert strip(ResultsDir(tmp_path / "p").predictions()) == strip(ResultsDir(tmp_path / "w").predictions())
+    with pytest.raises(ValueError, match="stop_after"):
+        run(cfg_dict(tmp_path / "x", "stop_after=0"), FakeCore().backend())
+
+
 def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
