@@ -34,7 +34,7 @@ while :; do
     left=1
     echo "[round $round] $exp budget=$b $a: $n done" >&2
     "$PY" run.py +experiment="$exp" budget="$b" +experiment/exp8_arm="$a" stop_after="$STEP" \
-      output_dir="$dir" progress=false >> "$ROOT/multirun/exp8_powered/log_${b}_${a}.txt" 2>&1 \
+      output_dir="'$dir'" progress=false >> "$ROOT/multirun/exp8_powered/log_${b}_${a}.txt" 2>&1 \
       || { echo "failed: $p (see its log)" >&2; failed[$p]=1; }
   done
   [ "$left" = 0 ] && break
