@@ -13,7 +13,9 @@ several reference answers the best one, as LongBench's ``scorer`` takes the max 
 * ``rougeL_longbench``: ROUGE-L F as LongBench scores it: the ``rouge`` package (pltrdy, 1.0.1) behind
   LongBench's ``rouge_score``: text split into sentences at every ``.``, words split at spaces (no stemming,
   case and punctuation kept), summary-level union LCS over *distinct* words; an empty text scores 0. It
-  differs from ``rougeL`` (rouge-score: stemmed, lower-cased alphanumeric tokens, one LCS).
+  differs from ``rougeL`` (rouge-score: stemmed, lower-cased alphanumeric tokens, one LCS). One difference
+  from LongBench remains: the package traces the LCS recursively, so a sentence pair of about 1000 words
+  overflows Python's stack and LongBench scores it 0; here it is scored.
 * ``accuracy``: the answer word is in the prediction (``answer_found``; the generated ``sample`` and
   ``needle`` sets, whose records carry an ``answer``, get it whether listed or not).
 """
