@@ -362,7 +362,9 @@ def _git_state() -> dict[str, Any]:
         except (OSError, subprocess.CalledProcessError):
             return ""
 
-    return {"commit": git("rev-parse", "HEAD"), "dirty": git("status", "--porcelain", "keyformer").splitlines()}
+    paths = ["keyformer/cache.py", "keyformer/attention.py", "keyformer/generate.py", "keyformer/models.py",
+             "keyformer/policies"]  # what decides the kept sets and tokens
+    return {"commit": git("rev-parse", "HEAD"), "dirty": git("status", "--porcelain", *paths).splitlines()}
 
 
 def side_ours(args: argparse.Namespace) -> None:
@@ -441,7 +443,7 @@ def merge(out_dir: Path) -> tuple[list[dict[str, Any]], str, str]:
         f"kvpress cross-check: SmolLM2-135M-Instruct fp32, {len(lens)} CNN/DailyMail prompts ({min(lens)}-{max(lens)} "
         f"tokens, chat template), {spec['new_tokens']} greedy tokens, batch 1; kvpress compression_ratio = 1 - budget.",
         f"kvpress {kv['meta']['kvpress']} (transformers {kv['meta']['transformers']}, sdpa); ours at git "
-        f"{ours['meta']['git']['commit'][:7]}{' + uncommitted keyformer/ changes' if ours['meta']['git']['dirty'] else ''} "
+        f"{ours['meta']['git']['commit'][:7]}{' + uncommitted: ' + ', '.join(ours['meta']['git']['dirty']) if ours['meta']['git']['dirty'] else ''} "
         f"(transformers {ours['meta']['transformers']}); torch {ours['meta']['torch']}, {ours['meta']['threads']} thread(s).",
         "Jaccard / min J: mean / min Jaccard of the kept prompt positions over (prompt, layer, KV head); ident.: share "
         "of identical sets; kept ours / kv: mean set size; cnt diff: share of sets whose sizes differ.",
