@@ -195,3 +195,64 @@ def common_ids(samples: pd.DataFrame, points: Sequence[str]) -> list[str]:
     """Sample ids finished by every one of ``points`` (the paired set)."""
     sets = [set(samples.loc[samples["point"] == p, "id"]) for p in points]
     return sorted(set.intersection(*sets)) if sets else []
+
+
+# -- experiment 8: the powered, paired Keyformer vs H2O study ----------------------------------------------------
+PAPER_GAP = 0.3  # the smallest Keyformer - H2O ROUGE-2 gain the paper reports at 20-50 % budgets
+
+
+def _arm(points: pd.DataFrame, samples: pd.DataFrame, variant: str, budget: float, metric: str) -> pd.Series:
+    sel = points[(points["variant"] == variant) & np.isclose(points["budget"].astype(float), budget)]
+    if sel.empty:
+        return pd.Series(dtype=float)
+    s = samples[samples["point"] == sel["point"].iloc[0]]
+    return s.set_index("id")[metric].astype(float)
+
+
+def decide(lo: float, hi: float, gap: float = PAPER_GAP) -> str:
+    """Experiment 8's pre-registered decision on the pooled Keyformer - H2O CI ``[lo, hi]``."""
+    if hi < gap:
+        return "does not transfer: the CI excludes +0.3" + ("; Keyformer is better by less" if lo > 0 else "")
+    if lo >= gap:
+        return "transfers: the CI lies above +0.3"
+    if lo > 0:
+        return "Keyformer beats H2O; whether by +0.3 is unresolved"
+    return "inconclusive: the CI holds 0 and +0.3"
+
+
+def powered_study(points: pd.DataFrame, samples: pd.DataFrame, budgets: Sequence[float] = (0.2, 0.3, 0.5),
+                  metric: str = "rouge2", n_boot: int = 10000, seed: int = 0, half_width: float = 0.25) -> dict:
+    """Experiment 8's analysis (``experiments/exp8_powered.md``): per article, d = mean(Keyformer seeds 0 and 1)
+    - H2O; per budget and pooled over budgets (per-article mean of d), with paired bootstrap CIs over the
+    articles every core arm finished; the decision; the noise's own spread (seed 0 - seed 1); the extra arms
+    at 0.3 against H2O; and the n that the observed SD needs for a CI half-width of ``half_width``."""
+    arms = {(v, b): _arm(points, samples, v, b, metric) for b in budgets for v in ("h2o", "keyformer_s0", "keyformer_s1")}
+    ids = sorted(set.intersection(*[set(s.index) for s in arms.values()])) if all(len(s) for s in arms.values()) else []
+    out: dict = {"n": len(ids), "budgets": [], "extras": []}
+    if not ids:
+        return out
+    ds = []
+    for b in budgets:
+        h, k0, k1 = (arms[(v, b)].loc[ids] for v in ("h2o", "keyformer_s0", "keyformer_s1"))
+        kf = (k0 + k1) / 2
+        d = paired_bootstrap(kf, h, n_boot=n_boot, seed=seed)
+        sd_seeds = paired_bootstrap(k0, k1, n_boot=n_boot, seed=seed)
+        out["budgets"].append({"budget": b, "h2o": float(h.mean()), "keyformer": float(kf.mean()),
+                               "keyformer_s0": float(k0.mean()), "keyformer_s1": float(k1.mean()),
+                               **d.as_dict(), "sd": float((kf - h).std(ddof=1)), "s0_minus_s1": sd_seeds.as_dict()})
+        ds.append((kf - h).rename(b))
+    per_article = pd.concat(ds, axis=1).mean(axis=1)
+    m, lo, hi = mean_ci(per_article.to_numpy(), n_boot=n_boot, seed=seed)
+    sd = float(per_article.std(ddof=1))
+    out["pooled"] = {"diff": m, "ci_lo": lo, "ci_hi": hi, "half_width": (hi - lo) / 2, "sd": sd,
+                     "n_for_half_width": int(np.ceil((1.96 * sd / half_width) ** 2)),
+                     "decision": decide(lo, hi)}
+    ref = arms.get(("h2o", 0.3))
+    for variant in ("keyformer_ns4", "h2o_recent05"):
+        x = _arm(points, samples, variant, 0.3, metric)
+        common = sorted(set(x.index) & set(ref.index)) if ref is not None and len(x) else []
+        if common:
+            d = paired_bootstrap(x.loc[common], ref.loc[common], n_boot=n_boot, seed=seed)
+            out["extras"].append({"variant": variant, "budget": 0.3, "mean": float(x.loc[common].mean()),
+                                  "h2o": float(ref.loc[common].mean()), **d.as_dict()})
+    return out

@@ -261,3 +261,57 @@ def test_report_new_stream_table(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "| 0.2 | 40 |" in out and "+1.00 [+1.00, +1.00] | +0.50 [+0.50, +0.50] |" in out
     assert "Pooled over 2 budgets (40 articles): now - H2O +1.00 [+1.00, +1.00]" in out
+
+
+def _exp8_frames(shift: float, n: int = 400, noise: float = 1.0):
+    """Synthetic experiment 8: Keyformer seeds = H2O + shift + noise, per article and budget."""
+    rng = np.random.default_rng(0)
+    ids = [f"a{i}" for i in range(n)]
+    points, samples = [], []
+    for b in (0.2, 0.3, 0.5):
+        base = rng.normal(10, 3, n)
+        for v, add in (("h2o", 0.0), ("keyformer_s0", shift), ("keyformer_s1", shift), ("h2o_recent05", -1.0)):
+            if v == "h2o_recent05" and b != 0.3:
+                continue
+            point = f"budget={b},{v}"
+            points.append({"point": point, "variant": v, "budget": b})
+            x = base + add + (rng.normal(0, noise, n) if v.startswith("keyformer") else 0)
+            samples += [{"point": point, "id": i, "rouge2": float(val)} for i, val in zip(ids, x, strict=True)]
+    return pd.DataFrame(points), pd.DataFrame(samples)
+
+
+@pytest.mark.parametrize("shift, noise, decision", [(0.0, 1.0, "does not transfer"), (1.0, 1.0, "transfers"),
+                                                    (0.3, 1.0, "Keyformer beats H2O"), (0.4, 10.0, "inconclusive")])
+def test_powered_study_decision_and_estimates(shift, noise, decision):
+    points, samples = _exp8_frames(shift, noise=noise)
+    r = analysis.powered_study(points, samples, n_boot=2000)
+    p = r["pooled"]
+    assert r["n"] == 400 and abs(p["diff"] - shift) < 0.15 * noise and p["ci_lo"] < p["diff"] < p["ci_hi"]
+    assert p["decision"].startswith(decision), p
+    assert [b["budget"] for b in r["budgets"]] == [0.2, 0.3, 0.5]
+    assert abs(r["budgets"][0]["s0_minus_s1"]["diff"]) < 0.3 * noise  # two seeds of the same method
+    (extra,) = r["extras"]
+    assert extra["variant"] == "h2o_recent05" and extra["diff"] == pytest.approx(-1.0)
+    # the n that the observed SD needs for a half-width of 0.25
+    assert p["n_for_half_width"] == int(np.ceil((1.96 * p["sd"] / 0.25) ** 2))
+
+
+def test_powered_study_uses_only_articles_every_core_arm_finished():
+    points, samples = _exp8_frames(0.5, n=50)
+    samples = samples[~((samples["point"] == "budget=0.5,keyformer_s1") & samples["id"].isin(["a0", "a1"]))]
+    assert analysis.powered_study(points, samples, n_boot=200)["n"] == 48
+    assert analysis.powered_study(points[points["variant"] != "keyformer_s1"], samples)["n"] == 0
+
+
+def test_collect_task_metrics_needle_fields_and_kv_quant():
+    from keyformer.tools.collect import point_rows
+
+    cfg = {"policy": {"_target_": "keyformer.policies.h2o.H2OPolicy", "budget": 0.2, "recent": 0.3},
+           "dataset": {"name": "needle"}, "n_samples": 2, "kv_quant": {"bits": 4, "group_size": 32}}
+    preds = [{"id": f"n{i}", "prompt_tokens": 100, "truncated_tokens": 10 * i, "generated_tokens": 4,
+              "rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0, "rougeLsum": 1.0, "accuracy": bool(i),
+              "needle_length": 1000, "needle_depth": 0.5 * i, "kv_bytes": 1, "kv_bytes_full": 4,
+              "prediction": "x"} for i in range(2)]
+    row, s = point_rows("p", cfg, preds, {"complete": True})
+    assert row["accuracy"] == 0.5 and row["n_truncated"] == 1 and row["kv_quant"] == 4 and row["complete"]
+    assert list(s.columns[-4:]) == ["accuracy", "needle_length", "needle_depth", "prediction"]

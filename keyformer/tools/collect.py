@@ -40,6 +40,10 @@ import yaml
 ROUGE = ["rouge1", "rouge2", "rougeL", "rougeLsum"]
 SAMPLE_COLS = ["id", "prompt_tokens", "truncated_tokens", "generated_tokens", *ROUGE, "kv_bytes",
                "kv_bytes_full", "prefill_ms", "decode_ms", "batch_size", "prediction"]
+# task metrics of some datasets (long-context QA, LongBench, the needle and sample retrieval tasks) and the
+# needle's coordinates: collected per sample and averaged per point when the runs have them
+TASK_COLS = ["token_f1", "exact_match", "rougeL_longbench", "accuracy"]
+NEEDLE_COLS = ["needle_length", "needle_depth"]
 METRIC_COLS = ["prefill_ms", "decode_ms_per_token", "tokens_per_s", "kv_bytes", "kv_bytes_full", "kv_ratio",
                "wall_s"]
 
@@ -78,6 +82,7 @@ def point_config(cfg: dict) -> dict:
         "seed": cfg.get("seed"),
         "chat_template": (cfg.get("model") or {}).get("chat_template"),
         "variant": cfg.get("variant"),
+        "kv_quant": ((cfg.get("kv_quant") or {}).get("bits")),
     }
     if row["policy"] == "full":
         row["budget"], row["recent"] = 1.0, None
@@ -93,13 +98,18 @@ def point_rows(name: str, cfg: dict, preds: list[dict], metrics: dict) -> tuple[
     df = pd.DataFrame(preds)
     for k in ROUGE:
         row[k] = float(df[k].mean())
+    for k in TASK_COLS:
+        if k in df:
+            row[k] = float(df[k].astype(float).mean())
+    if "truncated_tokens" in df:
+        row["n_truncated"] = int((df["truncated_tokens"] > 0).sum())
     for k in METRIC_COLS:
         row[k] = metrics.get(k)
     if row["kv_ratio"] is None and "kv_bytes" in df and df["kv_bytes_full"].sum():
         row["kv_ratio"] = float(df["kv_bytes"].sum() / df["kv_bytes_full"].sum())
     row["mean_prompt_tokens"] = float(df["prompt_tokens"].mean())
     row["mean_generated_tokens"] = float(df["generated_tokens"].mean())
-    s = df[[c for c in SAMPLE_COLS if c in df]].copy()
+    s = df[[c for c in [*SAMPLE_COLS[:-1], *TASK_COLS, *NEEDLE_COLS, SAMPLE_COLS[-1]] if c in df]].copy()
     s.insert(0, "point", name)
     return row, s
 

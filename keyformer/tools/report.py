@@ -151,6 +151,30 @@ def new_stream(res: Path, name: str = "exp1_cnndm_stream2") -> None:
         print(f"\nPooled over {len(diffs)} budgets ({len(per_article)} articles): now - H2O {fmt_ci(m, lo, hi)}")
 
 
+def powered(res: Path, name: str = "exp8_powered") -> None:
+    """Experiment 8: the powered, paired Keyformer vs H2O study and its pre-registered decision."""
+    if not (res / name / "points.csv").exists():
+        return
+    points, samples = analysis.load_experiment(res, name)
+    r = analysis.powered_study(points, samples)
+    print(f"\n### {name}: Keyformer (mean of 2 noise seeds) - H2O, ROUGE-2, {r['n']} articles every core arm "
+          "finished\n")
+    if not r["n"]:
+        return
+    print("| budget | H2O | Keyformer | KF - H2O [95 % CI] | SD of d | seed 0 - seed 1 [95 % CI] |\n|---|---|---|---|---|---|")
+    for b in r["budgets"]:
+        s = b["s0_minus_s1"]
+        print(f"| {b['budget']:.1f} | {b['h2o']:.2f} | {b['keyformer']:.2f} | {fmt_ci(b['diff'], b['ci_lo'], b['ci_hi'])} | "
+              f"{b['sd']:.2f} | {fmt_ci(s['diff'], s['ci_lo'], s['ci_hi'])} |")
+    p = r["pooled"]
+    print(f"\nPooled over {len(r['budgets'])} budgets: {fmt_ci(p['diff'], p['ci_lo'], p['ci_hi'])} (half-width "
+          f"{p['half_width']:.3f}, per-article SD {p['sd']:.2f}; half-width 0.25 needs n = {p['n_for_half_width']}). "
+          f"Decision: **{p['decision']}**.")
+    for e in r["extras"]:
+        print(f"\nAt 0.3, {e['variant']} - H2O over {e['n']} articles: {fmt_ci(e['diff'], e['ci_lo'], e['ci_hi'])} "
+              f"({e['mean']:.2f} vs {e['h2o']:.2f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=Path, default=Path("results"), help="curated results folder")
@@ -160,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         curve_experiment(res, name, pairs)
     realisations(res)
     new_stream(res)
+    powered(res)
     attention(res)
     ablations(res)
     return 0
