@@ -95,17 +95,21 @@ def test_every_experiment_composes(experiment):
         bench = OmegaConf.to_container(cfg.bench, resolve=True)
         assert bench["targets"]["scoring_overhead"] > 1 and bench["groups"] and "hydra" not in bench
     else:
-        folder = experiment.removesuffix("_extras")  # extra arms share their study's folder
+        folder = {"exp8_powered_extras": "exp8_powered", "exp7_quant": "exp7_field"}.get(experiment, experiment)
         assert cfg.hydra.sweep.dir == f"multirun/{folder}" and points
     for point in points:
         c = OmegaConf.to_container(make_cfg(f"+experiment={experiment}", *point), resolve=True)
         for key, value in (p.split("=", 1) for p in point):
             if key == "budget":
-                assert c["budget"] == float(value) and c["policy"]["budget"] == float(value)
+                assert c["budget"] == float(value) and c["policy"].get("budget", c["budget"]) == float(value)
             elif key == "policy":
                 assert c["policy"]["_target_"] == OmegaConf.load(CONF / "policy" / f"{value}.yaml")["_target_"]
             elif key in ("+experiment/ablation", "+experiment/exp8_arm"):
                 assert c["variant"] == value
+            elif key == "+experiment/exp7_task":
+                assert c["task_tag"] == value
+            elif key == "kv_quant":
+                assert c["kv_quant"] == OmegaConf.to_container(OmegaConf.load(CONF / "kv_quant" / f"{value}.yaml"))
             else:
                 raise AssertionError(f"{experiment}: unexpected sweep key {key}")
         if c["task"]["name"] == "generate" and os.environ.get("KEYFORMER_DATA_DIR"):
