@@ -22,6 +22,14 @@ def test_kept_encoding_roundtrip_and_jaccard() -> None:
     assert xc.jaccard(xc.encode_kept([1]), xc.encode_kept([2])) == 0.0
 
 
+def test_json_gz_roundtrip(tmp_path: Path) -> None:
+    obj = {"a": [1, 2, {"b": "c"}]}
+    for name in ("x.json", "x.json.gz"):
+        xc.dump_json(tmp_path / name, obj)
+        assert xc.load_json(tmp_path / name) == obj
+    assert (tmp_path / "x.json.gz").read_bytes()[:2] == b"\x1f\x8b"
+
+
 def test_agreement() -> None:
     assert xc.agreement([1, 2, 3], [1, 2, 3]) == (True, 3)
     assert xc.agreement([1, 2, 3], [1, 9, 3]) == (False, 1)
@@ -61,9 +69,9 @@ def _write(tmp: Path, ours_methods: list[dict[str, Any]], kv_methods: list[dict[
                                                   "prompts": [{"id": "a", "input_ids": list(range(6))}]}))
     full = [_run("a", [1, 2])]
     meta_o = {"transformers": "x", "torch": "t", "threads": 1, "git": {"commit": "abcdef0123", "dirty": []}}
-    (tmp / "ours.json").write_text(json.dumps({"side": "ours", "meta": meta_o, "full": full, "methods": ours_methods}))
-    (tmp / "kvpress.json").write_text(json.dumps({"side": "kvpress", "meta": {"kvpress": "0.5.5", "transformers": "y"},
-                                                  "full": full, "methods": kv_methods}))
+    xc.dump_json(tmp / "ours.json.gz", {"side": "ours", "meta": meta_o, "full": full, "methods": ours_methods})
+    xc.dump_json(tmp / "kvpress.json.gz", {"side": "kvpress", "meta": {"kvpress": "0.5.5", "transformers": "y"},
+                                           "full": full, "methods": kv_methods})
 
 
 def test_merge_and_tables(tmp_path: Path) -> None:

@@ -21,7 +21,8 @@ Sides (JSON each; ``all`` runs them in order and merges), as in :mod:`keyformer.
 * ``kvpress``: ``.venv-kvpress/bin/python -m keyformer.bench.kvpress_crosscheck --side kvpress`` from the
   checkout's root (imports only the standard library, torch, transformers and kvpress).
 * ``ours``: the main venv.
-* ``merge``: ``table.md``, ``table.txt`` and ``merged.json``.
+* ``merge``: ``table.md``, ``table.txt`` and ``merged.json`` (the sides' files are ``ours.json.gz`` and
+  ``kvpress.json.gz``).
 
     bash scripts/setup_kvpress_venv.sh                                 # once
     KEYFORMER_DATA_DIR=../shared/data keyformer-crosscheck-kvpress     # = --side all -> results/crosscheck_kvpress/
@@ -30,6 +31,7 @@ Sides (JSON each; ``all`` runs them in order and merges), as in :mod:`keyformer.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
@@ -184,7 +186,18 @@ def format_tables(rows: list[dict[str, Any]], notes: list[str]) -> tuple[str, st
 
 
 def load_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text())
+    """A JSON file, gzip-compressed when its name ends in ``.gz``."""
+    path = Path(path)
+    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+
+
+def dump_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON, gzip-compressed (reproducibly: no timestamp) when the name ends in ``.gz``."""
+    path, text = Path(path), json.dumps(obj) + "\n"
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        path.write_text(text)
 
 
 def method_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -348,7 +361,7 @@ def side_kvpress(args: argparse.Namespace) -> None:
             methods.append({"name": m["name"], "budget": b, "press": m["press"], "runs": done[key]})
     meta = {"kvpress": version("kvpress"), "transformers": transformers.__version__, "torch": torch.__version__,
             "threads": torch.get_num_threads(), "attn_implementation": "sdpa"}
-    Path(args.out).write_text(json.dumps({"side": "kvpress", "meta": meta, "full": full, "methods": methods}) + "\n")
+    dump_json(Path(args.out), {"side": "kvpress", "meta": meta, "full": full, "methods": methods})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -416,7 +429,7 @@ def side_ours(args: argparse.Namespace) -> None:
             print(f"[ours] {m['name']}@{b:g} {entry.get('skipped', 'done')}", flush=True)
     meta = {"transformers": transformers.__version__, "torch": torch.__version__, "threads": torch.get_num_threads(),
             "git": _git_state()}
-    Path(args.out).write_text(json.dumps({"side": "ours", "meta": meta, "full": full, "methods": methods}) + "\n")
+    dump_json(Path(args.out), {"side": "ours", "meta": meta, "full": full, "methods": methods})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -424,9 +437,9 @@ def side_ours(args: argparse.Namespace) -> None:
 
 
 def merge(out_dir: Path) -> tuple[list[dict[str, Any]], str, str]:
-    """Merged rows and the (Markdown, text) tables of ``prompts.json``, ``ours.json`` and ``kvpress.json``."""
+    """Merged rows and the (Markdown, text) tables of ``prompts.json``, ``ours.json.gz`` and ``kvpress.json.gz``."""
     spec = load_json(out_dir / "prompts.json")
-    ours, kv = load_json(out_dir / "ours.json"), load_json(out_dir / "kvpress.json")
+    ours, kv = load_json(out_dir / "ours.json.gz"), load_json(out_dir / "kvpress.json.gz")
     kv_by = {(m["name"], m["budget"]): m for m in kv["methods"]}
     rows = []
     for m in ours["methods"]:
@@ -451,7 +464,7 @@ def merge(out_dir: Path) -> tuple[list[dict[str, Any]], str, str]:
         "(tokens); ours=full / kv=full and pfx: the same against that side's own full cache.",
         f"Full caches, ours vs kvpress: identical on {sum(e for e, _ in full_cross)}/{len(full_cross)} prompts, "
         f"mean common prefix {statistics.fmean(p for _, p in full_cross):.1f} tokens.",
-        "Rows named [kv: ...] are diagnostics: the kvpress press changed in the named respect (see README).",
+        "Rows named [kv: ...] are diagnostics: the kvpress press changed in the named respect (results/README.md explains them).",
     ]
     md, txt = format_tables(rows, notes)
     return rows, md, txt
@@ -486,8 +499,8 @@ def side_all(args: argparse.Namespace) -> None:
          "--n-prompts", str(args.n_prompts), "--new-tokens", str(args.new_tokens), "--budgets",
          *[str(b) for b in args.budgets], "--min-tokens", str(args.min_tokens), "--max-tokens", str(args.max_tokens),
          "--out", prompts],
-        [sys.executable, *me, "--side", "ours", *common, "--prompts", prompts, "--out", str(out_dir / "ours.json")],
-        [str(kv_py), *me, "--side", "kvpress", *common, "--prompts", prompts, "--out", str(out_dir / "kvpress.json")],
+        [sys.executable, *me, "--side", "ours", *common, "--prompts", prompts, "--out", str(out_dir / "ours.json.gz")],
+        [str(kv_py), *me, "--side", "kvpress", *common, "--prompts", prompts, "--out", str(out_dir / "kvpress.json.gz")],
     ]
     for cmd in steps:
         print("$", " ".join(cmd), flush=True)
@@ -511,7 +524,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-diagnostics", dest="diagnostics", action="store_false", help="skip the DIAGNOSTICS rows")
     ap.add_argument("--only", nargs="+", help="run only these method names (sides ours/kvpress)")
     ap.add_argument("--prompts", help="prompts.json (sides ours/kvpress)")
-    ap.add_argument("--out", help="output JSON (sides prompts/ours/kvpress)")
+    ap.add_argument("--out", help="output JSON (sides prompts/ours/kvpress; gzip-compressed if it ends in .gz)")
     ap.add_argument("--out-dir", default=str(DEFAULT_OUT), help="folder of all/merge")
     args = ap.parse_args(argv)
     {"all": side_all, "prompts": side_prompts, "kvpress": side_kvpress, "ours": side_ours,
