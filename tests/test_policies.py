@@ -97,3 +97,19 @@ def test_cache_refuses_a_model_that_bypasses_it():
 
     with pytest.raises(RuntimeError, match="prepare_model"):
         generate(model, ids, None, make_policy("h2o", budget=0.5), max_new_tokens=4)
+
+
+def test_snapkv_pools_only_the_keys_before_the_observation_window():
+    """As the authors' ``avg_pool1d(attn[..., -window:, :-window])``: the window is cut off before pooling (it is
+    kept regardless), so the keys just before it do not average in the window's own local attention."""
+    import torch
+
+    from keyformer.policies import make_policy
+    from keyformer.policies.base import Context
+
+    pol = make_policy("snapkv", budget=0.5, window_size=3, kernel_size=3)
+    state = torch.tensor([[[1.0, 1, 1, 1, 1, 1, 1, 9, 9, 9]]])
+    ctx = Context(pos=torch.arange(10).view(1, 1, -1), cur=torch.tensor([9]))
+    out = pol.after_prompt(state.clone(), ctx)
+    assert torch.allclose(out[0, 0, :7], torch.tensor([2 / 3, 1, 1, 1, 1, 1, 2 / 3]))
+    assert out[0, 0, 7:].max() < 1  # the window's own 9s are gone (its scores do not matter: it is kept)

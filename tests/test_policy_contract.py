@@ -200,10 +200,11 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
         Hq, S, _ = logits.shape
         G = Hq // hkv
         kl = layer_k(layer)
-        masks, states, prios = [], [], []
-        for h in range(hkv):  # the prompt: full attention, scores folded into the state
+        masks, states, prios, accs = [], [], [], []
+        layer_mean = getattr(policy, "head_reduction", None) == "layer"  # one set per layer (TOVA): mean of heads
+        for h in range(hkv):  # the prompt: full attention, scores of the observed rows
             m = torch.zeros(S, S, dtype=torch.bool)
-            state, acc = torch.zeros(S), torch.zeros(n)
+            acc = torch.zeros(n)
             for r in range(n):
                 m[r, : r + 1] = True
                 if policy.needs_attention and r >= n - rows:
@@ -211,11 +212,16 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
                     for g in range(G):
                         probs = torch.softmax(logits[h * G + g, r, : r + 1], -1)
                         acc[: r + 1] += _row_score(policy, probs, pn[h * G + g, : r + 1], 0, horizon)
-            if policy.needs_attention:
-                ctx = Context(step=0, horizon=horizon)
-                fold(state, list(range(n)), acc, ctx)
-                state[:n] = policy.after_prompt(state[:n].view(1, 1, -1).clone(), ctx).view(-1)
             masks.append(m)
+            accs.append(acc)
+        if layer_mean:
+            accs = [torch.stack(accs).mean(0)] * hkv
+        for h in range(hkv):  # folded into the state, pooled, prioritised
+            state = torch.zeros(S)
+            if policy.needs_attention:
+                ctx = Context(step=0, horizon=horizon, pos=torch.arange(n).view(1, 1, -1), cur=torch.tensor([n - 1]))
+                fold(state, list(range(n)), accs[h], ctx)
+                state[:n] = policy.after_prompt(state[:n].view(1, 1, -1).clone(), ctx).view(-1)
             states.append(state)
             prios.append(prio_of(state, list(range(n)), n - 1, 0))
         cuts = cut(prios, kl) if kl < n else [list(range(n))] * hkv
@@ -232,9 +238,11 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
                 if policy.needs_attention:
                     pn = prompt_noise(seed, layer, i, i + 1, Hq, "cpu")[:, 0]
                     row = torch.zeros(len(vis))
-                    for g in range(G):
-                        probs = torch.softmax(logits[h * G + g, i, vis], -1)
-                        row += _row_score(policy, probs, pn[h * G + g, vis], t, horizon)
+                    for hh in (range(hkv) if layer_mean else [h]):  # layer mean: every head holds this same set
+                        for g in range(G):
+                            probs = torch.softmax(logits[hh * G + g, i, vis], -1)
+                            row += _row_score(policy, probs, pn[hh * G + g, vis], t, horizon)
+                    row = row / hkv if layer_mean else row
                     fold(state, vis, row, Context(step=t, horizon=horizon))
                 kept = vis
                 if len(kept) > kh:
@@ -373,7 +381,8 @@ def test_pyramid_and_adakv_budgets_act():
     pyr = make_policy("pyramidkv", budget=0.5, window_size=4)
     out = generate(model, ids, None, pyr, max_new_tokens=2, seed=1)
     held = [len(out.cache.kept_positions(li)[0][0]) - 1 for li in range(len(out.cache.layers))]
-    assert held[0] > held[-1] and sum(held) == k * len(held)
+    assert held[0] > held[-1] and abs(sum(held) - k * len(held)) <= len(held) / 2  # mean k, up to rounding
+    assert min(held) >= 4  # every layer keeps the observation window
     ada = make_policy("adakv_keyformer", budget=0.5)
     out = generate(model, ids, None, ada, max_new_tokens=2, seed=1)
     for li in range(len(out.cache.layers)):

@@ -1,15 +1,17 @@
 """PyramidKV (Cai et al. 2024): SnapKV with per-layer budgets that shrink with depth.
 
 Scores and the single prompt cut are SnapKV's (observation window of the last ``window_size`` queries,
-pooled). The budget of layer ``l`` of ``L`` falls linearly from ``max`` at the first layer to ``min`` at the
-last, with ``min = k / beta`` and ``max = 2k - min`` for the per-sample budget ``k``, so the mean over layers
-is ``k`` (the same total as SnapKV, up to rounding). If ``max`` would exceed ``n - window_size`` it is capped
-there and ``min = 2k - max`` (the authors' KVCache-Factory rule, also kvpress's). Budgets are clamped to
-[1, n]. Defaults are the authors' (beta 20, window 64, kernel 5).
+pooled). Every layer keeps the window ``w = min(window_size, k)``; the budget outside it, ``k - w`` on average,
+falls linearly from ``max`` at the first layer to ``min`` at the last, with ``min = (k - w) / beta`` and
+``max = 2 (k - w) - min``, so the mean over layers is ``k`` (the same total as SnapKV, up to rounding). If
+``max`` would exceed ``n - w`` it is capped there and ``min = 2 (k - w) - max``. This is the authors'
+KVCache-Factory rule (``PyramidKVCluster``: the pyramid is over the budget outside the window). Budgets are
+clamped to [1, n]. Defaults are the authors' (beta 20, window 64, kernel 5).
 
-``fallback``: kvpress also falls back to uniform (SnapKV) budgets whenever ``min < window_size``, i.e. for
-every prompt shorter than about ``beta * window_size / (1 - compression)`` tokens; the paper has no such rule,
-so it is off by default and exists for the kvpress cross-check.
+``fallback``: kvpress falls back to uniform (SnapKV) budgets whenever its ``min`` is below ``window_size``,
+i.e. for every prompt shorter than about ``beta * window_size / (1 - compression)`` tokens; the paper has no
+such rule, so it is off by default and exists for the kvpress cross-check (applied here to the budget outside
+the window).
 """
 
 from __future__ import annotations
@@ -35,15 +37,15 @@ class PyramidKVPolicy(SnapKVPolicy):
             raise ValueError(f"beta={self.beta!r} must be a number >= 1 (the pyramid's max/min budget ratio)")
 
     def layer_budget(self, k: torch.Tensor, n: torch.Tensor, layer: int, num_layers: int) -> torch.Tensor:
-        kf, nf, win = k.double(), n.double(), float(self.window_size)
-        lo = kf / self.beta
-        hi = 2 * kf - lo
-        cap = hi >= nf - win
-        hi = torch.where(cap, nf - win, hi)
-        lo = torch.where(cap, 2 * kf - hi, lo)
+        w = k.clamp(max=self.window_size).double()
+        kk, nf = k.double() - w, n.double()
+        lo = kk / self.beta
+        hi = 2 * kk - lo
+        cap = hi >= nf - w
+        hi = torch.where(cap, nf - w, hi)
+        lo = torch.where(cap, 2 * kk - hi, lo)
         steps = (hi - lo) / max(num_layers - 1, 1)
-        out = torch.round(hi - layer * steps).long()
+        out = (w + torch.round(hi - layer * steps)).long()
         if self.fallback:
-            ok = (nf >= hi) & (hi >= lo) & (lo >= win)
-            out = torch.where(ok, out, k)
+            out = torch.where(lo >= self.window_size, out, k)
         return torch.minimum(out.clamp(min=1), n)

@@ -1,8 +1,9 @@
 """SnapKV (Li et al. 2024): compress the prompt once, by the attention of its last queries.
 
-The last ``window_size`` prompt queries (the observation window) score every prompt token: their attention
-probabilities, summed over the window's rows and the query heads of a GQA group, then average-pooled along
-the keys (``kernel_size``, zero padding, as the authors' ``avg_pool1d``). The cache keeps the observation window
+The last ``window_size`` prompt queries (the observation window) score every prompt token before the window:
+their attention probabilities, summed over the window's rows and the query heads of a GQA group, then
+average-pooled along the keys (``kernel_size``, zero padding, the window cut off first, as the authors'
+``avg_pool1d`` over ``attn[..., -window:, :-window]``). The cache keeps the observation window
 plus the top ``k - window`` other prompt tokens, per (sample, layer, KV head), once after the prompt; every
 generated token is then kept. Defaults are the authors' code's (window 64, kernel 5, average pooling).
 """
@@ -45,6 +46,10 @@ class SnapKVPolicy(Policy):
         return k.clamp(max=self.window_size)
 
     def after_prompt(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """Pool the scores of the keys before the observation window (the window itself is kept); as the
+        authors' ``attn[..., -window:, :-window]`` then ``avg_pool1d``, the window counts as zero padding."""
         B, H, n = state.shape
+        window = ctx.pos[..., :n] > (ctx.cur - self.window_size).view(-1, 1, 1)
+        state = state.masked_fill(window, 0.0)
         pooled = F.avg_pool1d(state.reshape(B * H, 1, n), self.kernel_size, stride=1, padding=self.kernel_size // 2)
         return pooled.view(B, H, n)
