@@ -65,18 +65,8 @@ METHODS: list[dict[str, Any]] = [
 DIAGNOSTICS: list[dict[str, Any]] = [
     {"name": "SnapKV [kv: floor count]", "press": {"cls": "SnapKVPress", "kw": SNAP, "exact_count": True},
      "policy": "snapkv", "policy_kw": SNAP},
-    {"name": "SnapKV [kv: floor count, pool all keys]", "press": {"cls": "SnapKVPoolAll", "kw": SNAP,
-                                                                   "exact_count": True},
-     "policy": "snapkv", "policy_kw": SNAP},
     {"name": "TOVA [kv: floor count, per KV head]", "press": {"cls": "TOVAPerKVHead", "kw": {}, "exact_count": True},
-     "policy": "tova", "policy_kw": {"recent": 0.0, "prefill_only": True}},
-    {"name": "PyramidKV fallback [kv: floor count, pool all keys]",
-     "press": {"cls": "PyramidKVAligned", "kw": {**SNAP, "beta": 20}},
-     "policy": "pyramidkv", "policy_kw": {**SNAP, "beta": 20, "fallback": True}},
-    {"name": "AdaKV-SnapKV [kv: floor count, pool all keys]",
-     "press": {"cls": "AdaKVPress", "kw": {"alpha_safeguard": 0.2},
-               "inner": {"cls": "SnapKVPoolAll", "kw": SNAP, "exact_count": True}},
-     "policy": "adakv_snapkv", "policy_kw": {**SNAP, "alpha_safeguard": 0.2}},
+     "policy": "tova", "policy_kw": {"recent": 0.0, "prefill_only": True, "head_reduction": "per_head"}},
 ]
 
 
