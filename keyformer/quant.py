@@ -39,10 +39,8 @@ class KVQuant:
 
     def check_dim(self, d: int) -> None:
         if d % self.group_size:
-            from keyformer.errors import ConfigError
-
-            raise ConfigError("kv_quant.group_size", self.group_size,
-                              f"does not divide this model's head dim {d}; valid: a divisor of {d}")
+            raise ValueError(f"kv_quant.group_size={self.group_size} does not divide this model's head dim {d}; "
+                             f"valid: a divisor of {d}")
 
     def code_width(self, d: int) -> int:
         """Bytes of codes per row of ``d`` values."""

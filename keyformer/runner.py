@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keyformer.data import encode_prompt, load_records
-from keyformer.errors import JobError, first_line
+from keyformer.errors import ConfigError, JobError, first_line
 from keyformer.job import CORE_CODE, Job, Task, policy_fields, run_job
 from keyformer.metrics import ROUGE_KEYS, aggregate, score, sentence_splitter
 
@@ -214,10 +214,17 @@ def _generate_all(
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     from keyformer.quant import kv_quant_from
 
+    kv_quant = kv_quant_from(cfg.get("kv_quant"))
+    if kv_quant is not None:  # refused before anything is written, in one line
+        c = model.config
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        if int(head_dim) % kv_quant.group_size:
+            raise ConfigError("kv_quant.group_size", kv_quant.group_size,
+                              f"does not divide this model's head dim {head_dim}; valid: a divisor of {head_dim}")
     gen_kwargs = dict(max_new_tokens=int(gen["max_new_tokens"]), num_beams=int(gen["num_beams"]),
                       seed=int(cfg["seed"]), mode=gen.get("mode", "physical"), eos_token_id=tok.eos_token_id,
                       pad_token_id=pad_id, min_new_tokens=int(gen.get("min_new_tokens", 0)),
-                      beam_scores=gen.get("beam_scores", "per_beam"), kv_quant=kv_quant_from(cfg.get("kv_quant")))
+                      beam_scores=gen.get("beam_scores", "per_beam"), kv_quant=kv_quant)
     job.begin(model)
     with torch.inference_mode():
         if cfg.get("warmup", True):

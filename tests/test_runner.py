@@ -382,7 +382,8 @@ def run_py(*args, env=None, timeout=600, cwd=ROOT):
 @pytest.mark.slow
 def test_cli_rejections_are_one_line_and_leave_no_folder(tmp_path):
     for args in (["budget=1.5"], ["policy=foo"], ["model=nope"], ["-m", "budget=1.5,0.5", "n_samples=1"],
-                 ["model=cerebras_gpt", "model.name=cerebras/Cerebras-GPT-1.3B"]):
+                 ["model=cerebras_gpt", "model.name=cerebras/Cerebras-GPT-1.3B"], ["kv_quant=int3"],
+                 ["model=tiny_llama", "kv_quant=int4", "n_samples=1"]):  # group 32 does not divide head dim 16
         r = run_py(*args, cwd=tmp_path)
         assert r.returncode == 2, (args, r.stderr[-2000:])
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
