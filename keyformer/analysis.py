@@ -256,3 +256,121 @@ def powered_study(points: pd.DataFrame, samples: pd.DataFrame, budgets: Sequence
             out["extras"].append({"variant": variant, "budget": 0.3, "mean": float(x.loc[common].mean()),
                                   "h2o": float(ref.loc[common].mean()), **d.as_dict()})
     return out
+
+
+# -- experiment 8, the authors' setting on a subset (1920-token raw prompts, 128 tokens, greedy and beam 4) -------
+def _point_series(points: pd.DataFrame, samples: pd.DataFrame, metric: str, **match) -> pd.Series:
+    """Per-sample ``metric`` of the one point whose columns equal ``match`` (floats compared with isclose)."""
+    sel = points
+    for k, v in match.items():
+        col = sel[k]
+        sel = sel[np.isclose(col.astype(float), float(v))] if isinstance(v, float) else sel[col == v]
+    if sel.empty:
+        return pd.Series(dtype=float)
+    return samples[samples["point"] == sel["point"].iloc[0]].set_index("id")[metric].astype(float)
+
+
+def authors_setting(points: pd.DataFrame, samples: pd.DataFrame, short: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+                    budgets: Sequence[float] = (0.5, 0.3), metric: str = "rouge2", n_boot: int = 10000,
+                    seed: int = 0) -> dict:
+    """Experiment 8's authors'-setting subset: per decoding (greedy, beam 4) and budget, full, H2O and Keyformer
+    with paired CIs (Keyformer - H2O, each - full), Keyformer - H2O pooled over budgets per decoding; what the
+    beam adds to the gap (per article: gap under beam - gap under greedy, pooled); and, with ``short`` (exp8's
+    points, samples: 512-token chat prompts, 48 tokens), what the long prompt and generation add (authors'
+    greedy gap - exp8's gap with Keyformer seed 0, the same single noise draw, on the same articles). Every
+    comparison uses the articles all its points finished."""
+    out: dict = {"rows": [], "pooled": [], "beam_minus_greedy": None, "long_minus_short": None}
+    gaps: dict[int, pd.DataFrame] = {}
+    for beams in (1, 4):
+        full = _point_series(points, samples, metric, policy="full", num_beams=beams)
+        per_budget = []
+        for b in budgets:
+            h = _point_series(points, samples, metric, policy="h2o", num_beams=beams, budget=float(b))
+            k = _point_series(points, samples, metric, policy="keyformer", num_beams=beams, budget=float(b))
+            ids = sorted(set(h.index) & set(k.index) & (set(full.index) if len(full) else set(h.index)))
+            if not ids:
+                continue
+            row = {"num_beams": beams, "budget": float(b), "n": len(ids), "h2o": float(h[ids].mean()),
+                   "keyformer": float(k[ids].mean()), "kf_minus_h2o": paired_bootstrap(k[ids], h[ids], n_boot, seed).as_dict()}
+            if len(full):
+                row["full"] = float(full[ids].mean())
+                row["h2o_minus_full"] = paired_bootstrap(h[ids], full[ids], n_boot, seed).as_dict()
+                row["kf_minus_full"] = paired_bootstrap(k[ids], full[ids], n_boot, seed).as_dict()
+            out["rows"].append(row)
+            per_budget.append((k[ids] - h[ids]).rename(float(b)))
+        if len(per_budget) == len(budgets):
+            g = pd.concat(per_budget, axis=1).dropna()
+            gaps[beams] = g
+            m, lo, hi = mean_ci(g.mean(axis=1).to_numpy(), n_boot=n_boot, seed=seed)
+            out["pooled"].append({"num_beams": beams, "n": len(g), "diff": m, "ci_lo": lo, "ci_hi": hi,
+                                  "decision": decide(lo, hi)})
+    if 1 in gaps and 4 in gaps:
+        ids = gaps[1].index.intersection(gaps[4].index)
+        d = gaps[4].loc[ids].mean(axis=1) - gaps[1].loc[ids].mean(axis=1)
+        m, lo, hi = mean_ci(d.to_numpy(), n_boot=n_boot, seed=seed)
+        out["beam_minus_greedy"] = {"n": len(ids), "diff": m, "ci_lo": lo, "ci_hi": hi}
+    if short is not None and 1 in gaps:
+        sp, ss = short
+        per_budget = []
+        for b in budgets:
+            h = _point_series(sp, ss, metric, variant="h2o", budget=float(b))
+            k = _point_series(sp, ss, metric, variant="keyformer_s0", budget=float(b))
+            if len(h) and len(k):
+                per_budget.append((k - h).dropna().rename(float(b)))
+        if len(per_budget) == len(budgets):
+            g_short = pd.concat(per_budget, axis=1).dropna().mean(axis=1)
+            ids = gaps[1].index.intersection(g_short.index)
+            if len(ids):
+                d = gaps[1].loc[ids].mean(axis=1) - g_short.loc[ids]
+                m, lo, hi = mean_ci(d.to_numpy(), n_boot=n_boot, seed=seed)
+                out["long_minus_short"] = {"n": len(ids), "diff": m, "ci_lo": lo, "ci_hi": hi,
+                                           "short_gap": float(g_short.loc[ids].mean())}
+    return out
+
+
+# -- experiment 7: the policies of the field, ranked with paired CIs; accuracy against KV bytes -------------------
+def field_ranking(points: pd.DataFrame, samples: pd.DataFrame, metric: str, ref: str = "keyformer",
+                  n_boot: int = 5000, seed: int = 0) -> pd.DataFrame:
+    """Per budget, every eviction policy's mean ``metric`` with a CI, its paired difference from ``ref`` with a
+    CI (over the samples both finished) and its rank among the policies at that budget (1 = best mean);
+    a ``pooled`` row per policy averages each sample's difference from ``ref`` over the budgets both ran
+    (:func:`pooled_difference`). Quantized points (``kv_quant`` set) and the full reference are left out."""
+    ev = points[(points["policy"] != "full")]
+    if "kv_quant" in ev:
+        ev = ev[ev["kv_quant"].isna()]
+    rows = []
+    for budget in sorted(ev["budget"].unique()):
+        at = ev[np.isclose(ev["budget"], budget)]
+        ref_pt = at.loc[at["policy"] == ref, "point"]
+        for _, p in at.iterrows():
+            x = samples.loc[samples["point"] == p["point"], metric].astype(float).to_numpy()
+            if not len(x):
+                continue
+            m, lo, hi = mean_ci(x, n_boot=n_boot, seed=seed)
+            row = {"budget": float(budget), "policy": p["policy"], "n": len(x), "mean": m, "ci_lo": lo, "ci_hi": hi}
+            if len(ref_pt) and p["policy"] != ref:
+                d = compare_points(samples, p["point"], ref_pt.iloc[0], metric, n_boot, seed)
+                row.update({"diff_vs_ref": d.mean, "d_lo": d.lo, "d_hi": d.hi, "n_paired": d.n})
+            rows.append(row)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    out["rank"] = out.groupby("budget")["mean"].rank(ascending=False, method="min").astype(int)
+    pooled = []
+    for pol in sorted(set(ev["policy"]) - {ref}):
+        try:
+            d, used = pooled_difference(samples, ev, pol, ref, metric, n_boot=n_boot, seed=seed)
+        except ValueError:
+            continue
+        pooled.append({"budget": "pooled", "policy": pol, "n_paired": d.n, "diff_vs_ref": d.mean, "d_lo": d.lo,
+                       "d_hi": d.hi, "budgets_used": ",".join(f"{b:g}" for b in used)})
+    return pd.concat([out, pd.DataFrame(pooled)], ignore_index=True)
+
+
+def pareto_front(x: Sequence[float], y: Sequence[float]) -> np.ndarray:
+    """Boolean mask of the points no other point dominates (less or equal ``x`` = KV bytes, greater or equal
+    ``y`` = accuracy, strictly better in one)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    dominated = ((x[None, :] <= x[:, None]) & (y[None, :] >= y[:, None])
+                 & ((x[None, :] < x[:, None]) | (y[None, :] > y[:, None]))).any(axis=1)
+    return ~dominated

@@ -239,7 +239,7 @@ def test_attention_stats_entry_point(tmp_path):
 
 
 def test_report_new_stream_table(tmp_path: Path, capsys) -> None:
-    """keyformer-report pairs a re-run Keyformer point with the committed H2O and old Keyformer points."""
+    """keyformer-report pairs exp1's Keyformer points with its H2O points and the previous stream's Keyformer."""
     from keyformer.tools import report
 
     rng = np.random.default_rng(3)
@@ -254,13 +254,13 @@ def test_report_new_stream_table(tmp_path: Path, capsys) -> None:
         pd.DataFrame([{"point": p, "id": i, "rouge2": v} for p, (_, _, vals) in pts.items()
                       for i, v in zip(ids, vals, strict=True)]).to_csv(d / "samples.csv", index=False)
 
-    write("exp1_cnndm", {"h": ("h2o", 0.2, base), "k": ("keyformer", 0.2, base + 0.5),
-                         "h5": ("h2o", 0.5, base), "k5": ("keyformer", 0.5, base)})
-    write("exp1_cnndm_stream2", {"n": ("keyformer", 0.2, base + 1.0), "n5": ("keyformer", 0.5, base + 1.0)})
+    write("exp1_cnndm", {"h": ("h2o", 0.2, base), "n": ("keyformer", 0.2, base + 1.0),
+                         "h5": ("h2o", 0.5, base), "n5": ("keyformer", 0.5, base + 1.0)})
+    write("exp1_cnndm_oldstream", {"k": ("keyformer", 0.2, base + 0.5), "k5": ("keyformer", 0.5, base)})
     report.new_stream(tmp_path)
     out = capsys.readouterr().out
     assert "| 0.2 | 40 |" in out and "+1.00 [+1.00, +1.00] | +0.50 [+0.50, +0.50] |" in out
-    assert "Pooled over 2 budgets (40 articles): now - H2O +1.00 [+1.00, +1.00]" in out
+    assert "Pooled over 2 budgets (40 articles): now - old +0.75 [+0.75, +0.75]" in out
 
 
 def _exp8_frames(shift: float, n: int = 400, noise: float = 1.0):
@@ -315,3 +315,67 @@ def test_collect_task_metrics_needle_fields_and_kv_quant():
     row, s = point_rows("p", cfg, preds, {"complete": True})
     assert row["accuracy"] == 0.5 and row["n_truncated"] == 1 and row["kv_quant"] == 4 and row["complete"]
     assert list(s.columns[-4:]) == ["accuracy", "needle_length", "needle_depth", "prediction"]
+
+
+def _authors_frames(n: int = 300, gap_greedy: float = 0.2, gap_beam: float = 1.0):
+    """Synthetic authors'-setting subset: Keyformer = H2O + gap (per decoding), full = H2O + 2."""
+    rng = np.random.default_rng(1)
+    ids = [f"a{i}" for i in range(n)]
+    points, samples = [], []
+    for beams, gap in ((1, gap_greedy), (4, gap_beam)):
+        base = rng.normal(10, 3, n)
+        arms = [("full", 1.0, 2.0)] + [(p, b, gap if p == "keyformer" else 0.0) for p in ("h2o", "keyformer")
+                                       for b in (0.5, 0.3)]
+        for pol, b, add in arms:
+            point = f"budget={b},generation={beams},policy={pol}"
+            points.append({"point": point, "policy": pol, "budget": b, "num_beams": beams})
+            x = base + add + rng.normal(0, 0.5, n)
+            samples += [{"point": point, "id": i, "rouge2": float(v)} for i, v in zip(ids, x, strict=True)]
+    return pd.DataFrame(points), pd.DataFrame(samples)
+
+
+def test_authors_setting_gaps_beam_effect_and_short_reference():
+    points, samples = _authors_frames()
+    short = _exp8_frames(0.0, n=300)  # the 512-token study: no gap on articles a0..a299
+    r = analysis.authors_setting(points, samples, short=short, n_boot=1000)
+    rows = {(x["num_beams"], x["budget"]): x for x in r["rows"]}
+    assert set(rows) == {(1, 0.5), (1, 0.3), (4, 0.5), (4, 0.3)} and all(x["n"] == 300 for x in rows.values())
+    assert rows[(4, 0.3)]["kf_minus_h2o"]["diff"] == pytest.approx(1.0, abs=0.15)
+    assert rows[(1, 0.5)]["h2o_minus_full"]["diff"] == pytest.approx(-2.0, abs=0.15)
+    pooled = {p["num_beams"]: p for p in r["pooled"]}
+    assert pooled[1]["diff"] == pytest.approx(0.2, abs=0.1) and pooled[4]["decision"].startswith("transfers")
+    assert r["beam_minus_greedy"]["diff"] == pytest.approx(0.8, abs=0.15)
+    lms = r["long_minus_short"]
+    assert lms["n"] == 300 and lms["diff"] == pytest.approx(pooled[1]["diff"] - lms["short_gap"], abs=1e-9)
+    # a missing Keyformer point at one budget drops that row and the pooled gap of its decoding
+    r2 = analysis.authors_setting(points[points["point"] != "budget=0.3,generation=4,policy=keyformer"], samples,
+                                  n_boot=200)
+    assert len(r2["rows"]) == 3 and [p["num_beams"] for p in r2["pooled"]] == [1] and r2["beam_minus_greedy"] is None
+
+
+def test_pareto_front_keeps_exactly_the_undominated_points():
+    x = [1.0, 0.5, 0.5, 0.2, 0.3, 1.0]
+    y = [10.0, 9.0, 8.0, 5.0, 4.0, 10.0]  # (0.5, 8) is dominated by (0.5, 9); (0.3, 4) by (0.2, 5); ties kept
+    assert analysis.pareto_front(x, y).tolist() == [True, True, False, True, False, True]
+
+
+def test_field_ranking_ranks_policies_and_pairs_them_with_keyformer():
+    rng = np.random.default_rng(2)
+    ids = [f"s{i}" for i in range(200)]
+    base = rng.normal(10, 3, 200)
+    shift = {"keyformer": 0.0, "h2o": -1.0, "snapkv": 1.0, "full": 3.0}
+    points, samples = [], []
+    for pol, add in shift.items():
+        for b in ((1.0,) if pol == "full" else (0.2, 0.5)):
+            for q in ((None, 8) if pol == "h2o" and b == 0.2 else (None,)):
+                point = f"{pol},{b},{q}"
+                points.append({"point": point, "policy": pol, "budget": b, "kv_quant": q})
+                x = base + add + (5.0 if q else 0.0) + rng.normal(0, 0.3, 200)  # the quantized point must be left out
+                samples += [{"point": point, "id": i, "rouge2": float(v)} for i, v in zip(ids, x, strict=True)]
+    t = analysis.field_ranking(pd.DataFrame(points), pd.DataFrame(samples), "rouge2", n_boot=500)
+    at = t[t["budget"] == 0.2].set_index("policy")
+    assert list(at.sort_values("rank").index) == ["snapkv", "keyformer", "h2o"]
+    assert at.loc["h2o", "diff_vs_ref"] == pytest.approx(-1.0, abs=0.1) and np.isnan(at.loc["keyformer", "diff_vs_ref"])
+    pooled = t[t["budget"] == "pooled"].set_index("policy")
+    assert set(pooled.index) == {"h2o", "snapkv"} and pooled.loc["snapkv", "budgets_used"] == "0.2,0.5"
+    assert pooled.loc["snapkv", "d_lo"] < 1.0 < pooled.loc["snapkv", "d_hi"]

@@ -108,6 +108,8 @@ def test_every_experiment_composes(experiment):
                 assert c["variant"] == value
             elif key == "+experiment/exp7_task":
                 assert c["task_tag"] == value
+            elif key == "generation":
+                assert c["generation"]["name"] == value
             elif key == "kv_quant":
                 assert c["kv_quant"] == OmegaConf.to_container(OmegaConf.load(CONF / "kv_quant" / f"{value}.yaml"))
             else:

@@ -25,7 +25,9 @@ REQUIRES = {
     "exp4_attention": ["results/exp4_attention/layers.csv", "results/exp4_attention/meta.json"],
     "exp5_ablations": ["results/exp5_ablations/points.csv", "results/exp5_ablations/samples.csv"],
     "exp6_speedup": ["results/bench/bench.csv"],
+    "exp7_field": ["results/exp7_field"],
     "exp8_powered": ["results/exp8_powered/points.csv", "results/exp8_powered/samples.csv"],
+    "exp8_authors": ["results/exp8_authors/points.csv", "results/exp8_authors/samples.csv"],
     "fewshot": ["results/fewshot"],
 }
 

@@ -78,6 +78,7 @@ def point_config(cfg: dict) -> dict:
         "max_prompt_tokens": cfg.get("max_prompt_tokens"),
         "max_new_tokens": gen.get("max_new_tokens"),
         "num_beams": gen.get("num_beams"),
+        "beam_scores": gen.get("beam_scores"),
         "batch_size": cfg.get("batch_size"),
         "seed": cfg.get("seed"),
         "chat_template": (cfg.get("model") or {}).get("chat_template"),

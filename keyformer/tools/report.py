@@ -120,35 +120,35 @@ def realisations(res: Path) -> None:
               f"{a.loc[ids, 'rouge2'].mean():.2f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
 
 
-def new_stream(res: Path, name: str = "exp1_cnndm_stream2") -> None:
-    """Keyformer re-run on the fast core's noise stream (hash noise, per-sample seeds) against the committed
-    H2O and old-stream Keyformer points of exp1, paired over the same articles."""
-    if not (res / name / "points.csv").exists() or not (res / "exp1_cnndm" / "points.csv").exists():
+def new_stream(res: Path, old: str = "exp1_cnndm_oldstream") -> None:
+    """Experiment 1's Keyformer points (the fast core's noise stream: hash noise, per-sample seeds) against the
+    same points on the previous stream (kept in ``old``) and against H2O, paired over the same articles."""
+    if not (res / old / "points.csv").exists() or not (res / "exp1_cnndm" / "points.csv").exists():
         return
-    p_new, s_new = analysis.load_experiment(res, name)
+    p_old, s_old = analysis.load_experiment(res, old)
     p_ref, s_ref = analysis.load_experiment(res, "exp1_cnndm")
-    print(f"\n### exp1: Keyformer on the fast core's noise stream ({name}) vs H2O and the old stream (ROUGE-2)\n")
+    print(f"\n### exp1: Keyformer on the current noise stream vs the previous stream ({old}) and H2O (ROUGE-2)\n")
     print("| budget | n | Keyformer now | Keyformer old | H2O | now - H2O [95 % CI] | now - old [95 % CI] |\n"
           "|---|---|---|---|---|---|---|")
     diffs = []
-    for _, pk in p_new[p_new["policy"] == "keyformer"].sort_values("budget").iterrows():
-        ref = {pol: p_ref[(p_ref["policy"] == pol) & np.isclose(p_ref["budget"], pk["budget"])]
-               for pol in ("h2o", "keyformer")}
-        if any(r.empty for r in ref.values()):
+    for _, pk in p_ref[p_ref["policy"] == "keyformer"].sort_values("budget").iterrows():
+        ph = p_ref[(p_ref["policy"] == "h2o") & np.isclose(p_ref["budget"], pk["budget"])]
+        po = p_old[(p_old["policy"] == "keyformer") & np.isclose(p_old["budget"], pk["budget"])]
+        if ph.empty or po.empty:
             continue
-        a = s_new[s_new["point"] == pk["point"]].set_index("id")
-        h = s_ref[s_ref["point"] == ref["h2o"]["point"].iloc[0]].set_index("id")
-        o = s_ref[s_ref["point"] == ref["keyformer"]["point"].iloc[0]].set_index("id")
+        a = s_ref[s_ref["point"] == pk["point"]].set_index("id")
+        h = s_ref[s_ref["point"] == ph["point"].iloc[0]].set_index("id")
+        o = s_old[s_old["point"] == po["point"].iloc[0]].set_index("id")
         ids = a.index.intersection(h.index).intersection(o.index)
         dh = analysis.paired_bootstrap(a.loc[ids, "rouge2"], h.loc[ids, "rouge2"], n_boot=5000)
         do = analysis.paired_bootstrap(a.loc[ids, "rouge2"], o.loc[ids, "rouge2"], n_boot=5000)
-        diffs.append((a.loc[ids, "rouge2"] - h.loc[ids, "rouge2"]).rename(pk["budget"]))
+        diffs.append((a.loc[ids, "rouge2"] - o.loc[ids, "rouge2"]).rename(pk["budget"]))
         print(f"| {pk['budget']:.1f} | {len(ids)} | {a.loc[ids, 'rouge2'].mean():.2f} | {o.loc[ids, 'rouge2'].mean():.2f} | "
               f"{h.loc[ids, 'rouge2'].mean():.2f} | {fmt_ci(dh.mean, dh.lo, dh.hi)} | {fmt_ci(do.mean, do.lo, do.hi)} |")
     if len(diffs) > 1:  # pooled over budgets: per-article mean difference, bootstrapped over articles
         per_article = pd.concat(diffs, axis=1).dropna().mean(axis=1)
         m, lo, hi = analysis.mean_ci(per_article.to_numpy(), n_boot=5000)
-        print(f"\nPooled over {len(diffs)} budgets ({len(per_article)} articles): now - H2O {fmt_ci(m, lo, hi)}")
+        print(f"\nPooled over {len(diffs)} budgets ({len(per_article)} articles): now - old {fmt_ci(m, lo, hi)}")
 
 
 def powered(res: Path, name: str = "exp8_powered") -> None:
@@ -175,6 +175,32 @@ def powered(res: Path, name: str = "exp8_powered") -> None:
               f"({e['mean']:.2f} vs {e['h2o']:.2f})")
 
 
+def authors(res: Path, name: str = "exp8_authors", short: str = "exp8_powered") -> None:
+    """Experiment 8's authors'-setting subset: does the long prompt, the long generation or the beam bring the gap?"""
+    if not (res / name / "points.csv").exists():
+        return
+    points, samples = analysis.load_experiment(res, name)
+    ref = analysis.load_experiment(res, short) if (res / short / "points.csv").exists() else None
+    r = analysis.authors_setting(points, samples, short=ref)
+    print(f"\n### {name}: 1920-token raw Alpaca prompts, 128 new tokens, greedy and beam 4 (shared scores); ROUGE-2\n")
+    print("| decoding | budget | n | full | H2O | Keyformer | KF - H2O [95 % CI] | H2O - full [95 % CI] | "
+          "KF - full [95 % CI] |\n|---|---|---|---|---|---|---|---|---|")
+    for row in r["rows"]:
+        ci = {k: fmt_ci(v["diff"], v["ci_lo"], v["ci_hi"]) if k in row else "-"
+              for k, v in ((k, row.get(k, {})) for k in ("kf_minus_h2o", "h2o_minus_full", "kf_minus_full"))}
+        print(f"| {'greedy' if row['num_beams'] == 1 else 'beam ' + str(row['num_beams'])} | {row['budget']:.1f} | "
+              f"{row['n']} | {row.get('full', float('nan')):.2f} | {row['h2o']:.2f} | {row['keyformer']:.2f} | "
+              f"{ci['kf_minus_h2o']} | {ci['h2o_minus_full']} | {ci['kf_minus_full']} |")
+    for p in r["pooled"]:
+        print(f"\nPooled KF - H2O, {'greedy' if p['num_beams'] == 1 else 'beam 4'} ({p['n']} articles): "
+              f"{fmt_ci(p['diff'], p['ci_lo'], p['ci_hi'])} ({p['decision']})")
+    for key, what in (("beam_minus_greedy", "gap under beam 4 - gap under greedy"),
+                      ("long_minus_short", "authors' greedy gap - exp8's gap (512-token chat prompt, 48 tokens, seed 0)")):
+        d = r[key]
+        if d:
+            print(f"\n{what} ({d['n']} articles): {fmt_ci(d['diff'], d['ci_lo'], d['ci_hi'])}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=Path, default=Path("results"), help="curated results folder")
@@ -185,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     realisations(res)
     new_stream(res)
     powered(res)
+    authors(res)
     attention(res)
     ablations(res)
     return 0
