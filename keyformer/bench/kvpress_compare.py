@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -271,7 +272,10 @@ def side_merge(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def side_all(args: argparse.Namespace) -> None:
+def run_sides(args: argparse.Namespace, module: str, tool: str, merge, ext: str = "json",
+              extra: Sequence[str] = ()) -> None:
+    """A kvpress comparison's three sides, each in its own process from the checkout's root (prompts and ours in
+    this environment, kvpress in its own venv), then ``merge(args)``; ``tool`` is recorded in command.txt."""
     root = Path(__file__).resolve().parents[2]  # the sides run from the checkout's root (see the docstring)
     out_dir = Path(args.out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -280,22 +284,26 @@ def side_all(args: argparse.Namespace) -> None:
         sys.exit(f"{kv_py} missing: run `bash scripts/setup_kvpress_venv.sh` first")
     if not args.data:
         sys.exit("no CNN/DailyMail file: set KEYFORMER_DATA_DIR or pass --data")
-    common = ["--model-dir", str(Path(args.model_dir).resolve())]
-    me = ["-m", "keyformer.bench.kvpress_compare"]
+    common = ["--model-dir", str(Path(args.model_dir).resolve()), *extra]
+    me = ["-m", module]
     prompts = str(out_dir / "prompts.json")
-    budgets = [str(b) for b in args.budgets]
     steps = [
-        [sys.executable, *me, "--side", "prompts", *common, "--data", str(Path(args.data).resolve()), "--n-prompts", str(args.n_prompts),
-         "--new-tokens", str(args.new_tokens), "--budgets", *budgets, "--min-tokens", str(args.min_tokens),
-         "--max-tokens", str(args.max_tokens), "--out", prompts],
-        [sys.executable, *me, "--side", "ours", *common, "--prompts", prompts, "--out", str(out_dir / "ours.json")],
-        [str(kv_py), *me, "--side", "kvpress", *common, "--prompts", prompts, "--out", str(out_dir / "kvpress.json")],
+        [sys.executable, *me, "--side", "prompts", *common, "--data", str(Path(args.data).resolve()),
+         "--n-prompts", str(args.n_prompts), "--new-tokens", str(args.new_tokens), "--budgets",
+         *[str(b) for b in args.budgets], "--min-tokens", str(args.min_tokens), "--max-tokens", str(args.max_tokens),
+         "--out", prompts],
+        [sys.executable, *me, "--side", "ours", *common, "--prompts", prompts, "--out", str(out_dir / f"ours.{ext}")],
+        [str(kv_py), *me, "--side", "kvpress", *common, "--prompts", prompts, "--out", str(out_dir / f"kvpress.{ext}")],
     ]
     for cmd in steps:
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, cwd=root)
-    side_merge(args)
-    (out_dir / "command.txt").write_text(" ".join(["keyformer-bench-kvpress", *sys.argv[1:]]) + "\n")
+    merge(args)
+    (out_dir / "command.txt").write_text(" ".join([tool, *sys.argv[1:]]) + "\n")
+
+
+def side_all(args: argparse.Namespace) -> None:
+    run_sides(args, "keyformer.bench.kvpress_compare", "keyformer-bench-kvpress", side_merge)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,11 +36,10 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from keyformer.bench.kvpress_compare import KVPRESS_PYTHON, default_model_dir, side_prompts
+from keyformer.bench.kvpress_compare import default_model_dir, run_sides, side_prompts
 
 DEFAULT_OUT = Path("results") / "crosscheck_kvpress"
 SNAP = {"window_size": 64, "kernel_size": 5}
@@ -473,30 +472,8 @@ def side_merge(args: argparse.Namespace) -> None:
 
 
 def side_all(args: argparse.Namespace) -> None:
-    root = Path(__file__).resolve().parents[2]  # the sides run from the checkout's root
-    out_dir = Path(args.out_dir).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    kv_py = root / KVPRESS_PYTHON
-    if not kv_py.exists():
-        sys.exit(f"{kv_py} missing: run `bash scripts/setup_kvpress_venv.sh` first")
-    if not args.data:
-        sys.exit("no CNN/DailyMail file: set KEYFORMER_DATA_DIR or pass --data")
-    common = ["--model-dir", str(Path(args.model_dir).resolve())] + ([] if args.diagnostics else ["--no-diagnostics"])
-    me = ["-m", "keyformer.bench.kvpress_crosscheck"]
-    prompts = str(out_dir / "prompts.json")
-    steps = [
-        [sys.executable, *me, "--side", "prompts", *common, "--data", str(Path(args.data).resolve()),
-         "--n-prompts", str(args.n_prompts), "--new-tokens", str(args.new_tokens), "--budgets",
-         *[str(b) for b in args.budgets], "--min-tokens", str(args.min_tokens), "--max-tokens", str(args.max_tokens),
-         "--out", prompts],
-        [sys.executable, *me, "--side", "ours", *common, "--prompts", prompts, "--out", str(out_dir / "ours.json.gz")],
-        [str(kv_py), *me, "--side", "kvpress", *common, "--prompts", prompts, "--out", str(out_dir / "kvpress.json.gz")],
-    ]
-    for cmd in steps:
-        print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, cwd=root)
-    side_merge(args)
-    (out_dir / "command.txt").write_text(" ".join(["keyformer-crosscheck-kvpress", *sys.argv[1:]]) + "\n")
+    run_sides(args, "keyformer.bench.kvpress_crosscheck", "keyformer-crosscheck-kvpress", side_merge, ext="json.gz",
+              extra=[] if args.diagnostics else ["--no-diagnostics"])
 
 
 def main(argv: list[str] | None = None) -> None:
