@@ -273,3 +273,28 @@ def test_ablation_variants_take_effect_in_sweep_order(variant):
                 assert c[k] == v, f"{variant}: {path}{k} = {c[k]!r}, the variant sets {v!r}"
 
     check(want, cfg, "")
+
+
+QUEUES = sorted((ROOT / "experiments" / "queues").glob("*.txt"))
+
+
+@pytest.mark.parametrize("queue", QUEUES, ids=[q.stem for q in QUEUES])
+def test_queue_points_compose_into_their_sweep_folders(queue: Path):
+    """Each line of a run_points.sh queue composes, asks for the records its config runs, and writes into the
+    sweep folder `python run.py -m` would use, under a name that states its budget, policy and quantization."""
+    lines = [ln.split() for ln in queue.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert lines and len({ln[0] for ln in lines}) == len(lines)  # one folder per point
+    for folder, records, *overrides in lines:
+        cfg = make_cfg(*overrides, hydra_cfg=True)
+        c = OmegaConf.to_container(cfg, resolve=False)
+        assert int(records) == c["n_samples"], (folder, records)
+        if not any(o.startswith("n_samples=") for o in overrides):  # a subset (a reproduction check) goes elsewhere
+            assert folder.startswith(cfg.hydra.sweep.dir + "/"), (folder, cfg.hydra.sweep.dir)
+        name = dict(kv.split("=", 1) for kv in Path(folder).name.split(",") if "=" in kv)
+        assert float(name.get("budget", cfg.budget)) == float(cfg.budget)
+        if "policy" in name:
+            assert cfg.policy["_target_"] == OmegaConf.load(CONF / "policy" / f"{name['policy']}.yaml")["_target_"]
+        if "kv_quant" in name:
+            assert cfg.kv_quant.bits == int(name["kv_quant"].removeprefix("int"))
+        if "generation" in name:
+            assert cfg.generation.name == name["generation"]
