@@ -253,8 +253,11 @@ def powered_study(points: pd.DataFrame, samples: pd.DataFrame, budgets: Sequence
         common = sorted(set(x.index) & set(ref.index)) if ref is not None and len(x) else []
         if common:
             d = paired_bootstrap(x.loc[common], ref.loc[common], n_boot=n_boot, seed=seed)
+            kf = (arms[("keyformer_s0", 0.3)] + arms[("keyformer_s1", 0.3)]).reindex(common) / 2
+            core = paired_bootstrap(kf, ref.loc[common], n_boot=n_boot, seed=seed) if kf.notna().all() else None
             out["extras"].append({"variant": variant, "budget": 0.3, "mean": float(x.loc[common].mean()),
-                                  "h2o": float(ref.loc[common].mean()), **d.as_dict()})
+                                  "h2o": float(ref.loc[common].mean()), **d.as_dict(),
+                                  "kf_minus_h2o_same_articles": core.as_dict() if core else None})
     return out
 
 

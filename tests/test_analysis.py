@@ -292,6 +292,7 @@ def test_powered_study_decision_and_estimates(shift, noise, decision):
     assert abs(r["budgets"][0]["s0_minus_s1"]["diff"]) < 0.3 * noise  # two seeds of the same method
     (extra,) = r["extras"]
     assert extra["variant"] == "h2o_recent05" and extra["diff"] == pytest.approx(-1.0)
+    assert extra["kf_minus_h2o_same_articles"]["diff"] == pytest.approx(shift, abs=0.15 * noise + 0.05)
     # the n that the observed SD needs for a half-width of 0.25
     assert p["n_for_half_width"] == int(np.ceil((1.96 * p["sd"] / 0.25) ** 2))
 

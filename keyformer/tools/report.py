@@ -171,8 +171,11 @@ def powered(res: Path, name: str = "exp8_powered") -> None:
           f"{p['half_width']:.3f}, per-article SD {p['sd']:.2f}; half-width 0.25 needs n = {p['n_for_half_width']}). "
           f"Decision: **{p['decision']}**.")
     for e in r["extras"]:
+        k = e.get("kf_minus_h2o_same_articles")
         print(f"\nAt 0.3, {e['variant']} - H2O over {e['n']} articles: {fmt_ci(e['diff'], e['ci_lo'], e['ci_hi'])} "
-              f"({e['mean']:.2f} vs {e['h2o']:.2f})")
+              f"({e['mean']:.2f} vs {e['h2o']:.2f})"
+              + (f"; on the same articles Keyformer (2 seeds) - H2O is {fmt_ci(k['diff'], k['ci_lo'], k['ci_hi'])}"
+                 if k else ""))
 
 
 def authors(res: Path, name: str = "exp8_authors", short: str = "exp8_powered") -> None:
