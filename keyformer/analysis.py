@@ -290,15 +290,17 @@ def authors_setting(points: pd.DataFrame, samples: pd.DataFrame, short: tuple[pd
         for b in budgets:
             h = _point_series(points, samples, metric, policy="h2o", num_beams=beams, budget=float(b))
             k = _point_series(points, samples, metric, policy="keyformer", num_beams=beams, budget=float(b))
-            ids = sorted(set(h.index) & set(k.index) & (set(full.index) if len(full) else set(h.index)))
+            ids = sorted(set(h.index) & set(k.index))
             if not ids:
                 continue
             row = {"num_beams": beams, "budget": float(b), "n": len(ids), "h2o": float(h[ids].mean()),
                    "keyformer": float(k[ids].mean()), "kf_minus_h2o": paired_bootstrap(k[ids], h[ids], n_boot, seed).as_dict()}
-            if len(full):
-                row["full"] = float(full[ids].mean())
-                row["h2o_minus_full"] = paired_bootstrap(h[ids], full[ids], n_boot, seed).as_dict()
-                row["kf_minus_full"] = paired_bootstrap(k[ids], full[ids], n_boot, seed).as_dict()
+            f_ids = sorted(set(ids) & set(full.index))
+            if f_ids:  # the comparisons with full over the articles all three finished
+                row["n_full"] = len(f_ids)
+                row["full"] = float(full[f_ids].mean())
+                row["h2o_minus_full"] = paired_bootstrap(h[f_ids], full[f_ids], n_boot, seed).as_dict()
+                row["kf_minus_full"] = paired_bootstrap(k[f_ids], full[f_ids], n_boot, seed).as_dict()
             out["rows"].append(row)
             per_budget.append((k[ids] - h[ids]).rename(float(b)))
         if len(per_budget) == len(budgets):

@@ -352,6 +352,15 @@ def test_authors_setting_gaps_beam_effect_and_short_reference():
     r2 = analysis.authors_setting(points[points["point"] != "budget=0.3,generation=4,policy=keyformer"], samples,
                                   n_boot=200)
     assert len(r2["rows"]) == 3 and [p["num_beams"] for p in r2["pooled"]] == [1] and r2["beam_minus_greedy"] is None
+    # a full reference that finished fewer articles limits only the comparisons with full
+    fewer = samples[~((samples["point"] == "budget=1.0,generation=4,policy=full") & samples["id"].isin(ids_of(100)))]
+    r3 = analysis.authors_setting(points, fewer, n_boot=200)
+    beam = [x for x in r3["rows"] if x["num_beams"] == 4]
+    assert all(x["n"] == 300 and x["n_full"] == 200 for x in beam)
+
+
+def ids_of(n: int) -> list[str]:
+    return [f"a{i}" for i in range(n)]
 
 
 def test_pareto_front_keeps_exactly_the_undominated_points():

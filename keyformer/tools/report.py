@@ -185,15 +185,16 @@ def authors(res: Path, name: str = "exp8_authors", short: str = "exp8_powered") 
     points, samples = analysis.load_experiment(res, name)
     ref = analysis.load_experiment(res, short) if (res / short / "points.csv").exists() else None
     r = analysis.authors_setting(points, samples, short=ref)
-    print(f"\n### {name}: 1920-token raw Alpaca prompts, 128 new tokens, greedy and beam 4 (shared scores); ROUGE-2\n")
-    print("| decoding | budget | n | full | H2O | Keyformer | KF - H2O [95 % CI] | H2O - full [95 % CI] | "
-          "KF - full [95 % CI] |\n|---|---|---|---|---|---|---|---|---|")
+    chat = "raw Alpaca prompts" if points["chat_template"].eq(False).all() else "chat template"
+    print(f"\n### {name}: 1920-token prompts ({chat}), 128 new tokens, greedy and beam 4 (shared scores); ROUGE-2\n")
+    print("| decoding | budget | n | H2O | Keyformer | KF - H2O [95 % CI] | n with full | full | H2O - full [95 % CI] | "
+          "KF - full [95 % CI] |\n|---|---|---|---|---|---|---|---|---|---|")
     for row in r["rows"]:
         ci = {k: fmt_ci(v["diff"], v["ci_lo"], v["ci_hi"]) if k in row else "-"
               for k, v in ((k, row.get(k, {})) for k in ("kf_minus_h2o", "h2o_minus_full", "kf_minus_full"))}
         print(f"| {'greedy' if row['num_beams'] == 1 else 'beam ' + str(row['num_beams'])} | {row['budget']:.1f} | "
-              f"{row['n']} | {row.get('full', float('nan')):.2f} | {row['h2o']:.2f} | {row['keyformer']:.2f} | "
-              f"{ci['kf_minus_h2o']} | {ci['h2o_minus_full']} | {ci['kf_minus_full']} |")
+              f"{row['n']} | {row['h2o']:.2f} | {row['keyformer']:.2f} | {ci['kf_minus_h2o']} | {row.get('n_full', 0)} | "
+              f"{row.get('full', float('nan')):.2f} | {ci['h2o_minus_full']} | {ci['kf_minus_full']} |")
     for p in r["pooled"]:
         print(f"\nPooled KF - H2O, {'greedy' if p['num_beams'] == 1 else 'beam 4'} ({p['n']} articles): "
               f"{fmt_ci(p['diff'], p['ci_lo'], p['ci_hi'])} ({p['decision']})")
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     new_stream(res)
     powered(res)
     authors(res)
+    authors(res, "exp8_authors_raw")
     attention(res)
     ablations(res)
     return 0
