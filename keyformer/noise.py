@@ -25,6 +25,7 @@ import warnings
 import torch
 
 M32 = 0xFFFFFFFF
+U_MAX = 1.0 - 2.0**-24  # the largest fp32 below 1
 C1, C2, C3, C4, C5 = 0x9E3779B1, 0x85EBCA77, 0x27D4EB2F, 0x165667B1, 0xC2B2AE3D
 
 
@@ -57,9 +58,15 @@ def col_keys(kpos: torch.Tensor) -> torch.Tensor:
 
 def exp_noise(rkey: torch.Tensor, ckey: torch.Tensor) -> torch.Tensor:
     """Exp(1) noise of broadcast (row key, column key) pairs, fp32."""
-    h = mix32(rkey ^ ckey)
+    return exp_of_hash(mix32(rkey ^ ckey))
+
+
+def exp_of_hash(h: torch.Tensor) -> torch.Tensor:
+    """Exp(1) draws from 32-bit hashes (their top 24 bits), fp32, always > 0."""
     u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
-    return -torch.log(u)
+    # (2**24 - 1) + 0.5 rounds to 2**24 in fp32, so u would be 1 and E = 0 (score p / 0 = inf, then NaN) once in
+    # 2**24 draws; the largest u below 1 gives E = 6e-8 (Gumbel g = 16.6) and leaves every other draw unchanged
+    return -torch.log(u.clamp_(max=U_MAX))
 
 
 def draw_seeds(seeds: torch.Tensor, draw: int) -> torch.Tensor:

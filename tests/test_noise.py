@@ -107,3 +107,15 @@ def test_compiled_gumbel_score_agrees_with_eager(monkeypatch):
     for a, b in zip(out["0"], out["1"], strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
         assert torch.allclose(a.sum(-1), torch.ones(()), atol=1e-5)
+
+
+def test_exp_noise_is_never_zero():
+    """The top hash value used to round u to 1 in fp32 (E = 0, score p / 0 = inf, NaN): one draw in 2**24,
+    several per article at 512 tokens. Every 24-bit value must give a positive, finite draw."""
+    from keyformer.noise import exp_of_hash
+
+    h = torch.arange(2**24 - 4096, 2**24, dtype=torch.int64) << 8
+    e = exp_of_hash(h)
+    assert bool((e > 0).all()) and bool(e.isfinite().all())
+    lo = exp_of_hash(torch.arange(0, 4096, dtype=torch.int64) << 8)  # the other end: large, finite draws
+    assert bool(lo.isfinite().all()) and float(lo.max()) < 18.0

@@ -395,3 +395,18 @@ def test_pyramid_and_adakv_budgets_act():
         make_policy("adakv_keyformer", head_reduction="shared")
     with pytest.raises(ValueError, match="beta"):
         make_policy("pyramidkv", beta=0)
+
+
+@pytest.mark.slow
+def test_keyformer_physical_is_mask_at_a_long_prompt():
+    """At 600 prompt tokens Keyformer draws ~10^6 noise values per layer; a zero draw (fixed in noise.py) made
+    its scores NaN and the physical cache evict differently from the mask simulation."""
+    model = tiny_model("llama")
+    ids = torch.randint(3, model.config.vocab_size, (2, 600), generator=torch.Generator().manual_seed(0))
+    pol = make_policy("keyformer", budget=0.5)
+    phys = generate(model, ids, None, pol, max_new_tokens=8, seed=4)
+    sim = generate(model, ids, None, pol, mode="mask", max_new_tokens=8, seed=4)
+    assert torch.equal(phys.sequences, sim.sequences)
+    for li in range(len(phys.cache.layers)):
+        assert phys.cache.kept_positions(li) == sim.cache.kept_positions(li)
+        assert not phys.cache.layers[li].score.isnan().any()
