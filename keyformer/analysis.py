@@ -201,14 +201,6 @@ def common_ids(samples: pd.DataFrame, points: Sequence[str]) -> list[str]:
 PAPER_GAP = 0.3  # the smallest Keyformer - H2O ROUGE-2 gain the paper reports at 20-50 % budgets
 
 
-def _arm(points: pd.DataFrame, samples: pd.DataFrame, variant: str, budget: float, metric: str) -> pd.Series:
-    sel = points[(points["variant"] == variant) & np.isclose(points["budget"].astype(float), budget)]
-    if sel.empty:
-        return pd.Series(dtype=float)
-    s = samples[samples["point"] == sel["point"].iloc[0]]
-    return s.set_index("id")[metric].astype(float)
-
-
 def decide(lo: float, hi: float, gap: float = PAPER_GAP) -> str:
     """Experiment 8's pre-registered decision on the pooled Keyformer - H2O CI ``[lo, hi]``."""
     if hi < gap:
@@ -226,7 +218,7 @@ def powered_study(points: pd.DataFrame, samples: pd.DataFrame, budgets: Sequence
     - H2O; per budget and pooled over budgets (per-article mean of d), with paired bootstrap CIs over the
     articles every core arm finished; the decision; the noise's own spread (seed 0 - seed 1); the extra arms
     at 0.3 against H2O; and the n that the observed SD needs for a CI half-width of ``half_width``."""
-    arms = {(v, b): _arm(points, samples, v, b, metric) for b in budgets for v in ("h2o", "keyformer_s0", "keyformer_s1")}
+    arms = {(v, b): _point_series(points, samples, metric, variant=v, budget=float(b)) for b in budgets for v in ("h2o", "keyformer_s0", "keyformer_s1")}
     ids = sorted(set.intersection(*[set(s.index) for s in arms.values()])) if all(len(s) for s in arms.values()) else []
     out: dict = {"n": len(ids), "budgets": [], "extras": []}
     if not ids:
@@ -249,7 +241,7 @@ def powered_study(points: pd.DataFrame, samples: pd.DataFrame, budgets: Sequence
                      "decision": decide(lo, hi)}
     ref = arms.get(("h2o", 0.3))
     for variant in ("keyformer_ns4", "h2o_recent05"):
-        x = _arm(points, samples, variant, 0.3, metric)
+        x = _point_series(points, samples, metric, variant=variant, budget=0.3)
         common = sorted(set(x.index) & set(ref.index)) if ref is not None and len(x) else []
         if common:
             d = paired_bootstrap(x.loc[common], ref.loc[common], n_boot=n_boot, seed=seed)

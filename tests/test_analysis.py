@@ -389,3 +389,24 @@ def test_field_ranking_ranks_policies_and_pairs_them_with_keyformer():
     pooled = t[t["budget"] == "pooled"].set_index("policy")
     assert set(pooled.index) == {"h2o", "snapkv"} and pooled.loc["snapkv", "budgets_used"] == "0.2,0.5"
     assert pooled.loc["snapkv", "d_lo"] < 1.0 < pooled.loc["snapkv", "d_hi"]
+
+
+def test_report_nanfix_pairs_the_rerun_with_the_buggy_run(tmp_path: Path, capsys) -> None:
+    """keyformer-report's re-run section: identical outputs per Keyformer point and both pooled gaps, over the
+    articles the re-run finished."""
+    from keyformer.tools import report
+
+    for name, shift in (("exp8_powered", 0.0), ("exp8_powered_nanfix", 1.0)):
+        points, samples = _exp8_frames(shift, n=60)
+        points = points[points["variant"] != "h2o_recent05"]
+        if name.endswith("nanfix"):
+            samples = samples[samples["id"].isin([f"a{i}" for i in range(40)])]
+        samples = samples.assign(prediction=np.where(samples["point"].str.contains("keyformer") & (shift > 0)
+                                                     & (samples["id"] == "a0"), "new", "same"))
+        (tmp_path / name).mkdir()
+        points.to_csv(tmp_path / name / "points.csv", index=False)
+        samples.to_csv(tmp_path / name / "samples.csv", index=False)
+    report.nanfix(tmp_path)
+    out = capsys.readouterr().out
+    assert "40 articles every arm finished" in out and "| budget=0.3,keyformer_s0 | 39/40 |" in out
+    assert out.count("/40 |") == 6 and "buggy, same articles:" in out

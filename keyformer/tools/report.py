@@ -178,6 +178,29 @@ def powered(res: Path, name: str = "exp8_powered") -> None:
                  if k else ""))
 
 
+def nanfix(res: Path, name: str = "exp8_powered_nanfix", old: str = "exp8_powered") -> None:
+    """Experiment 8's Keyformer arms re-run after the zero-noise fix, against the buggy run on the same articles."""
+    if not (res / name / "points.csv").exists() or not (res / old / "points.csv").exists():
+        return
+    p_new, s_new = analysis.load_experiment(res, name)
+    p_old, s_old = analysis.load_experiment(res, old)
+    r = analysis.powered_study(p_new, s_new)
+    if not r["n"]:
+        return
+    ids = set(s_new.loc[s_new["point"].isin(p_new.loc[p_new["variant"] != "h2o", "point"]), "id"])
+    r_old = analysis.powered_study(p_old, s_old[s_old["id"].isin(ids)])
+    print(f"\n### {name}: Keyformer re-run after the zero-noise fix, {r['n']} articles every arm finished\n")
+    print("| point | identical outputs (fixed vs buggy) |\n|---|---|")
+    for pt in sorted(p_new.loc[p_new["variant"] != "h2o", "point"]):
+        a = s_new[s_new["point"] == pt].set_index("id")["prediction"]
+        b = s_old[s_old["point"] == pt].set_index("id")["prediction"]
+        common = a.index.intersection(b.index)
+        print(f"| {pt} | {int((a[common] == b[common]).sum())}/{len(common)} |")
+    p, q = r["pooled"], r_old["pooled"]
+    print(f"\nPooled Keyformer - H2O, fixed: {fmt_ci(p['diff'], p['ci_lo'], p['ci_hi'])}; buggy, same articles: "
+          f"{fmt_ci(q['diff'], q['ci_lo'], q['ci_hi'])}")
+
+
 def authors(res: Path, name: str = "exp8_authors", short: str = "exp8_powered") -> None:
     """Experiment 8's authors'-setting subset: does the long prompt, the long generation or the beam bring the gap?"""
     if not (res / name / "points.csv").exists():
@@ -215,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     realisations(res)
     new_stream(res)
     powered(res)
+    nanfix(res)
     authors(res)
     authors(res, "exp8_authors_raw")
     attention(res)
