@@ -8,6 +8,9 @@
 # killed at HARD_S (a point in flight keeps its finished records and resumes). Results: multirun/exp7_field/
 # (the CPU queue folders) and multirun/exp8_authors_h200/, packed with the worker logs into $OUT/results.tgz
 # every 15 s and at the end. Timings in these runs are contended (several workers per GPU): not benchmarks.
+# First run (results/gpu_studies/): 8 workers, authors' beam at batch 16 (64 rows of 1920 tokens, a 44 GB
+# process) filled the 140 GB and 5 points failed with CUDA OOM; since then each worker empties its CUDA cache
+# after a point and beam runs at batch 8.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_out}" PY="${PY:-python3}"
@@ -36,7 +39,7 @@ sed 's#multirun/exp8_authors/#multirun/exp8_authors_h200/#' experiments/queues/e
 grep -v 'generation=beam' "$Q/authors.txt" > "$Q/authors_greedy.txt"
 grep -v 'generation=greedy' "$Q/authors.txt" > "$Q/authors_beam.txt"
 declare -A BS=([exp7_cnndm]=50 [exp7_needle]=15 [exp7_leval_sqa]=32 [exp7_multi_news]=32 [authors_greedy]=32
-               [authors_beam]=16)
+               [authors_beam]=8)
 
 chain() {  # chain NAME QUEUE...: each queue in turn, with its batch size, until UNTIL
   local name=$1 q; shift

@@ -75,6 +75,13 @@ def run_point(folder: str, overrides: list[str], root: Path) -> None:
     run_job(config, task_for(config))
 
 
+def free_cuda_cache() -> None:
+    """Hand the point's cached CUDA blocks back, so that workers sharing a GPU do not hoard each other's peaks."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("queues", nargs="+", type=Path)
@@ -109,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise
         finally:
             (locks / key(folder)).rmdir()
+            free_cuda_cache()
     print(f"[{args.name}] done after {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 

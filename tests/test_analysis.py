@@ -410,3 +410,23 @@ def test_report_nanfix_pairs_the_rerun_with_the_buggy_run(tmp_path: Path, capsys
     out = capsys.readouterr().out
     assert "40 articles every arm finished" in out and "| budget=0.3,keyformer_s0 | 39/40 |" in out
     assert out.count("/40 |") == 6 and "buggy, same articles:" in out
+
+
+def test_report_same_config_pairs_points_of_equal_config_only(tmp_path: Path, capsys) -> None:
+    """keyformer-report's device/realisation tables pair points with the same config: a quantized point with the
+    same policy and budget is not the plain point's twin, and a column one side lacks counts as unset."""
+    from keyformer.tools import report
+
+    ids = [f"a{i}" for i in range(10)]
+    plain = {"policy": "h2o", "budget": 0.3}
+    sides = {"cpu": [("p", plain, "x")],
+             "gpu": [("q8", {**plain, "kv_quant": 8.0}, "y"), ("p", {**plain, "kv_quant": np.nan}, "x")]}
+    for name, pts in sides.items():
+        rows = [{"point": pt, **cfg, "variant": ""} for pt, cfg, _ in pts]
+        samples = [{"point": pt, "id": i, "rouge2": 1.0, "prediction": text} for pt, _, text in pts for i in ids]
+        (tmp_path / name).mkdir()
+        pd.DataFrame(rows).to_csv(tmp_path / name / "points.csv", index=False)
+        pd.DataFrame(samples).to_csv(tmp_path / name / "samples.csv", index=False)
+    report.same_config(tmp_path, "gpu", "cpu", "t")
+    out = capsys.readouterr().out
+    assert "| h2o | 0.3 | 10/10 |" in out and out.count("| h2o |") == 1

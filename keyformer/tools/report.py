@@ -98,26 +98,51 @@ def ablations(res: Path) -> None:
         print(f"| {p['point']} | {d.n} | {m:.2f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
 
 
+_CONFIG = ("policy", "budget", "recent", "kv_quant", "num_beams", "beam_scores", "max_prompt_tokens", "max_new_tokens",
+           "seed", "chat_template", "n_samples")
+
+
+def _same(x: object, y: object) -> bool:
+    if pd.isna(x) and pd.isna(y):
+        return True
+    if isinstance(x, float | int) and isinstance(y, float | int):
+        return bool(np.isclose(x, y))
+    return x == y
+
+
+def same_config(res: Path, a: str, b: str, title: str) -> None:
+    """Points of two result folders with the same config (policy and its knobs, budget, quantization, prompt and
+    generation settings): identical outputs per point and the paired ROUGE-2 difference (``a`` - ``b``)."""
+    if not (res / a / "points.csv").exists() or not (res / b / "points.csv").exists():
+        return
+    p_a, s_a = analysis.load_experiment(res, a)
+    p_b, s_b = analysis.load_experiment(res, b)
+    print(f"\n### {title} (same config; ROUGE-2)\n")
+    print(f"| policy | budget | identical outputs | {b} | {a} | difference [95 % CI] |\n|---|---|---|---|---|---|")
+    cols = sorted({c for c in [*p_a.columns, *p_b.columns] if c in _CONFIG or c.startswith("policy.")})
+    p_a, p_b = p_a.reindex(columns=[*p_a.columns, *(set(cols) - set(p_a.columns))]), \
+        p_b.reindex(columns=[*p_b.columns, *(set(cols) - set(p_b.columns))])  # a column one side lacks: unset
+    for _, pb in p_b.sort_values(["policy", "budget"]).iterrows():
+        pa = p_a[[all(_same(ra[c], pb[c]) for c in cols) for _, ra in p_a.iterrows()]]
+        if pa.empty:
+            continue
+        x = s_a[s_a["point"] == pa["point"].iloc[0]].set_index("id")
+        y = s_b[s_b["point"] == pb["point"]].set_index("id")
+        ids = x.index.intersection(y.index)
+        same = int((x.loc[ids, "prediction"] == y.loc[ids, "prediction"]).sum())
+        d = analysis.paired_bootstrap(x.loc[ids, "rouge2"], y.loc[ids, "rouge2"], n_boot=5000)
+        print(f"| {pb['policy']} | {pb['budget']:.1f} | {same}/{len(ids)} | {y.loc[ids, 'rouge2'].mean():.2f} | "
+              f"{x.loc[ids, 'rouge2'].mean():.2f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
+
+
 def realisations(res: Path) -> None:
     """Same config, two code versions: H2O must match exactly; Keyformer's noise stream changed in between."""
-    old_dir = res / "exp1_cnndm_7e9326a"
-    if not (old_dir / "points.csv").exists() or not (res / "exp1_cnndm" / "points.csv").exists():
-        return
-    p_new, s_new = analysis.load_experiment(res, "exp1_cnndm")
-    p_old, s_old = analysis.load_experiment(res, "exp1_cnndm_7e9326a")
-    print("\n### exp1 at core commit 7e9326a vs now (same config; ROUGE-2)\n")
-    print("| policy | budget | identical outputs | old | now | now - old [95 % CI] |\n|---|---|---|---|---|---|")
-    for _, po in p_old.sort_values(["policy", "budget"]).iterrows():
-        pn = p_new[(p_new["policy"] == po["policy"]) & np.isclose(p_new["budget"], po["budget"])]
-        if pn.empty:
-            continue
-        a = s_new[s_new["point"] == pn["point"].iloc[0]].set_index("id")
-        b = s_old[s_old["point"] == po["point"]].set_index("id")
-        ids = a.index.intersection(b.index)
-        same = int((a.loc[ids, "prediction"] == b.loc[ids, "prediction"]).sum())
-        d = analysis.paired_bootstrap(a.loc[ids, "rouge2"], b.loc[ids, "rouge2"], n_boot=5000)
-        print(f"| {po['policy']} | {po['budget']:.1f} | {same}/{len(ids)} | {b.loc[ids, 'rouge2'].mean():.2f} | "
-              f"{a.loc[ids, 'rouge2'].mean():.2f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
+    same_config(res, "exp1_cnndm", "exp1_cnndm_7e9326a", "exp1 at core commit 7e9326a vs now")
+
+
+def devices(res: Path) -> None:
+    """Same config on two devices: experiment 1 (CPU) against experiment 7's CNN/DM points (the H200, fp32)."""
+    same_config(res, "exp7_field/cnndm", "exp1_cnndm", "exp1 on the CPU vs exp7's CNN/DM points on the H200")
 
 
 def new_stream(res: Path, old: str = "exp1_cnndm_oldstream") -> None:
@@ -236,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("exp1_cnndm", "exp2_dialogsum", "exp3_govreport"):
         curve_experiment(res, name, pairs)
     realisations(res)
+    devices(res)
     new_stream(res)
     powered(res)
     nanfix(res)
