@@ -310,11 +310,12 @@ def test_collect_task_metrics_needle_fields_and_kv_quant():
     cfg = {"policy": {"_target_": "keyformer.policies.h2o.H2OPolicy", "budget": 0.2, "recent": 0.3},
            "dataset": {"name": "needle"}, "n_samples": 2, "kv_quant": {"bits": 4, "group_size": 32}}
     preds = [{"id": f"n{i}", "prompt_tokens": 100, "truncated_tokens": 10 * i, "generated_tokens": 4,
-              "rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0, "rougeLsum": 1.0, "accuracy": bool(i),
+              "rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0, "rougeLsum": 1.0, "answer_found": bool(i),
               "needle_length": 1000, "needle_depth": 0.5 * i, "kv_bytes": 1, "kv_bytes_full": 4,
               "prediction": "x"} for i in range(2)]
     row, s = point_rows("p", cfg, preds, {"complete": True})
-    assert row["accuracy"] == 0.5 and row["n_truncated"] == 1 and row["kv_quant"] == 4 and row["complete"]
+    # the runner's retrieval rows carry answer_found; accuracy is its % per sample, as metrics.accuracy
+    assert row["accuracy"] == 50.0 and list(s["accuracy"]) == [0.0, 100.0] and row["n_truncated"] == 1 and row["kv_quant"] == 4 and row["complete"]
     assert list(s.columns[-4:]) == ["accuracy", "needle_length", "needle_depth", "prediction"]
 
 

@@ -97,6 +97,8 @@ def point_rows(name: str, cfg: dict, preds: list[dict], metrics: dict) -> tuple[
     row = {"point": name, **point_config(cfg), "n_done": len(preds),
            "complete": bool(metrics.get("complete")) and len(preds) >= int(cfg.get("n_samples") or 0)}
     df = pd.DataFrame(preds)
+    if "answer_found" in df and "accuracy" not in df:  # retrieval: per sample 100 or 0, as metrics.accuracy
+        df["accuracy"] = 100.0 * df["answer_found"].astype(float)
     for k in ROUGE:
         row[k] = float(df[k].mean())
     for k in TASK_COLS:
