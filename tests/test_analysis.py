@@ -397,10 +397,10 @@ def test_report_nanfix_pairs_the_rerun_with_the_buggy_run(tmp_path: Path, capsys
     articles the re-run finished."""
     from keyformer.tools import report
 
-    for name, shift in (("exp8_powered", 0.0), ("exp8_powered_nanfix", 1.0)):
+    for name, shift in (("exp8_powered_buggy", 0.0), ("exp8_powered", 1.0)):
         points, samples = _exp8_frames(shift, n=60)
         points = points[points["variant"] != "h2o_recent05"]
-        if name.endswith("nanfix"):
+        if name == "exp8_powered":
             samples = samples[samples["id"].isin([f"a{i}" for i in range(40)])]
         samples = samples.assign(prediction=np.where(samples["point"].str.contains("keyformer") & (shift > 0)
                                                      & (samples["id"] == "a0"), "new", "same"))

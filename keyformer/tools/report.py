@@ -203,8 +203,9 @@ def powered(res: Path, name: str = "exp8_powered") -> None:
                  if k else ""))
 
 
-def nanfix(res: Path, name: str = "exp8_powered_nanfix", old: str = "exp8_powered") -> None:
-    """Experiment 8's Keyformer arms re-run after the zero-noise fix, against the buggy run on the same articles."""
+def nanfix(res: Path, name: str = "exp8_powered", old: str = "exp8_powered_buggy") -> None:
+    """Experiment 8's Keyformer arms after the zero-noise fix (``name``), against the buggy run (``old``) on the
+    same articles."""
     if not (res / name / "points.csv").exists() or not (res / old / "points.csv").exists():
         return
     p_new, s_new = analysis.load_experiment(res, name)
@@ -214,7 +215,8 @@ def nanfix(res: Path, name: str = "exp8_powered_nanfix", old: str = "exp8_powere
         return
     ids = set(s_new.loc[s_new["point"].isin(p_new.loc[p_new["variant"] != "h2o", "point"]), "id"])
     r_old = analysis.powered_study(p_old, s_old[s_old["id"].isin(ids)])
-    print(f"\n### {name}: Keyformer re-run after the zero-noise fix, {r['n']} articles every arm finished\n")
+    print(f"\n### {name} vs {old}: Keyformer after the zero-noise fix vs before, {r['n']} articles every arm "
+          "finished\n")
     print("| point | identical outputs (fixed vs buggy) |\n|---|---|")
     for pt in sorted(p_new.loc[p_new["variant"] != "h2o", "point"]):
         a = s_new[s_new["point"] == pt].set_index("id")["prediction"]
