@@ -326,6 +326,10 @@ def authors_setting(points: pd.DataFrame, samples: pd.DataFrame, short: tuple[pd
 
 
 # -- experiment 7: the policies of the field, ranked with paired CIs; accuracy against KV bytes -------------------
+#: experiment 7's tasks and the standard metric of each (per-sample columns of ``samples.csv``)
+EXP7_METRIC = {"cnndm": "rouge2", "needle": "accuracy", "leval_sqa": "token_f1", "multi_news": "rougeL_longbench"}
+
+
 def field_ranking(points: pd.DataFrame, samples: pd.DataFrame, metric: str, ref: str = "keyformer",
                   n_boot: int = 5000, seed: int = 0) -> pd.DataFrame:
     """Per budget, every eviction policy's mean ``metric`` with a CI, its paired difference from ``ref`` with a

@@ -255,6 +255,44 @@ def authors(res: Path, name: str = "exp8_authors", short: str = "exp8_powered") 
             print(f"\n{what} ({d['n']} articles): {fmt_ci(d['diff'], d['ci_lo'], d['ci_hi'])}")
 
 
+def field(res: Path, name: str = "exp7_field") -> None:
+    """Experiment 7 per task: every policy's mean (rank) per budget, its pooled paired difference from Keyformer,
+    and the quantized points against full."""
+    for task, metric in analysis.EXP7_METRIC.items():
+        if not (res / name / task / "points.csv").exists():
+            continue
+        points, samples = analysis.load_experiment(res / name, task)
+        r = analysis.field_ranking(points, samples, metric, n_boot=5000)
+        if r.empty:
+            continue
+        per, pooled = r[r["budget"] != "pooled"], r[r["budget"] == "pooled"].set_index("policy")
+        budgets = sorted(per["budget"].unique())
+        full = points[(points["policy"] == "full") & points.get("kv_quant", pd.Series(np.nan, points.index)).isna()]
+        print(f"\n### {name}/{task}: {metric}, mean (rank among the policies at that budget) and n\n")
+        if not full.empty:
+            x = samples.loc[samples["point"] == full["point"].iloc[0], metric].astype(float)
+            m, lo, hi = analysis.mean_ci(x.to_numpy(), n_boot=5000)
+            print(f"Full cache: {m:.2f} [{lo:.2f}, {hi:.2f}] (n = {len(x)}).\n")
+        print("| policy | " + " | ".join(f"{b:g}" for b in budgets) + " | n | pooled - Keyformer [95 % CI] | budgets |")
+        print("|---|" + "---|" * len(budgets) + "---|---|---|")
+        for pol in sorted(per["policy"].unique(), key=lambda p: (p != "keyformer", p)):
+            cells, ns = [], set()
+            for b in budgets:
+                c = per[(per["policy"] == pol) & (per["budget"] == b)]
+                cells.append(f"{c['mean'].iloc[0]:.2f} ({int(c['rank'].iloc[0])})" if len(c) else "-")
+                ns |= {int(v) for v in c["n"]}
+            n = "-".join(str(v) for v in sorted({min(ns), max(ns)}))
+            d = pooled.loc[pol] if pol in pooled.index else None
+            diff = fmt_ci(d["diff_vs_ref"], d["d_lo"], d["d_hi"]) if d is not None else "-"
+            print(f"| {pol} | " + " | ".join(cells) + f" | {n} | {diff} | {d['budgets_used'] if d is not None else '-'} |")
+        quant = points[points.get("kv_quant", pd.Series(np.nan, points.index)).notna()]
+        if len(quant) and not full.empty:
+            print("\n| quantized point | " + metric + " | KV held / full | - full [95 % CI] |\n|---|---|---|---|")
+            for _, q in quant.sort_values("point").iterrows():
+                d = analysis.compare_points(samples, q["point"], full["point"].iloc[0], metric, n_boot=5000)
+                print(f"| {q['point']} | {q[metric]:.2f} | {q['kv_ratio']:.3f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=Path, default=Path("results"), help="curated results folder")
@@ -269,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     nanfix(res)
     authors(res)
     authors(res, "exp8_authors_raw")
+    field(res)
     attention(res)
     ablations(res)
     return 0
