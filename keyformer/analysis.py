@@ -326,6 +326,23 @@ def authors_setting(points: pd.DataFrame, samples: pd.DataFrame, short: tuple[pd
 
 
 # -- experiment 7: the policies of the field, ranked with paired CIs; accuracy against KV bytes -------------------
+def repeated_ngrams(text: str, n: int = 4) -> float:
+    """Share of a text's word ``n``-grams that repeat an earlier one (0 for texts shorter than ``n`` + 1 words):
+    a looping output scores high."""
+    words = str(text).split()
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    return 1.0 - len(set(grams)) / len(grams) if len(grams) > 1 else 0.0
+
+
+def looping_share(samples: pd.DataFrame, points: Sequence[str], threshold: float = 0.2, n: int = 4) -> dict[str, float]:
+    """Per point, the share of outputs whose repeated ``n``-gram share exceeds ``threshold``."""
+    out = {}
+    for pt in points:
+        texts = samples.loc[samples["point"] == pt, "prediction"]
+        out[pt] = float(np.mean([repeated_ngrams(t, n) > threshold for t in texts])) if len(texts) else float("nan")
+    return out
+
+
 #: experiment 7's tasks and the standard metric of each (per-sample columns of ``samples.csv``)
 EXP7_METRIC = {"cnndm": "rouge2", "needle": "accuracy", "leval_sqa": "token_f1", "multi_news": "rougeL_longbench"}
 

@@ -459,3 +459,11 @@ def test_report_field_ranks_policies_and_prices_quantization(tmp_path: Path, cap
     assert "Full cache: 13.00" in out and "| keyformer | 11.00 (1) | 12.00 (1) | 50 | - | - |" in out
     assert "| h2o |" in out and "-0.50 [-0.50, -0.50] | 0.2,0.5 |" in out
     assert "| full,1.0,4.0 |" in out and "-0.50 [-0.50, -0.50] |" in out
+
+
+def test_repeated_ngrams_flags_looping_outputs() -> None:
+    text = "the cat sat on the mat " * 4
+    assert analysis.repeated_ngrams("a b c d e f g") == 0.0 and analysis.repeated_ngrams("a b") == 0.0
+    assert analysis.repeated_ngrams(text) == pytest.approx(1 - 6 / 21)
+    s = pd.DataFrame({"point": ["p", "p", "q"], "prediction": [text, "one two three four five six", "x"]})
+    assert analysis.looping_share(s, ["p", "q"]) == {"p": 0.5, "q": 0.0}

@@ -248,6 +248,10 @@ def authors(res: Path, name: str = "exp8_authors", short: str = "exp8_powered") 
     for p in r["pooled"]:
         print(f"\nPooled KF - H2O, {'greedy' if p['num_beams'] == 1 else 'beam 4'} ({p['n']} articles): "
               f"{fmt_ci(p['diff'], p['ci_lo'], p['ci_hi'])} ({p['decision']})")
+    if "prediction" in samples:
+        loops = analysis.looping_share(samples, sorted(points["point"]))
+        print("\nOutputs that loop (over 20 % of their word 4-grams repeat an earlier one): "
+              + "; ".join(f"{pt} {v:.0%}" for pt, v in loops.items()))
     for key, what in (("beam_minus_greedy", "gap under beam 4 - gap under greedy"),
                       ("long_minus_short", "authors' greedy gap - exp8's gap (512-token chat prompt, 48 tokens, seed 0)")):
         d = r[key]
