@@ -217,7 +217,8 @@ def powered_study(points: pd.DataFrame, samples: pd.DataFrame, budgets: Sequence
     """Experiment 8's analysis (``experiments/exp8_powered.md``): per article, d = mean(Keyformer seeds 0 and 1)
     - H2O; per budget and pooled over budgets (per-article mean of d), with paired bootstrap CIs over the
     articles every core arm finished; the decision; the noise's own spread (seed 0 - seed 1); the extra arms
-    at 0.3 against H2O; and the n that the observed SD needs for a CI half-width of ``half_width``."""
+    at 0.3 against H2O; the n that the observed SD needs for a CI half-width of ``half_width``; and the n at
+    which, with that SD and the observed mean, the CI would exclude 0 or +0.3 (``n_decisive``)."""
     arms = {(v, b): _point_series(points, samples, metric, variant=v, budget=float(b)) for b in budgets for v in ("h2o", "keyformer_s0", "keyformer_s1")}
     ids = sorted(set.intersection(*[set(s.index) for s in arms.values()])) if all(len(s) for s in arms.values()) else []
     out: dict = {"n": len(ids), "budgets": [], "extras": []}
@@ -238,6 +239,8 @@ def powered_study(points: pd.DataFrame, samples: pd.DataFrame, budgets: Sequence
     sd = float(per_article.std(ddof=1))
     out["pooled"] = {"diff": m, "ci_lo": lo, "ci_hi": hi, "half_width": (hi - lo) / 2, "sd": sd,
                      "n_for_half_width": int(np.ceil((1.96 * sd / half_width) ** 2)),
+                     # if the true gap is the observed one: the n whose CI would exclude 0 or +0.3 (rule 3)
+                     "n_decisive": int(np.ceil((1.96 * sd / max(abs(m), abs(m - PAPER_GAP))) ** 2)),
                      "decision": decide(lo, hi)}
     ref = arms.get(("h2o", 0.3))
     for variant in ("keyformer_ns4", "h2o_recent05"):

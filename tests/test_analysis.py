@@ -295,6 +295,10 @@ def test_powered_study_decision_and_estimates(shift, noise, decision):
     assert extra["kf_minus_h2o_same_articles"]["diff"] == pytest.approx(shift, abs=0.15 * noise + 0.05)
     # the n that the observed SD needs for a half-width of 0.25
     assert p["n_for_half_width"] == int(np.ceil((1.96 * p["sd"] / 0.25) ** 2))
+    # the n at which a CI of that SD around the observed mean would exclude 0 or +0.3: more than n when undecided
+    margin = max(abs(p["diff"]), abs(p["diff"] - 0.3))
+    assert p["n_decisive"] == int(np.ceil((1.96 * p["sd"] / margin) ** 2))
+    assert (p["n_decisive"] > r["n"]) == decision.startswith("inconclusive")
 
 
 def test_powered_study_uses_only_articles_every_core_arm_finished():

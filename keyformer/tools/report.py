@@ -194,7 +194,8 @@ def powered(res: Path, name: str = "exp8_powered") -> None:
     p = r["pooled"]
     print(f"\nPooled over {len(r['budgets'])} budgets: {fmt_ci(p['diff'], p['ci_lo'], p['ci_hi'])} (half-width "
           f"{p['half_width']:.3f}, per-article SD {p['sd']:.2f}; half-width 0.25 needs n = {p['n_for_half_width']}). "
-          f"Decision: **{p['decision']}**.")
+          f"Decision: **{p['decision']}**. If the true gap is the observed one, a CI excluding 0 or +0.3 needs "
+          f"n = {p['n_decisive']}.")
     for e in r["extras"]:
         k = e.get("kf_minus_h2o_same_articles")
         print(f"\nAt 0.3, {e['variant']} - H2O over {e['n']} articles: {fmt_ci(e['diff'], e['ci_lo'], e['ci_hi'])} "
@@ -256,7 +257,8 @@ def authors(res: Path, name: str = "exp8_authors", short: str = "exp8_powered") 
                       ("long_minus_short", "authors' greedy gap - exp8's gap (512-token chat prompt, 48 tokens, seed 0)")):
         d = r[key]
         if d:
-            print(f"\n{what} ({d['n']} articles): {fmt_ci(d['diff'], d['ci_lo'], d['ci_hi'])}")
+            short = f"; exp8's gap on these articles {d['short_gap']:+.2f}" if "short_gap" in d else ""
+            print(f"\n{what} ({d['n']} articles): {fmt_ci(d['diff'], d['ci_lo'], d['ci_hi'])}{short}")
 
 
 def field(res: Path, name: str = "exp7_field") -> None:
