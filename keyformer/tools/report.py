@@ -119,13 +119,17 @@ def same_config(res: Path, a: str, b: str, title: str) -> None:
     p_b, s_b = analysis.load_experiment(res, b)
     print(f"\n### {title} (same config; ROUGE-2)\n")
     print(f"| policy | budget | identical outputs | {b} | {a} | difference [95 % CI] |\n|---|---|---|---|---|---|")
-    cols = sorted({c for c in [*p_a.columns, *p_b.columns] if c in _CONFIG or c.startswith("policy.")})
-    p_a, p_b = p_a.reindex(columns=[*p_a.columns, *(set(cols) - set(p_a.columns))]), \
-        p_b.reindex(columns=[*p_b.columns, *(set(cols) - set(p_b.columns))])  # a column one side lacks: unset
+    def config(p: pd.DataFrame) -> list[str]:
+        return [c for c in p.columns if c in _CONFIG or c.startswith("policy.")]
+
+    # compared: the config columns both sides record; a knob only ``a`` records (newer code) is matched by
+    # preferring its unset or default-looking rows, e.g. the plain point over its quantized twin
+    common, extra = [c for c in config(p_a) if c in p_b.columns], [c for c in config(p_a) if c not in p_b.columns]
     for _, pb in p_b.sort_values(["policy", "budget"]).iterrows():
-        pa = p_a[[all(_same(ra[c], pb[c]) for c in cols) for _, ra in p_a.iterrows()]]
+        pa = p_a[[all(_same(ra[c], pb[c]) for c in common) for _, ra in p_a.iterrows()]]
         if pa.empty:
             continue
+        pa = pa.iloc[np.argsort(pa[extra].notna().sum(axis=1).to_numpy(), kind="stable")] if extra else pa
         x = s_a[s_a["point"] == pa["point"].iloc[0]].set_index("id")
         y = s_b[s_b["point"] == pb["point"]].set_index("id")
         ids = x.index.intersection(y.index)
