@@ -447,12 +447,12 @@ def test_report_field_ranks_policies_and_prices_quantization(tmp_path: Path, cap
     base = rng.normal(0, 2, 50)
     base += 10 - base.mean()  # point means 10 + add
     arms = [("full", 1.0, None, 3.0), ("keyformer", 0.2, None, 1.0), ("h2o", 0.2, None, 0.0),
-            ("keyformer", 0.5, None, 2.0), ("h2o", 0.5, None, 2.0), ("full", 1.0, 4.0, 2.5)]
+            ("keyformer", 0.5, None, 2.0), ("h2o", 0.5, None, 2.0), ("full", 1.0, 4.0, 2.5), ("tova", 0.5, None, 9.0)]
     points, samples = [], []
     for pol, b, q, add in arms:
         pt = f"{pol},{b},{q}"
         points.append({"point": pt, "policy": pol, "budget": b, "kv_quant": q, "kv_ratio": 0.2 if q else b,
-                       "rouge2": float((base + add).mean())})
+                       "rouge2": float((base + add).mean()), "complete": pol != "tova"})  # tova still running
         samples += [{"point": pt, "id": i, "rouge2": float(v)} for i, v in zip(ids, base + add, strict=True)]
     d = tmp_path / "exp7_field" / "cnndm"
     d.mkdir(parents=True)
@@ -463,6 +463,7 @@ def test_report_field_ranks_policies_and_prices_quantization(tmp_path: Path, cap
     assert "Full cache: 13.00" in out and "| keyformer | 11.00 (1) | 12.00 (1) | 50 | - | - |" in out
     assert "| h2o |" in out and "-0.50 [-0.50, -0.50] | 0.2,0.5 |" in out
     assert "| full,1.0,4.0 |" in out and "-0.50 [-0.50, -0.50] |" in out
+    assert "tova" not in out  # an unfinished point is not ranked
 
 
 def test_repeated_ngrams_flags_looping_outputs() -> None:

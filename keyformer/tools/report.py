@@ -266,12 +266,13 @@ def authors(res: Path, name: str = "exp8_authors", short: str = "exp8_powered") 
 
 
 def field(res: Path, name: str = "exp7_field") -> None:
-    """Experiment 7 per task: every policy's mean (rank) per budget, its pooled paired difference from Keyformer,
-    and the quantized points against full."""
+    """Experiment 7 per task, complete points only: every policy's mean (rank) per budget, its pooled paired
+    difference from Keyformer, and the quantized points against full."""
     for task, metric in analysis.EXP7_METRIC.items():
         if not (res / name / task / "points.csv").exists():
             continue
         points, samples = analysis.load_experiment(res / name, task)
+        points = points[points["complete"].astype(bool)]  # a point still running would rank on its first samples
         r = analysis.field_ranking(points, samples, metric, n_boot=5000)
         if r.empty:
             continue
