@@ -3,7 +3,7 @@
 # staged by the caller, see experiments/gpu_studies.md): the studies too slow for 2 CPU cores, on CUDA in fp32.
 #   bash scripts/gpu_studies.sh tests   # the device-aware tests on CUDA (tiny models), into $OUT/tests.txt
 #   bash scripts/gpu_studies.sh run     # experiment 7 (all tasks) and experiment 8's authors' subset
-# `run` starts WORKERS in-process queue runners (scripts/run_queue.py) that share the GPU; each works through
+# `run` starts 8 in-process queue runners (scripts/run_queue.py) that share the GPU; each works through
 # a chain of queue files with that queue's batch size, takes no new point after BUDGET_S seconds and is
 # killed at HARD_S (a point in flight keeps its finished records and resumes). Results: multirun/exp7_field/
 # (the CPU queue folders) and multirun/exp8_authors_h200/, packed with the worker logs into $OUT/results.tgz

@@ -1,21 +1,27 @@
-"""Run the points of queue files inside one Python process (no interpreter start, import or Hydra start per
-point): the in-process twin of ``scripts/run_points.sh``, for machines where that start-up dominates, such as
-a GPU box whose points take seconds. Several copies share the points through lock folders.
+"""Run the points of queue files inside one Python process (no interpreter, import or Hydra start per call).
+The scheduler of ``scripts/run_points.sh`` (which starts WORKERS copies of this with one thread each) and of
+``scripts/gpu_studies.sh`` (eight copies sharing a GPU). Copies share the points through lock folders.
 
     python scripts/run_queue.py experiments/queues/exp7_cnndm.txt --set device=cuda dtype=float32 batch_size=32
+    python scripts/run_queue.py experiments/queues/exp5.txt --step 16        # round-robin, 16 records a call
 
-Queue lines are ``<output folder, relative to --root> <records> <run.py overrides...>`` (``#`` comments), as
-for ``run_points.sh``. ``--set`` overrides are appended to every line (they must not change a point's folder
-name: device, dtype and batch size are not part of it). Points are taken whole, in queue-file order, the
-unfinished one with the fewest finished records first; a failed point is logged and skipped; a point's folder
-resumes as with ``run.py`` (same config and code, or refused). ``--until`` (Unix time) stops taking new
-points then (the point in flight finishes, or is killed by the caller; its records so far are kept).
+Queue lines are ``<output folder, relative to --root> <records> <run.py overrides...>`` (``#`` comments).
+``--set`` overrides are appended to every line (they must not change a point's folder name: device, dtype and
+batch size are not part of it). Queue files run in the order given: a point of the second is taken only when
+every point of the first is finished or taken. Within a file, the unfinished point with the fewest finished
+records goes first, so with ``--step N`` (``stop_after=N`` per call, not part of a point's identity) every point
+holds the same first records wherever the run stops. Queue files are re-read at each pick, so they can be
+edited while running. A failed point is logged and skipped; a point's folder resumes as with ``run.py`` (same
+config and code, or refused). ``--until`` (Unix time) stops taking new points then (the point in flight
+finishes, or is killed by the caller; its records so far are kept). ``--clear-locks`` removes the lock and
+failure markers a killed run left (only when no other copy is running).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -27,6 +33,8 @@ sys.path.insert(0, str(HERE))
 
 def read_queue(path: Path) -> list[tuple[str, int, list[str]]]:
     """Points of one queue file: (folder, records, overrides)."""
+    if not path.is_file():
+        raise SystemExit(f"error: no such queue file: {path}")
     points = []
     for line in path.read_text().splitlines():
         parts = line.split()
@@ -89,13 +97,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=HERE, help="where the folders go (default: this checkout)")
     ap.add_argument("--until", type=float, default=None, help="take no new point after this Unix time")
     ap.add_argument("--name", default=str(os.getpid()), help="worker name in the log lines")
+    ap.add_argument("--step", type=int, default=None, help="records per call (stop_after); default: whole points")
+    ap.add_argument("--clear-locks", action="store_true", help="first remove stale locks and failure markers")
     args = ap.parse_args(argv)
-    queues = [read_queue(q) for q in args.queues]
+    for q in args.queues:
+        read_queue(q)  # a malformed or missing file fails here, before any work
     locks = args.root / "multirun" / ".locks_queue"
+    if args.clear_locks and locks.is_dir():
+        shutil.rmtree(locks)
     locks.mkdir(parents=True, exist_ok=True)
+    step = [f"stop_after={args.step}"] if args.step else []
     t0 = time.monotonic()
     while args.until is None or time.time() < args.until:
-        p = pick(queues, args.root, locks)
+        p = pick([read_queue(q) for q in args.queues], args.root, locks)
         if p is None:
             break
         folder, n, overrides = p
@@ -107,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         print(f"[{args.name} {time.strftime('%H:%M:%S')}] {folder}: {done(args.root, folder)}/{n} done", flush=True)
         try:
-            run_point(folder, [*overrides, *args.sets], args.root)
-            print(f"[{args.name}] {folder}: finished in {time.monotonic() - t:.1f} s", flush=True)
+            run_point(folder, [*overrides, *args.sets, *step], args.root)
+            print(f"[{args.name}] {folder}: {done(args.root, folder)}/{n} after {time.monotonic() - t:.1f} s", flush=True)
         except BaseException as e:  # noqa: BLE001 - one failed point must not stop the others
             (locks / f"failed_{key(folder)}").write_text(traceback.format_exc())
             print(f"[{args.name}] failed: {folder}: {type(e).__name__}: {e}", flush=True)

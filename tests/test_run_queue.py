@@ -1,0 +1,47 @@
+"""The queue scheduler (scripts/run_queue.py) behind run_points.sh and gpu_studies.sh: its pick order."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("run_queue", Path(__file__).parent.parent / "scripts" / "run_queue.py")
+rq = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rq)
+
+
+def test_pick_fewest_done_first_in_queue_order_skipping_locked_failed_and_finished(tmp_path: Path) -> None:
+    def write(folder: str, n: int) -> None:
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "predictions.jsonl").write_text("".join(f'{{"id": {i}}}\n' for i in range(n)))
+
+    q1 = tmp_path / "q1.txt"
+    q1.write_text("# comment\nm/a 4 policy=h2o\nm/b 4 policy=keyformer\nm/c 4 policy=tova\nm/d 4 policy=window\n")
+    q2 = tmp_path / "q2.txt"
+    q2.write_text("m/e 4 policy=snapkv\n")
+    write("m/a", 4)  # finished
+    write("m/b", 2)
+    write("m/c", 1)
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    queues = [rq.read_queue(q1), rq.read_queue(q2)]
+    assert rq.pick(queues, tmp_path, locks) == ("m/d", 4, ["policy=window"])  # 0 done
+    (locks / rq.key("m/d")).mkdir()  # taken by another worker
+    assert rq.pick(queues, tmp_path, locks)[0] == "m/c"
+    (locks / f"failed_{rq.key('m/c')}").write_text("trace")
+    assert rq.pick(queues, tmp_path, locks)[0] == "m/b"
+    (locks / rq.key("m/b")).mkdir()
+    assert rq.pick(queues, tmp_path, locks)[0] == "m/e"  # the second queue only when the first is all taken
+    (locks / rq.key("m/e")).mkdir()
+    assert rq.pick(queues, tmp_path, locks) is None
+
+
+def test_malformed_or_missing_queue_is_a_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_text("m/a many policy=h2o\n")
+    with pytest.raises(SystemExit, match="malformed queue line"):
+        rq.read_queue(bad)
+    with pytest.raises(SystemExit, match="no such queue file"):
+        rq.read_queue(tmp_path / "nope.txt")
