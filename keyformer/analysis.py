@@ -197,6 +197,17 @@ def common_ids(samples: pd.DataFrame, points: Sequence[str]) -> list[str]:
     return sorted(set.intersection(*sets)) if sets else []
 
 
+def _point_series(points: pd.DataFrame, samples: pd.DataFrame, metric: str, **match) -> pd.Series:
+    """Per-sample ``metric`` of the one point whose columns equal ``match`` (floats compared with isclose)."""
+    sel = points
+    for k, v in match.items():
+        col = sel[k]
+        sel = sel[np.isclose(col.astype(float), float(v))] if isinstance(v, float) else sel[col == v]
+    if sel.empty:
+        return pd.Series(dtype=float)
+    return samples[samples["point"] == sel["point"].iloc[0]].set_index("id")[metric].astype(float)
+
+
 # -- experiment 8: the powered, paired Keyformer vs H2O study ----------------------------------------------------
 PAPER_GAP = 0.3  # the smallest Keyformer - H2O ROUGE-2 gain the paper reports at 20-50 % budgets
 
@@ -257,17 +268,6 @@ def powered_study(points: pd.DataFrame, samples: pd.DataFrame, budgets: Sequence
 
 
 # -- experiment 8, the authors' setting on a subset (1920-token raw prompts, 128 tokens, greedy and beam 4) -------
-def _point_series(points: pd.DataFrame, samples: pd.DataFrame, metric: str, **match) -> pd.Series:
-    """Per-sample ``metric`` of the one point whose columns equal ``match`` (floats compared with isclose)."""
-    sel = points
-    for k, v in match.items():
-        col = sel[k]
-        sel = sel[np.isclose(col.astype(float), float(v))] if isinstance(v, float) else sel[col == v]
-    if sel.empty:
-        return pd.Series(dtype=float)
-    return samples[samples["point"] == sel["point"].iloc[0]].set_index("id")[metric].astype(float)
-
-
 def authors_setting(points: pd.DataFrame, samples: pd.DataFrame, short: tuple[pd.DataFrame, pd.DataFrame] | None = None,
                     budgets: Sequence[float] = (0.5, 0.3), metric: str = "rouge2", n_boot: int = 10000,
                     seed: int = 0) -> dict:
