@@ -183,12 +183,18 @@ def curve_table(samples: pd.DataFrame, points: pd.DataFrame, metric: str = "roug
     return pd.DataFrame(rows)
 
 
-def load_experiment(results: str, name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(points, samples)`` of ``results/<name>/`` as written by ``keyformer-collect`` (:mod:`keyformer.tools.collect`)."""
+def load_experiment(results: str, name: str, complete_only: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(points, samples)`` of ``results/<name>/`` as written by ``keyformer-collect`` (:mod:`keyformer.tools.collect`).
+    ``complete_only`` drops the points still running and their samples: for rankings and fronts, where a partial
+    point would count on its first samples only."""
     from pathlib import Path
 
     d = Path(results) / name
-    return pd.read_csv(d / "points.csv"), pd.read_csv(d / "samples.csv", dtype={"id": str})
+    points, samples = pd.read_csv(d / "points.csv"), pd.read_csv(d / "samples.csv", dtype={"id": str})
+    if complete_only:
+        points = points[points["complete"].astype(bool)].reset_index(drop=True)
+        samples = samples[samples["point"].isin(points["point"])].reset_index(drop=True)
+    return points, samples
 
 
 def common_ids(samples: pd.DataFrame, points: Sequence[str]) -> list[str]:

@@ -472,3 +472,15 @@ def test_repeated_ngrams_flags_looping_outputs() -> None:
     assert analysis.repeated_ngrams(text) == pytest.approx(1 - 6 / 21)
     s = pd.DataFrame({"point": ["p", "p", "q"], "prediction": [text, "one two three four five six", "x"]})
     assert analysis.looping_share(s, ["p", "q"]) == {"p": 0.5, "q": 0.0}
+
+
+def test_load_experiment_complete_only_drops_running_points_and_their_samples(tmp_path: Path) -> None:
+    d = tmp_path / "exp"
+    d.mkdir()
+    pd.DataFrame({"point": ["a", "b"], "complete": [True, False]}).to_csv(d / "points.csv", index=False)
+    pd.DataFrame({"point": ["a", "a", "b"], "id": ["0", "1", "0"], "rouge2": [1.0, 2.0, 9.0]}).to_csv(
+        d / "samples.csv", index=False)
+    points, samples = analysis.load_experiment(tmp_path, "exp")
+    assert list(points["point"]) == ["a", "b"] and len(samples) == 3
+    points, samples = analysis.load_experiment(tmp_path, "exp", complete_only=True)
+    assert list(points["point"]) == ["a"] and list(samples["point"]) == ["a", "a"]

@@ -271,8 +271,7 @@ def field(res: Path, name: str = "exp7_field") -> None:
     for task, metric in analysis.EXP7_METRIC.items():
         if not (res / name / task / "points.csv").exists():
             continue
-        points, samples = analysis.load_experiment(res / name, task)
-        points = points[points["complete"].astype(bool)]  # a point still running would rank on its first samples
+        points, samples = analysis.load_experiment(res / name, task, complete_only=True)
         r = analysis.field_ranking(points, samples, metric, n_boot=5000)
         if r.empty:
             continue
