@@ -6,9 +6,9 @@ Examples::
     python run.py model=mpt policy=keyformer budget=0.5 device=cuda
     python run.py -m policy=window,h2o,keyformer budget=0.2,0.5,0.8
 
-Every job goes through :mod:`keyformer.job` (validation, resume, results, W&B, summary). A rejected command
+Every job goes through :mod:`keyformer.run.scaffold` (validation, resume, results, W&B, summary). A rejected command
 prints one line and exits with status 2: unknown group options here, before Hydra composes; bad values in
-the job (or, for a sweep, in any of its points before the first job starts: ``keyformer.job.Preflight``).
+the job (or, for a sweep, in any of its points before the first job starts: ``keyformer.run.scaffold.Preflight``).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from omegaconf import DictConfig
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from keyformer.job import hydra_main
+    from keyformer.run.scaffold import hydra_main
 
     return hydra_main(cfg)
 
 
 if __name__ == "__main__":
-    from keyformer.job import check_overrides
+    from keyformer.run.scaffold import check_overrides
 
     message = check_overrides(sys.argv[1:])
     if message:

@@ -1,38 +1,36 @@
 """Keyformer lab: KV-cache eviction research (full, window, H2O, Keyformer) with physical eviction.
 
 The public names below are imported on first use (PEP 562), so ``import keyformer`` and the light modules
-(``keyformer.metrics``, ``keyformer.data``, ``keyformer.results``, ``keyformer.errors``) do not load torch.
+(``keyformer.run.metrics``, ``keyformer.run.data``, ``keyformer.run.results``, ``keyformer.run.validate``) do not load torch.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 # public name -> the submodule that defines it
 _EXPORTS = {
-    "KVCache": "cache",
-    "GenerationOutput": "generate",
-    "generate": "generate",
-    "make_cache": "generate",
-    "SUPPORTED_ARCHS": "models",
-    "prepare_model": "models",
-    "tiny_model": "models",
-    "POLICIES": "policies",
-    "Policy": "policies",
-    "make_policy": "policies",
+    "KVCache": "core.cache",
+    "GenerationOutput": "core.generate",
+    "generate": "core.generate",
+    "make_cache": "core.generate",
+    "SUPPORTED_ARCHS": "core.models",
+    "prepare_model": "core.models",
+    "tiny_model": "core.models",
+    "POLICIES": "core.policies",
+    "Policy": "core.policies",
+    "make_policy": "core.policies",
 }
 
 __all__ = ["KVCache", "GenerationOutput", "generate", "make_cache", "SUPPORTED_ARCHS", "prepare_model",
            "tiny_model", "POLICIES", "Policy", "make_policy"]
 
 if TYPE_CHECKING:
-    from .cache import KVCache
-    from .generate import GenerationOutput, generate, make_cache
-    from .models import SUPPORTED_ARCHS, prepare_model, tiny_model
-    from .policies import POLICIES, Policy, make_policy
+    from .core.cache import KVCache
+    from .core.generate import GenerationOutput, generate, make_cache
+    from .core.models import SUPPORTED_ARCHS, prepare_model, tiny_model
+    from .core.policies import POLICIES, Policy, make_policy
 
 
 def __getattr__(name: str) -> Any:
@@ -50,20 +48,3 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})
 
-
-class _Package(types.ModuleType):
-    """``keyformer.generate`` is the function, as with an eager ``from .generate import generate``: importing
-    the submodule ``keyformer.generate`` would otherwise bind the module to the package attribute."""
-
-    @property
-    def generate(self) -> Any:
-        from .generate import generate
-
-        return generate
-
-    @generate.setter
-    def generate(self, value: Any) -> None:  # the import system binding the submodule: keep the function
-        pass
-
-
-sys.modules[__name__].__class__ = _Package

@@ -3,7 +3,7 @@
 # staged by the caller, see experiments/gpu_studies.md): the studies too slow for 2 CPU cores, on CUDA in fp32.
 #   bash scripts/gpu_studies.sh tests   # the device-aware tests on CUDA (tiny models), into $OUT/tests.txt
 #   bash scripts/gpu_studies.sh run     # experiment 7 (all tasks) and experiment 8's authors' subset
-# `run` starts 8 in-process queue runners (scripts/run_queue.py) that share the GPU; each works through
+# `run` starts 8 in-process queue runners (keyformer.lab.queue) that share the GPU; each works through
 # a chain of queue files with that queue's batch size, takes no new point after BUDGET_S seconds and is
 # killed at HARD_S (a point in flight keeps its finished records and resumes). Results: multirun/exp7_field/
 # (the CPU queue folders) and multirun/exp8_authors_h200/, packed with the worker logs into $OUT/results.tgz
@@ -32,7 +32,7 @@ T0=$(date +%s)
 UNTIL=$((T0 + ${BUDGET_S:-420})) HARD=$((T0 + ${HARD_S:-500}))
 LOGS=multirun/gpu_logs Q=multirun/gpu_queues
 mkdir -p "$LOGS" "$Q"
-$PY -c 'from keyformer.loading import ensure_smollm2; print(ensure_smollm2())' > "$LOGS/convert.txt" 2>&1 \
+$PY -c 'from keyformer.run.loading import ensure_smollm2; print(ensure_smollm2())' > "$LOGS/convert.txt" 2>&1 \
   || { cp "$LOGS/convert.txt" "$OUT/"; exit 1; }
 for t in cnndm needle leval_sqa multi_news; do cp "experiments/queues/exp7_$t.txt" "$Q/"; done
 sed 's#multirun/exp8_authors/#multirun/exp8_authors_h200/#' experiments/queues/exp8_authors.txt > "$Q/authors.txt"
@@ -45,7 +45,7 @@ chain() {  # chain NAME QUEUE...: each queue in turn, with its batch size, until
   local name=$1 q; shift
   for q in "$@"; do
     [ "$(date +%s)" -lt "$UNTIL" ] || break
-    timeout $((HARD - $(date +%s))) $PY scripts/run_queue.py "$Q/$q.txt" --until "$UNTIL" --name "$name" \
+    timeout $((HARD - $(date +%s))) $PY -m keyformer.lab.queue "$Q/$q.txt" --until "$UNTIL" --name "$name" \
       --set device=cuda dtype=float32 "batch_size=${BS[$q]}" >> "$LOGS/$name.txt" 2>&1
   done
 }

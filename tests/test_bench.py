@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from keyformer.bench import cpu as bench
-from keyformer.tools import compose
+from keyformer.lab.bench import cpu as bench
+from keyformer.run.paths import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,7 @@ def test_peak_rss_reset() -> None:
 
 @pytest.mark.slow
 def test_gpu_bench_tiny(tmp_path: Path) -> None:
-    from keyformer.bench import gpu as gpu_bench
+    from keyformer.lab.bench import gpu as gpu_bench
 
     gpu_bench.main(["--tiny", "--models", "mpt", "--lengths", "8", "--max-batch", "2", "--gen-cap", "4", "--out", str(tmp_path)])
     cells = json.loads((tmp_path / "gpu_bench.json").read_text())["cells"]
@@ -90,7 +90,7 @@ def test_kvpress_merge_reproduces_the_committed_table(tmp_path: Path) -> None:
     """The merge side of keyformer-bench-kvpress on the committed side outputs gives the committed table."""
     import shutil
 
-    from keyformer.bench import kvpress_compare
+    from keyformer.lab.bench import kvpress_compare
 
     src = ROOT / "results" / "bench" / "kvpress"
     if not (src / "kvpress.json").is_file():

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from keyformer import generate, make_cache, make_policy, tiny_model
-from keyformer.models import TINY_ARCHS, tiny_config
+from keyformer.core.models import TINY_ARCHS, tiny_config
 
 POLICY_NAMES = ("window", "streaming", "h2o", "keyformer")
 N_PROMPT, NEW = 40, 12
@@ -233,7 +233,7 @@ def test_sdpa_backends_drop_cudnn_and_keep_the_callers_choice():
     """On CUDA our SDPA calls exclude cuDNN (a graph per decode length) but honour backends the caller chose."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from keyformer.attention import _sdpa_backends
+    from keyformer.core.attention import _sdpa_backends
 
     b = torch.backends.cuda
     with _sdpa_backends(torch.device("cuda")):

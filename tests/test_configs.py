@@ -15,8 +15,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from keyformer.errors import ConfigError, check_budget, validate
-from keyformer.loading import model_config
+from keyformer.run.loading import model_config
+from keyformer.run.validate import ConfigError, check_budget, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -42,7 +42,7 @@ def test_groups_have_expected_options():
             "tiny_mpt", "tiny_llama"} <= set(options("model"))
     assert {"cnn_dailymail", "xsum", "govreport", "soda", "dialogsum", "sample"} <= set(options("dataset"))
     # the policy group mirrors the code: one YAML per registered policy, each building that policy
-    from keyformer.policies import POLICIES, policy_class
+    from keyformer.core.policies import POLICIES, policy_class
 
     targets = {o: OmegaConf.load(CONF / "policy" / f"{o}.yaml")["_target_"] for o in options("policy")}
     assert {policy_class(t).name for t in targets.values()} == set(POLICIES)
@@ -211,7 +211,7 @@ def test_tiny_sweep_through_joblib_is_quiet(tmp_path):
 def test_defaults():
     c = OmegaConf.to_container(make_cfg(), resolve=True)
     assert (c["model"]["name"], c["dataset"]["name"], c["policy"]["_target_"]) == (
-        "HuggingFaceTB/SmolLM2-135M-Instruct", "sample", "keyformer.policies.keyformer.KeyformerPolicy")
+        "HuggingFaceTB/SmolLM2-135M-Instruct", "sample", "keyformer.core.policies.keyformer.KeyformerPolicy")
     assert c["budget"] == 0.5 and c["recent"] == 0.3 and c["policy"]["budget"] == 0.5
     assert c["generation"]["num_beams"] == 1 and c["n_samples"] <= 16
     assert c["model"]["chat_template"] is True

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from keyformer.bench import kvpress_crosscheck as xc
+from keyformer.lab.bench import kvpress_crosscheck as xc
 
 
 def test_kept_encoding_roundtrip_and_jaccard() -> None:
@@ -99,7 +99,7 @@ def test_merge_and_tables(tmp_path: Path) -> None:
 
 
 def test_method_options_are_valid_for_registered_policies() -> None:
-    from keyformer.policies import POLICIES, make_policy
+    from keyformer.core.policies import POLICIES, make_policy
 
     for m in xc.METHODS + xc.DIAGNOSTICS:
         if m["policy"] in POLICIES:  # policies still being written are skipped by the harness, not here

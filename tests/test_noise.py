@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from keyformer import generate, make_policy, tiny_model
-from keyformer import noise as nz
+from keyformer.core import noise as nz
 
 
 def _field(seed: int = 1, layer: int = 0, n: int = 256, heads: int = 4) -> torch.Tensor:
@@ -92,11 +92,11 @@ def test_noise_samples_average_fields():
 
 
 def test_compiled_gumbel_score_agrees_with_eager(monkeypatch):
-    from keyformer.policies.keyformer import gumbel_score
+    from keyformer.core.policies.keyformer import gumbel_score
 
     p = torch.softmax(torch.randn(2, 3, 2, 64, 400, generator=torch.Generator().manual_seed(0)), -1)  # >= FUSE_MIN
     e = -torch.rand(p.shape, generator=torch.Generator().manual_seed(1)).clamp(min=1e-7).log()
-    from keyformer.policies.keyformer import FUSE_MIN
+    from keyformer.core.policies.keyformer import FUSE_MIN
 
     assert p.numel() >= FUSE_MIN  # the compiled path is the one taken with KEYFORMER_COMPILE=1
     out = {}
@@ -112,7 +112,7 @@ def test_compiled_gumbel_score_agrees_with_eager(monkeypatch):
 def test_exp_noise_is_never_zero():
     """The top hash value used to round u to 1 in fp32 (E = 0, score p / 0 = inf, NaN): one draw in 2**24,
     several per article at 512 tokens. Every 24-bit value must give a positive, finite draw."""
-    from keyformer.noise import exp_of_hash
+    from keyformer.core.noise import exp_of_hash
 
     h = torch.arange(2**24 - 4096, 2**24, dtype=torch.int64) << 8
     e = exp_of_hash(h)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from keyformer import KVCache, make_policy, tiny_model
-from keyformer.models import prepare_model
+from keyformer.core.models import prepare_model
 
 
 @pytest.mark.parametrize(
@@ -104,8 +104,8 @@ def test_snapkv_pools_only_the_keys_before_the_observation_window():
     kept regardless), so the keys just before it do not average in the window's own local attention."""
     import torch
 
-    from keyformer.policies import make_policy
-    from keyformer.policies.base import Context
+    from keyformer.core.policies import make_policy
+    from keyformer.core.policies.base import Context
 
     pol = make_policy("snapkv", budget=0.5, window_size=3, kernel_size=3)
     state = torch.tensor([[[1.0, 1, 1, 1, 1, 1, 1, 9, 9, 9]]])

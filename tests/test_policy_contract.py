@@ -20,9 +20,9 @@ from transformers import AttentionInterface, LogitsProcessor, LogitsProcessorLis
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from keyformer import generate, make_cache, make_policy, tiny_model
-from keyformer.noise import prompt_noise
-from keyformer.policies import POLICIES
-from keyformer.policies.base import Context
+from keyformer.core.noise import prompt_noise
+from keyformer.core.policies import POLICIES
+from keyformer.core.policies.base import Context
 
 N, NEW = 36, 10
 ARCHS = ("llama", "gptj", "gpt2")  # the naive forward needs the AttentionInterface (MPT: physical == mask only)

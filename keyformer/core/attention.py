@@ -1,0 +1,210 @@
+"""Attention over an evicting cache, with the policy's scores computed in the same pass.
+
+* Policies that need no attention scores use SDPA (Llama, GPT-J, GPT-2) or MPT's own eager math with ALiBi
+  at the kept tokens' *original* distances.
+* Scoring policies, at the prompt: one blocked pass per layer, vectorised over samples, whose softmax gives
+  both the output and the scores (no n x n matrix, no second ``Q K^T``). At a decode step: logits once, used
+  for the output and the score; noise only at the held slots.
+* GQA: scores are computed per query head and **summed over the query heads of each KV-head group**, so
+  state and selection are per KV head.
+
+The attention function finds the cache layer through the ``_kf_layer`` attribute that
+:meth:`keyformer.core.cache.EvictingLayer.update` sets on the key view it returns; with any other cache the
+model's usual SDPA path runs unchanged. A policy sees a :class:`keyformer.core.policies.base.Context`; this module
+only builds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from . import noise as gumbel
+from .cache import EvictingLayer
+
+SCORE_BLOCK_FLOATS = 16 * 2**20  # fp32 logits per prompt block (B * Hq * rows * keys), 64 MB
+SCORE_ROWS = 128  # at most this many query rows per prompt block
+
+
+class _NoCudnnSDPA:
+    """Turns cuDNN's SDPA off for one call and back on after (entered only while it is on). Two flag writes:
+    ``torch.nn.attention.sdpa_kernel`` costs ~12 us per entry, which adds up at every layer of every step."""
+
+    def __enter__(self) -> None:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+_NO_CUDNN = _NoCudnnSDPA()
+
+
+def _sdpa_backends(device: torch.device):
+    """SDPA without cuDNN on CUDA; the other backends stay as the caller set them. cuDNN's SDPA, PyTorch's first
+    choice on Hopper, plans a graph per key length, and every decode step has a new one: on an H200, GPT-J-6B
+    at batch 1 decoded at 96.6 ms/step with it and 33.4 with flash (``results/bench/gpu``)."""
+    if device.type == "cuda" and torch.backends.cuda.cudnn_sdp_enabled():
+        return _NO_CUDNN
+    return contextlib.nullcontext()
+
+
+def keyformer_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """``AttentionInterface`` entry: our path for our cache, plain SDPA otherwise."""
+    layer = getattr(key, "_kf_layer", None)
+    if layer is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    return attend(module, layer, query, key, value, scaling=scaling, dropout=dropout), None
+
+
+def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+           scaling: float, dropout: float = 0.0, slopes: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention for one layer, then the policy's scoring and the cache's eviction.
+
+    query [B, Hq, q, D]; key/value [B, Hkv, S, D] (S = L + q slots); ``slopes`` [Hq] for ALiBi.
+    Returns [B, q, Hq, Dv].
+    """
+    policy = layer.cache.policy
+    G = query.shape[1] // key.shape[1]
+    q = query.shape[2]
+    scoring = policy.needs_attention and (layer.length == 0 or policy.compress == "step")
+    if scoring and layer.length > 0 and q > 1:
+        raise NotImplementedError("multi-token forwards over a non-empty evicting cache (chunked prefill) are "
+                                  "not supported by scoring policies")
+    mask = layer.attention_mask()  # bool, True = attend
+    if scoring and q == 1 and layer.length > 0:
+        bias = _alibi(layer, slopes) if slopes is not None else None
+        out = _decode_with_scores(layer, query, key, value, mask, bias, scaling)
+    elif scoring:
+        out = _prompt_with_scores(layer, query, key, value, slopes, scaling)
+    elif slopes is not None:
+        out = _eager(query, key, value, mask, _alibi(layer, slopes), scaling)
+    else:
+        if mask is not None and mask.shape[1] > 1 and G > 1:
+            mask = mask.repeat_interleave(G, dim=1)
+        with _sdpa_backends(query.device):
+            out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling)
+    layer.evict()
+    return out
+
+
+def _alibi(layer: EvictingLayer, slopes: torch.Tensor) -> torch.Tensor:
+    """ALiBi bias at the kept tokens' original distances: slope * (pos_j - newest), [B, Hq, 1, S]."""
+    S = layer.length + layer.q_len
+    dist = layer.pos[:, :, :S] - layer.cache.cur_pos().view(-1, 1, 1)  # [B, Hkv, S], per head
+    dist = dist.repeat_interleave(slopes.numel() // dist.shape[1], dim=1).float()
+    return (dist * slopes.view(1, -1, 1)).unsqueeze(2).to(layer.dtype)
+
+
+def _eager(query, key, value, mask, bias, scaling):
+    """MPT's own attention math (eager, additive bias, finfo.min fill), at kept positions."""
+    G = query.shape[1] // key.shape[1]
+    if G > 1:
+        key, value = key.repeat_interleave(G, dim=1), value.repeat_interleave(G, dim=1)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + bias
+    q, S = query.shape[2], key.shape[2]
+    if mask is None and q > 1:  # plain causal (no pads, empty cache)
+        mask = torch.ones(q, S, dtype=torch.bool, device=query.device).tril(S - q).view(1, 1, q, S)
+    if mask is not None:
+        if mask.shape[1] > 1 and G > 1:
+            mask = mask.repeat_interleave(G, dim=1)
+        scores = scores.masked_fill(~mask, torch.finfo(query.dtype).min)
+    probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
+    return torch.matmul(probs, value).transpose(1, 2)
+
+
+def _decode_with_scores(layer, query, key, value, mask, bias, scaling):
+    """One query token: logits once, used for the output and for the policy score. Noise, when the policy
+    asks for it, is evaluated at the held slots only."""
+    policy = layer.cache.policy
+    B, Hq, _, D = query.shape
+    Hkv, S = key.shape[1], key.shape[2]
+    G = Hq // Hkv
+    qg = query.reshape(B, Hkv, G, D)
+    logits = torch.matmul(qg, key.transpose(-1, -2)).float() * scaling  # [B, Hkv, G, S]
+    if bias is not None:
+        logits = logits + bias.view(B, Hkv, G, S)
+    if mask is not None:
+        logits = logits.masked_fill(~mask.view(B, -1, 1, S), float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    out = torch.matmul(probs.to(value.dtype), value)  # [B, Hkv, G, Dv]
+    ctx = layer.context(query=query, keys=key, values=value, group=G)
+    if policy.uses_noise:
+        thunk = layer.cache.noise_fn(layer, G)
+        ctx.noise = lambda draw=0: thunk(draw).unsqueeze(3)
+    s = policy.score(probs.unsqueeze(3), ctx)  # [B, Hkv, G, 1, S]
+    policy.accumulate(layer.score[:, :, :S], layer.cache.pool_beams(s.sum((2, 3))), ctx)
+    return out.reshape(B, Hq, 1, -1).transpose(1, 2)
+
+
+def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling) -> torch.Tensor:
+    """Prompt attention and the policy's prompt scores in ONE blocked pass, vectorised over samples.
+
+    Blocks of ``R`` query rows see keys [0, r1) only. Each block's logits are computed once; their softmax
+    gives both the attention output (``P @ V``) and the scores, whose column sums (over the scored rows and
+    the query heads of a GQA group) are a weighted GEMV. No n x n matrix is held. Prompts are left-padded:
+    pad keys are masked, pad rows are never scored. ALiBi (MPT) adds ``slope * key position`` (a per-row
+    shift of the true distance, which the softmax ignores). Returns [B, N, Hq, Dv].
+    """
+    cache, policy = layer.cache, layer.cache.policy
+    B, Hq, N, D = query.shape
+    Hkv, Dv = key.shape[1], value.shape[-1]
+    G = Hq // Hkv
+    dev, f32 = query.device, torch.float32
+    off = N - cache.n  # [B] left-pad offsets
+    kpos = torch.arange(N, device=dev).view(1, -1) - off.view(-1, 1)  # [B, N] real positions (pads < 0)
+    padded = not cache.fwd_all_real  # left padding is checked once, when the cache reads the prompt mask
+    Q = (query.to(f32) * scaling).view(B, Hkv, G, N, D)  # scaled once (exact when scaling is a power of 2)
+    K = key.to(f32).unsqueeze(2)  # [B, Hkv, 1, N, D]
+    V = value.unsqueeze(2)
+    rows_from = 0 if policy.observe_rows is None else max(0, N - int(policy.observe_rows))
+    R = max(16, min(SCORE_ROWS, SCORE_BLOCK_FLOATS // max(1, B * Hq * N)))
+    out = query.new_empty(B, Hkv, G, N, Dv)
+    acc = torch.zeros(B, Hkv, 1, N, dtype=f32, device=dev)
+    ctx = layer.context(query=query, keys=key, values=value, group=G)
+    heads = torch.arange(Hq, device=dev)
+    slope = None if slopes is None else slopes.to(dev, f32).view(1, Hkv, G, 1, 1)
+    for r0 in range(0, N, R):
+        r1 = min(N, r0 + R)
+        r = r1 - r0
+        x = torch.matmul(Q[:, :, :, r0:r1], K[..., :r1, :].transpose(-1, -2))  # [B, Hkv, G, r, r1]
+        if slope is not None:
+            x += slope * kpos[:, :r1].to(f32).view(B, 1, 1, 1, r1)
+        x[..., r0:r1].masked_fill_(_upper(r0, r1, dev)[:, r0:], float("-inf"))
+        if padded:  # pad keys are invisible; a pad row sees only itself (nothing ever attends to a pad)
+            diag = torch.arange(r1, device=dev).view(1, -1) == torch.arange(r0, r1, device=dev).view(-1, 1)
+            hide = (kpos[:, :r1] < 0).view(B, 1, r1) & ~diag
+            x.masked_fill_(hide.view(B, 1, 1, r, r1), float("-inf"))
+        p = torch.softmax(x, dim=-1)
+        out[:, :, :, r0:r1] = torch.matmul(p.to(V.dtype), V[..., :r1, :])
+        a = max(r0, rows_from)
+        if a >= r1:
+            continue
+        if policy.uses_noise:
+            ctx.noise = _prompt_noise(cache.seed_t, layer.layer_idx, heads, kpos[:, a:r1], kpos[:, :r1], Hkv, G)
+        s = policy.score(p[:, :, :, a - r0 :], ctx)  # [B, Hkv, G, r1 - a, r1]
+        wrow = (kpos[:, a:r1] >= 0).to(f32).repeat(1, G).view(B, 1, 1, G * (r1 - a))
+        acc[..., :r1] += torch.matmul(wrow, s.reshape(B, Hkv, G * (r1 - a), r1))
+    state = layer.score[:, :, :N]
+    policy.accumulate(state, cache.pool_beams(acc.view(B, Hkv, N)), ctx)
+    state.copy_(policy.after_prompt(state, ctx))
+    return out.view(B, Hq, N, Dv).transpose(1, 2)
+
+
+def _prompt_noise(seeds, layer_idx, heads, qpos, kpos, Hkv, G):
+    """Thunk: Exp(1) noise of query rows at ``qpos`` [B, r] over keys at ``kpos`` [B, c] -> [B, Hkv, G, r, c]."""
+
+    def noise(draw: int = 0) -> torch.Tensor:
+        B, r = qpos.shape
+        rk = gumbel.row_keys(gumbel.draw_seeds(seeds, draw), layer_idx, heads, qpos.clamp(min=0)).view(B, Hkv, G, r, 1)
+        return gumbel.exp_noise_fast(rk, gumbel.col_keys(kpos.clamp(min=0)).view(B, 1, 1, 1, -1))
+
+    return noise
+
+
+def _upper(r0: int, r1: int, device) -> torch.Tensor:
+    """[r1 - r0, r1] True above the causal frontier of rows r0..r1."""
+    return torch.arange(r1, device=device).view(1, -1) > torch.arange(r0, r1, device=device).view(-1, 1)

@@ -1,0 +1,549 @@
+"""A transformers ``Cache`` that physically evicts, per sample and per KV head.
+
+Layout of one layer (physical mode)::
+
+    keys, values : [B, H, C, D]   preallocated buffers (C = capacity); with ``kv_quant`` the uint8 codes of
+                                  each token, plus kscale/kzero/vscale/vzero [B, H, C, D / group] (fp16)
+    pos          : [B, H, C]      original (logical) position of each slot, -1 = empty or pad
+    score        : [B, H, C]      the policy's per-slot state (fp32)
+    count        : [B]            live slots of each sample; they are slots [0, count[b]) in every head
+
+``L = count.max()`` slots are in use. New tokens are written at slots [L, L + q); after attention the layer
+evicts down to the budget and compacts the survivors back into [0, count[b]). After the prompt the buffers are
+re-allocated at the budget plus one spare slot, so the bytes held are the bytes of the tensors.
+
+**Steady state.** Once every sample holds its budget (always, right after the prompt, unless an absolute budget
+exceeds a prompt), a decode step has static shapes and no host synchronisation. Per layer: write the new token
+into the spare slot ``L``, attend over the ``L + 1`` slots, fold its scores into the state, pick one victim per
+(sample, head) among the non-recent slots (lowest priority, ties: the oldest), and move the spare into the
+victim's slot. The full policy preallocates ``prompt + max_new_tokens`` slots and only writes the new token.
+
+Mask-simulation mode (``mode="mask"``, what the authors' code does) applies the same policy but never moves
+or frees anything: evicted slots are only masked out of attention. It is the naive reference in the tests.
+
+Positions are the tokens' real positions (pads excluded), so kept tokens keep their original RoPE phase
+(baked into cached keys), learned absolute position, or ALiBi distance.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from . import noise as hashnoise
+from .policies import FullPolicy, Policy
+from .policies.base import Context
+from .quant import KVQuant
+
+MODES = ("physical", "mask")
+LONG_MAX = torch.iinfo(torch.long).max
+KV = ("keys", "values")
+KV_QUANT = ("keys", "values", "kscale", "kzero", "vscale", "vzero")
+
+
+class EvictingLayer(CacheLayerMixin):
+    """One layer's evicting cache; the policy logic lives in :mod:`keyformer.core.policies`."""
+
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, cache: KVCache, layer_idx: int):
+        super().__init__()
+        self.cache, self.layer_idx = cache, layer_idx
+        self.seen = 0  # logical columns processed (padded prompt + generated): what generate() expects
+        self.length = 0  # physical slots in use (L)
+        self.dense = True  # physical mode: every slot in [0, L) is live for every sample
+        self.steady = False  # physical mode: every (sample, head) holds exactly its budget
+        self.ragged = False  # physical mode: the heads of a sample hold different numbers of tokens (Ada-KV)
+        self.k_bh: torch.Tensor | None = None  # [B, H] per-head budgets fixed at the prompt cut (Ada-KV)
+        self.pending = False  # update() ran but evict() has not yet
+
+    # -- transformers cache API -----------------------------------------------------------------------
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        B, H, _, D = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.dims = D, value_states.shape[-1]
+        qz = self.cache.kv_quant
+        if qz is None:
+            self.slots = KV
+            self.keys = key_states.new_empty(B, H, 0, D)
+            self.values = value_states.new_empty(B, H, 0, value_states.shape[-1])
+        else:
+            self.slots = KV_QUANT
+            for d in self.dims:
+                qz.check_dim(d)
+            u8, f16 = dict(dtype=torch.uint8, device=self.device), dict(dtype=torch.float16, device=self.device)
+            (kd, vd), g = self.dims, qz.group_size
+            self.keys, self.values = torch.empty(B, H, 0, qz.code_width(kd), **u8), torch.empty(B, H, 0, qz.code_width(vd), **u8)
+            self.kscale, self.kzero = torch.empty(B, H, 0, kd // g, **f16), torch.empty(B, H, 0, kd // g, **f16)
+            self.vscale, self.vzero = torch.empty(B, H, 0, vd // g, **f16), torch.empty(B, H, 0, vd // g, **f16)
+        self.pos = torch.empty(B, H, 0, dtype=torch.long, device=self.device)
+        self.score = torch.empty(B, H, 0, dtype=torch.float32, device=self.device)
+        self.alive = torch.empty(B, H, 0, dtype=torch.bool, device=self.device)  # mask mode only
+        self.count = torch.zeros(B, dtype=torch.long, device=self.device)
+        self.k_bh = None
+        self.is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # The model's own mask is not used by our attention; keep its shape consistent anyway.
+        return self.length + query_length, max(0, self.seen - self.length)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if not self.is_initialized:
+            return
+        idx = beam_idx.to(self.device)
+        for name in (*self.slots, "pos", "score", "alive", "count"):
+            setattr(self, name, getattr(self, name).index_select(0, idx))
+        if self.k_bh is not None:
+            self.k_bh = self.k_bh.index_select(0, idx)
+
+    def reset(self) -> None:
+        self.is_initialized, self.seen, self.length, self.dense, self.steady = False, 0, 0, True, False
+        self.ragged, self.k_bh = False, None
+        self.keys = self.values = None
+
+    # -- storage --------------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def _reserve(self, needed: int) -> None:
+        """Grow the buffers to hold ``needed`` slots (amortised doubling; a no-op in steady state)."""
+        if needed <= self.capacity:
+            return
+        cap = max(needed, self.cache.capacity_hint(needed), 2 * self.capacity)
+        grow = cap - self.capacity
+        pad = lambda t, fill: torch.cat([t, t.new_full((*t.shape[:2], grow, *t.shape[3:]), fill)], dim=2)  # noqa: E731
+        for name in self.slots:
+            setattr(self, name, pad(getattr(self, name), 0))
+        self.pos, self.score, self.alive = pad(self.pos, -1), pad(self.score, 0.0), pad(self.alive, False)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append ``q`` new tokens at slots [L, L + q); return views over the L + q slots to attend."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        elif self.pending:
+            raise RuntimeError("the model's attention did not run our evicting path on the previous forward; "
+                               "call keyformer.prepare_model(model) and keep its attention implementation")
+        B, H, q, _ = key_states.shape
+        L = self.length
+        self._reserve(L + q)
+        rows = self._rows(key_states, value_states)
+        for name, r in zip(self.slots, rows, strict=True):
+            getattr(self, name)[:, :, L : L + q] = r
+        new_pos, new_real = self.cache.new_positions(self.layer_idx, self.seen, q, B, self.device)  # [B, q] each
+        self.pos[:, :, L : L + q] = new_pos.unsqueeze(1)
+        self.new_kv = rows
+        if self.cache.policy.needs_attention:
+            self.score[:, :, L : L + q] = 0.0
+        if self.cache.mode == "mask":
+            self.alive[:, :, L : L + q] = new_real.unsqueeze(1)
+        self.seen += q
+        self.q_len, self.new_real, self.pending = q, new_real, True
+        if self.slots is KV:
+            k, v = self.keys[:, :, : L + q], self.values[:, :, : L + q]
+        elif L == 0:  # the prompt attends in full precision; the cache keeps its quantized rows
+            k, v = key_states, value_states
+        else:
+            qz, S = self.cache.kv_quant, L + q
+            k = qz.dequantize(self.keys[:, :, :S], self.kscale[:, :, :S], self.kzero[:, :, :S], self.dtype)
+            v = qz.dequantize(self.values[:, :, :S], self.vscale[:, :, :S], self.vzero[:, :, :S], self.dtype)
+        k._kf_layer = self  # how our attention function finds this layer (see keyformer.core.attention)
+        return k, v
+
+    def _rows(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What is stored for new tokens, in the order of ``self.slots``."""
+        qz = self.cache.kv_quant
+        if qz is None:
+            return key_states, value_states
+        kc, ks, kz = qz.quantize(key_states)
+        vc, vs, vz = qz.quantize(value_states)
+        return kc, vc, ks, kz, vs, vz
+
+    # -- what the attention needs -----------------------------------------------------------------------
+    @property
+    def policy(self) -> Policy:
+        return self.cache.policy
+
+    def context(self, **tensors) -> Context:
+        """The :class:`Context` of this forward (the slots [0, L + q))."""
+        cache, S = self.cache, self.length + self.q_len
+        return Context(layer=self.layer_idx, num_layers=len(cache.layers), step=cache.step_of(self),
+                       horizon=cache.max_new_tokens, pos=self.pos[:, :, :S], cur=cache.cur_pos(), w=cache.w,
+                       **tensors)
+
+    def live_mask(self) -> torch.Tensor:
+        """[B, H or 1, L + q] bool: slots this forward's queries may attend to (before causality)."""
+        S = self.length + self.q_len
+        if self.cache.mode == "mask":
+            return self.alive[:, :, :S]
+        if self.ragged:  # per-head budgets: each head has its own dead slots
+            return self.pos[:, :, :S] >= 0
+        return (self.pos[:, 0, :S] >= 0).unsqueeze(1)  # physical: dead slots and pads hold position -1
+
+    def attention_mask(self) -> torch.Tensor | None:
+        """Bool mask [B, 1 or H, q, L + q] for this forward, or None when plain causal attention is exact."""
+        L, q = self.length, self.q_len
+        if self.cache.mode == "physical" and self.dense and self.cache.fwd_all_real and (q == 1 or L == 0):
+            return None  # decode over a dense cache, or an unpadded prompt: is_causal handles it
+        live = self.live_mask().unsqueeze(2)  # [B, h, 1, L + q]
+        if q == 1:
+            return live
+        rows = torch.arange(q, device=self.device).view(q, 1)
+        cols = torch.arange(L + q, device=self.device).view(1, -1) - L
+        mask = live & (cols <= rows)  # old slots (cols < 0) are in every new token's past
+        # a pad row would see nothing (NaN in SDPA): let it see itself; nothing ever attends to a pad
+        return mask | (cols == rows)
+
+    # -- eviction ---------------------------------------------------------------------------------------
+    def budget(self) -> torch.Tensor:
+        """Tokens this layer keeps: [B, H] per-head budgets (Ada-KV, after the prompt) or [B, 1]."""
+        if self.k_bh is not None:
+            return self.k_bh
+        return self.cache.layer_k(self.layer_idx).view(-1, 1)
+
+    def evict(self) -> None:
+        """Cut the cache back to the budget after this forward's attention (see module docstring)."""
+        cache, q, L = self.cache, self.q_len, self.length
+        S = L + q
+        self.pending = False
+        policy = cache.policy
+        if not policy.evicts or (policy.compress == "prompt" and L > 0):
+            if cache.mode == "physical" and not (self.dense and cache.fwd_all_real):
+                self.count = torch.full_like(self.count, S)
+                self.dense = False
+            self.length = S
+            return
+        if self.steady and q == 1:
+            self._evict_steady()  # every sample is at its budget: the common decode step
+            return
+        live = self.live_mask().expand(-1, self.keys.shape[1], -1)  # [B, H, S]
+        n_live = live.sum(-1)  # [B, H]
+        k = self.budget()
+        if cache.mode == "physical" and q == 1 and L > 0:
+            self._evict_one(live, n_live > k)
+            return
+        keep_n = torch.minimum(n_live, k)
+        prio = self._keep_priority(live, S)
+        pos = self.pos[:, :, :S]
+        if L == 0 and policy.adaptive_heads:  # the prompt cut shares the layer's budget among its heads
+            keep_n = policy.head_budgets(prio, pos, keep_n)
+            self.k_bh = torch.where(n_live > k, keep_n, k.expand_as(keep_n))
+        by_pos = pos.argsort(dim=-1, descending=True, stable=True)  # ties: keep the more recent
+        order = by_pos.gather(-1, prio.gather(-1, by_pos).argsort(dim=-1, descending=True, stable=True))
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(S, device=self.device).expand_as(order))
+        keep = rank < keep_n.unsqueeze(-1)
+        if cache.mode == "mask":
+            self.alive[:, :, :S] = keep
+            self.length = S
+            return
+        new_len = int(keep_n.max())
+        key = torch.where(keep, pos, LONG_MAX)
+        idx = key.argsort(dim=-1, stable=True)[..., :new_len]  # survivors in position order, then junk
+        self._compact(idx, new_len, keep_n)
+
+    def _priority(self, S: int) -> torch.Tensor:
+        cache = self.cache
+        return cache.policy.priority(self.score[:, :, :S], self.pos[:, :, :S], cache.cur_pos(), cache.w,
+                                     step=cache.step_of(self))
+
+    def _keep_priority(self, live: torch.Tensor, S: int) -> torch.Tensor:
+        """Priority over slots: recent window +inf, other live tokens the policy's priority, dead -inf."""
+        recent = self.pos[:, :, :S] > self.cache.recent_floor
+        prio = torch.where(recent, torch.inf, self._priority(S).to(torch.float64))
+        return torch.where(live, prio, -torch.inf)
+
+    def _evict_steady(self) -> None:
+        """Static-shape decode step: every sample holds its budget. Evict the lowest-priority non-recent token
+        of each (sample, head) (ties: the oldest) and move the new token (slot L) into its slot."""
+        L = self.length
+        S = L + 1
+        pos = self.pos[:, :, :S]
+        prio = self._priority(S).masked_fill(pos > self.cache.recent_floor, torch.inf)
+        if not self.dense:  # samples below the longest budget: their dead slots (position -1) are never victims
+            prio = prio.masked_fill(pos < 0, torch.inf)
+        lowest = prio == prio.amin(dim=-1, keepdim=True)
+        if not self.dense:
+            lowest &= pos >= 0
+        victim = pos.masked_fill(~lowest, LONG_MAX).argmin(dim=-1, keepdim=True)  # [B, H, 1]
+        vic = victim.unsqueeze(-1)
+        for name, r in zip(self.slots, self.new_kv, strict=True):  # the new token moves into the victim's slot
+            getattr(self, name).scatter_(2, vic.expand(-1, -1, 1, r.shape[-1]), r)
+        self.pos.scatter_(2, victim, self.cache.cur.view(-1, 1, 1).expand_as(victim))
+        if self.cache.policy.needs_attention:
+            self.score.scatter_(2, victim, self.score[:, :, L : L + 1].clone())
+
+    def _evict_one(self, live: torch.Tensor, over: torch.Tensor) -> None:
+        """Decode step while some sample is still below its budget (absolute budgets above a prompt):
+        at most one eviction per (sample, head); the new slot L fills the hole or the next free slot."""
+        L = self.length
+        prio = torch.where(live, self._keep_priority(live, L + 1), torch.inf)
+        lowest = prio == prio.min(dim=-1, keepdim=True).values
+        pos = self.pos[:, :, : L + 1]
+        victim = torch.where(lowest, pos, LONG_MAX).argmin(dim=-1)  # ties: the oldest
+        dest = torch.where(over, victim, self.count.view(-1, 1).expand_as(victim))
+        b = torch.arange(dest.shape[0], device=self.device).view(-1, 1)
+        h = torch.arange(dest.shape[1], device=self.device).view(1, -1)
+        for name in (*self.slots, "pos", "score"):
+            t = getattr(self, name)
+            t[b, h, dest] = t[:, :, L]
+        self.pos[:, :, L] = torch.where(dest == L, self.pos[:, :, L], -1)
+        self.count = self.count + (~over[:, 0]).long()
+        self.length = int(self.count.max())
+        self.dense = bool((self.count == self.length).all())
+        self.steady = bool((self.count.view(-1, 1) == self.budget()).all())
+        if self.steady and self.capacity > self.length + 1:
+            self._compact(torch.arange(self.length, device=self.device).expand(*pos.shape[:2], -1), self.length,
+                          self.count)
+
+    def _compact(self, idx: torch.Tensor, new_len: int, count: torch.Tensor) -> None:
+        """Gather slots ``idx`` [B, H, new_len] into fresh buffers sized for the budget plus a spare slot;
+        ``count`` [B] or [B, H]: live slots per sample (or per head), at the front of each head."""
+        count = count.view(count.shape[0], -1).expand(*idx.shape[:2])
+        extra = self.cache.headroom()
+        gk = idx.unsqueeze(-1)
+        for name in self.slots:
+            t = getattr(self, name)
+            new = t.new_zeros(*idx.shape[:2], new_len + extra, t.shape[-1])
+            new[:, :, :new_len] = t.gather(2, gk.expand(-1, -1, -1, t.shape[-1]))
+            setattr(self, name, new)
+        pos = torch.full((*idx.shape[:2], new_len + extra), -1, dtype=torch.long, device=self.device)
+        score = torch.zeros(pos.shape, dtype=torch.float32, device=self.device)
+        pos[:, :, :new_len] = self.pos.gather(2, idx)
+        score[:, :, :new_len] = self.score.gather(2, idx)
+        junk = torch.arange(new_len + extra, device=self.device).view(1, 1, -1) >= count.unsqueeze(-1)
+        pos.masked_fill_(junk, -1)
+        self.pos, self.score = pos, score
+        self.alive = torch.zeros(pos.shape, dtype=torch.bool, device=self.device)
+        self.count, self.length = count.amax(dim=1), new_len
+        # host syncs once per prompt, none per decode step
+        self.dense = bool((count == new_len).all())
+        self.ragged = not self.dense and not bool((count == count[:, :1]).all())
+        self.steady = bool((count == self.budget()).all())
+
+    # -- measurements -----------------------------------------------------------------------------------
+    def kept_tokens(self) -> torch.Tensor:
+        """[B, H] live real tokens held."""
+        S = self.length
+        live = self.pos[:, :, :S] >= 0
+        if self.cache.mode == "mask":
+            live &= self.alive[:, :, :S]
+        return live.sum(-1)
+
+    def tensor_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.stored())
+
+    def stored(self) -> list[torch.Tensor]:
+        """The tensors that hold K/V (codes, scales and zeros when quantized)."""
+        return [getattr(self, name) for name in self.slots]
+
+    def slot_bytes(self) -> int:
+        """Bytes one (sample, head, slot) holds across the stored tensors."""
+        return sum(t.shape[-1] * t.element_size() for t in self.stored())
+
+
+class KVCache(Cache):
+    """Evicting KV cache for ``generate()``.
+
+    Args:
+        policy: what to keep (see :mod:`keyformer.core.policies`); ``None`` means full.
+        num_layers: decoder layers of the model.
+        prompt_mask: [B, N] attention mask of the (left-padded) prompt; pads are never kept nor scored.
+        max_new_tokens: used to preallocate the full cache and as the horizon of schedules (Keyformer's tau).
+        seed: noise seed; ``seeds`` ([B] ints) sets one per sample.
+        mode: ``physical`` (evict and free) or ``mask`` (simulate eviction with attention masks).
+        beam_groups: with beam search, ``num_beams`` for the authors' semantics: the beam copies of a sample are
+            noised independently, their scores summed, and one kept set is shared by them; 1 (default): every
+            beam row keeps its own scores and set.
+    """
+
+    def __init__(self, policy: Policy | None, num_layers: int, *, prompt_mask: torch.Tensor | None = None,
+                 max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None, mode: str = "physical",
+                 beam_groups: int = 1, kv_quant: KVQuant | None = None):
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} is unknown; valid: {', '.join(MODES)}")
+        if isinstance(beam_groups, bool) or not isinstance(beam_groups, int) or beam_groups < 1:
+            raise ValueError(f"beam_groups={beam_groups!r} must be an int >= 1")
+        self.beam_groups = beam_groups
+        self.kv_quant = kv_quant
+        self._step_noise: torch.Tensor | None = None
+        self._uniform: bool | None = None  # every layer steady at one length (decided once, after the prompt)
+        self.policy = policy if policy is not None else FullPolicy()
+        self.mode, self.max_new_tokens = mode, max_new_tokens
+        self.seed, self._seeds = seed, seeds
+        self.prompt_mask = prompt_mask
+        super().__init__(layers=[EvictingLayer(self, i) for i in range(num_layers)])
+
+    # -- per-sample bookkeeping, set at the prompt --------------------------------------------------------
+    def _init_prompt(self, q: int, B: int, device: torch.device) -> None:
+        m = self.prompt_mask
+        if m is None:
+            m = torch.ones(B, q, dtype=torch.long)
+        m = m.to(device)
+        if m.shape[0] != B:  # beam search expands the batch before the prompt forward
+            if B % m.shape[0]:
+                raise ValueError(f"prompt_mask batch {m.shape[0]} does not divide the model batch {B}")
+            m = m.repeat_interleave(B // m.shape[0], dim=0)
+        if m.shape[1] != q:
+            raise ValueError(f"prompt_mask has {m.shape[1]} columns but the prompt forward has {q} tokens")
+        self.real = m.bool()  # [B, N]
+        self.n = self.real.sum(-1)  # real prompt lengths [B]
+        if not bool((self.real == (torch.arange(q, device=device) >= (q - self.n).view(-1, 1))).all()):
+            raise ValueError("prompts must be left-padded (real tokens contiguous at the end)")
+        self.prompt_len = q
+        self.prompt_pos = torch.where(self.real, self.real.long().cumsum(-1) - 1, -1)
+        self.next_pos = self.n.clone()
+        self.cur = self.next_pos - 1
+        self.fwd_all_real = bool(self.real.all())
+        if self.policy.evicts:
+            self.k = self.policy.budget_tokens(self.n)
+            self.w = torch.minimum(self.policy.recent_tokens(self.k), self.k)
+        else:
+            self.k = torch.full_like(self.n, LONG_MAX)
+            self.w = torch.zeros_like(self.n)
+        self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)  # recent window: pos > this
+        self._layer_k: dict[int, torch.Tensor] = {}
+        reps = B // (len(self._seeds) if self._seeds else B)
+        seeds = [s for s in self._seeds for _ in range(reps)] if self._seeds else [self.seed] * B
+        if B % self.beam_groups:
+            raise ValueError(f"beam_groups={self.beam_groups} does not divide the model batch {B}")
+        self.seed_t = hashnoise.seeds_tensor(seeds, device)  # [B] per-row noise seeds
+        if self.beam_groups > 1:  # rows are sample-major: beam r % nb of sample r // nb gets its own noise field
+            beam = torch.arange(B, device=device) % self.beam_groups
+            self.seed_t = hashnoise.mix32((self.seed_t ^ (beam * 0x7FEB352D)) & hashnoise.M32)
+
+    def new_positions(self, layer_idx: int, seen: int, q: int, B: int, device: torch.device):
+        """Positions [B, q] and realness [B, q] of this forward's q new tokens (pads: position -1)."""
+        if seen == 0:
+            if layer_idx == 0:
+                self._init_prompt(q, B, device)
+            return self.prompt_pos, self.real
+        if layer_idx == 0:
+            self.fwd_pos = self.next_pos.view(-1, 1) + torch.arange(q, device=device).view(1, -1)
+            if q != getattr(self, "_ones_q", None):
+                self._ones = torch.ones(B, q, dtype=torch.bool, device=device)
+                self._ones_q = q
+            self.fwd_real = self._ones
+            self.fwd_all_real = True
+            self.next_pos = self.next_pos + q
+            self.cur = self.next_pos - 1
+            self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)
+        return self.fwd_pos, self.fwd_real
+
+    def layer_k(self, layer_idx: int) -> torch.Tensor:
+        """[B] budget of one layer (the policy's ``layer_budget``; the same for every layer by default)."""
+        if layer_idx not in self._layer_k:
+            k = self.k
+            if self.policy.evicts:
+                k = self.policy.layer_budget(k, self.n, layer_idx, len(self.layers))
+            self._layer_k[layer_idx] = k
+        return self._layer_k[layer_idx]
+
+    def cur_pos(self) -> torch.Tensor:
+        """[B] position of the newest token (updated once per forward)."""
+        return self.cur
+
+    def select_rows(self, idx: torch.Tensor) -> None:
+        """Make row ``b`` a copy of row ``idx[b]`` (after a prompt forward): fork shared contexts, as lm-eval's
+        requests with one context and several continuations do. The batch may grow or shrink."""
+        idx = idx.to(self.real.device)
+        for layer in self.layers:
+            layer.reorder_cache(idx)
+        for name in ("real", "n", "prompt_pos", "next_pos", "cur", "k", "w", "recent_floor", "seed_t"):
+            setattr(self, name, getattr(self, name).index_select(0, idx))
+        self._layer_k = {}
+        self.fwd_all_real = bool(self.real.all())
+
+    def pool_beams(self, s: torch.Tensor) -> torch.Tensor:
+        """This forward's per-row scores [B, H, S], summed over the beams of each sample (``beam_groups`` > 1), so
+        the rows of a sample keep identical states, positions and kept sets."""
+        nb = self.beam_groups
+        if nb == 1:
+            return s
+        B = s.shape[0]
+        return s.view(B // nb, nb, *s.shape[1:]).sum(1, keepdim=True).expand(-1, nb, *s.shape[1:]).reshape(s.shape)
+
+    def capacity_hint(self, needed: int) -> int:
+        grows = not self.policy.evicts or self.policy.compress == "prompt"
+        return needed + (self.max_new_tokens if grows else 0)
+
+    def headroom(self) -> int:
+        return 1 + (self.max_new_tokens if self.policy.compress == "prompt" else 0)
+
+    def step_of(self, layer: EvictingLayer) -> int:
+        """0 during the prompt forward, t during the t-th decode forward."""
+        return max(0, layer.seen - self.prompt_len)
+
+
+    def noise_fn(self, layer: EvictingLayer, group: int):
+        """Exp(1) noise of this decode forward at the layer's held slots: a thunk for :class:`Context`.
+
+        In the steady state with one budget for every layer, the first layer's call computes the noise of all
+        layers at once (their slots are known: last step's survivors plus the new token in the spare slot), so a
+        step pays one kernel launch, not one per layer; values are identical to the per-layer ones."""
+        S = layer.length + layer.q_len
+
+        def noise(draw: int = 0) -> torch.Tensor:
+            if draw == 0 and layer.steady and self.all_layers_steady(S):
+                if layer.layer_idx == 0 or self._step_noise is None:
+                    self._step_noise = self._all_layers_noise(S, group)
+                return self._step_noise[layer.layer_idx]
+            return hashnoise.noise_at(self.seed_t, layer.layer_idx, self.cur, layer.pos[:, :, :S], group, draw)
+
+        return noise
+
+    def all_layers_steady(self, S: int) -> bool:
+        if self._uniform is None:
+            self._uniform = all(lay.steady and lay.length + 1 == S for lay in self.layers)
+        return self._uniform
+
+    def _all_layers_noise(self, S: int, group: int) -> torch.Tensor:
+        """[layers, B, Hkv, G, S] noise of this step for every layer."""
+        nl = len(self.layers)
+        pos = torch.stack([lay.pos[:, :, :S] for lay in self.layers])  # [layers, B, Hkv, S]
+        pos[..., S - 1] = self.cur.view(1, -1, 1)  # the spare slot: this step's token, in layers not yet updated
+        B = pos.shape[1]
+        layers = torch.arange(nl, device=pos.device).repeat_interleave(B)
+        out = hashnoise.noise_at(self.seed_t.repeat(nl), layers, self.cur.repeat(nl), pos.flatten(0, 1), group)
+        return out.view(nl, B, *out.shape[1:])
+
+    # -- measurements ---------------------------------------------------------------------------------------
+    def bytes_per_token(self) -> int:
+        """K+V bytes of one token over all layers and KV heads."""
+        return sum(layer.keys.shape[1] * layer.slot_bytes() for layer in self.layers if layer.is_initialized)
+
+    def kv_bytes(self) -> list[int]:
+        """Per sample: bytes of the live tokens held, summed over layers."""
+        out = torch.zeros_like(self.n)
+        for layer in self.layers:
+            if layer.is_initialized:
+                out = out + layer.kept_tokens().sum(-1) * layer.slot_bytes()
+        return out.tolist()
+
+    def kv_bytes_full(self) -> list[int]:
+        """Per sample: bytes a full cache would hold for the same tokens."""
+        return (self.next_pos * self.fp_bytes_per_token()).tolist()
+
+    def fp_bytes_per_token(self) -> int:
+        """K+V bytes of one token over all layers and KV heads in the model's dtype (unquantized)."""
+        size = lambda lay: torch.empty((), dtype=lay.dtype).element_size()  # noqa: E731
+        return sum(lay.keys.shape[1] * sum(lay.dims) * size(lay) for lay in self.layers if lay.is_initialized)
+
+    def tensor_bytes(self) -> int:
+        return sum(layer.tensor_bytes() for layer in self.layers if layer.is_initialized)
+
+    def kept_positions(self, layer_idx: int) -> list[list[set[int]]]:
+        """Positions held by each (sample, head) of a layer, for inspection and tests."""
+        layer = self.layers[layer_idx]
+        S = layer.length
+        pos = layer.pos[:, :, :S]
+        live = pos >= 0
+        if self.mode == "mask":
+            live &= layer.alive[:, :, :S]
+        return [[set(pos[b, h][live[b, h]].tolist()) for h in range(pos.shape[1])] for b in range(pos.shape[0])]

@@ -1,0 +1,94 @@
+"""``generate()`` under a cache policy, with prefill/decode timing and KV-memory measurements."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
+
+from .cache import KVCache
+from .policies import Policy
+from .quant import KVQuant
+
+BEAM_SCORES = ("per_beam", "shared")
+
+
+@dataclass
+class GenerationOutput:
+    sequences: torch.Tensor  # [B, T] generated tokens only
+    prefill_s: float
+    decode_s: float
+    n_decode_steps: int
+    kv_bytes: list[int]  # per sample: live KV bytes held at the end
+    kv_bytes_full: list[int]  # per sample: what a full cache would hold for the same tokens
+    kv_tensor_bytes: int  # allocated bytes of the cache's K/V tensors
+    cache: KVCache = field(repr=False)
+    logits: torch.Tensor | None = field(default=None, repr=False)  # [B, T, V] with output_logits=True
+
+
+class _StepClock(LogitsProcessor):
+    """Records the time of every forward's logits: the first one closes the prompt forward."""
+
+    def __init__(self, sync):
+        self.times: list[float] = []
+        self.sync = sync
+
+    def __call__(self, input_ids, scores):
+        self.sync()
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: torch.Tensor | None = None, *,
+               max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None,
+               mode: str = "physical", beam_groups: int = 1, kv_quant: KVQuant | None = None) -> KVCache:
+    """A :class:`KVCache` for ``model`` (pass it as ``cache=`` to ``model.generate``)."""
+    return KVCache(policy, model.config.num_hidden_layers, prompt_mask=attention_mask,
+                   max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups,
+                   kv_quant=kv_quant)
+
+
+@torch.inference_mode()
+def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+             policy: Policy | None, max_new_tokens: int = 64, num_beams: int = 1, seed: int = 0,
+             seeds: list[int] | None = None, mode: str = "physical", eos_token_id: int | list[int] | None = None,
+             pad_token_id: int | None = None, min_new_tokens: int = 0, beam_scores: str = "per_beam",
+             kv_quant: KVQuant | None = None, **kwargs) -> GenerationOutput:
+    """Greedy or beam generation with ``policy`` over a left-padded batch.
+
+    ``seed``/``seeds`` set Keyformer's Gumbel noise (one seed for all samples, or one per sample);
+    ``mode`` is ``physical`` or ``mask`` (simulation); ``beam_scores`` is ``per_beam`` (each beam row its own
+    scores and kept set) or ``shared`` (the authors' code: beam copies noised independently, scores summed,
+    one kept set per sample); ``kv_quant`` stores the held K/V quantized (:mod:`keyformer.core.quant`). Extra
+    ``kwargs`` go to ``model.generate``.
+    """
+    if beam_scores not in BEAM_SCORES:
+        raise ValueError(f"beam_scores={beam_scores!r} is unknown; valid: {', '.join(BEAM_SCORES)}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    cache = make_cache(model, policy, attention_mask, max_new_tokens=max_new_tokens, seed=seed, seeds=seeds,
+                       mode=mode, beam_groups=num_beams if beam_scores == "shared" else 1, kv_quant=kv_quant)
+    sync = torch.cuda.synchronize if input_ids.device.type == "cuda" else (lambda: None)
+    clock = _StepClock(sync)
+    pad = pad_token_id if pad_token_id is not None else (eos_token_id if isinstance(eos_token_id, int) else 0)
+    sync()
+    t0 = time.perf_counter()
+    if eos_token_id is not None:
+        kwargs["eos_token_id"] = eos_token_id
+    out = model.generate(
+        input_ids=input_ids, attention_mask=attention_mask, cache=cache, max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens, num_beams=num_beams, do_sample=False, pad_token_id=pad, logits_processor=LogitsProcessorList([clock]), return_dict_in_generate=True, **kwargs,
+    )
+    sync()
+    t_end = time.perf_counter()
+    times = clock.times
+    prefill = times[0] - t0 if times else t_end - t0
+    decode = t_end - times[0] if times else 0.0
+    return GenerationOutput(
+        sequences=out.sequences[:, input_ids.shape[1]:], prefill_s=prefill, decode_s=decode,
+        n_decode_steps=max(0, len(times) - 1), kv_bytes=cache.kv_bytes(), kv_bytes_full=cache.kv_bytes_full(),
+        kv_tensor_bytes=cache.tensor_bytes(), cache=cache,
+        logits=torch.stack(out.logits, dim=1) if getattr(out, "logits", None) else None,
+    )

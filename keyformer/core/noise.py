@@ -1,0 +1,159 @@
+"""Keyformer's noise: a counter-based function of (seed, layer, query position, key position, head).
+
+Keyformer adds Gumbel(0, 1) noise ``g`` to the logits. We use ``E ~ Exp(1)`` with ``g = -log E``:
+``softmax((x + g) / tau) = normalise((softmax(x) / E) ** (1 / tau))`` (see
+:class:`keyformer.core.policies.KeyformerPolicy`).
+
+Each value is a hash of its coordinates, not a draw from a stateful generator, so it is computed only where it
+is needed: at the entries a forward actually scores (the held slots at a decode step, the causal triangle of
+the prompt). It does not depend on the batch, padding, slot layout, simulation mode or device type:
+
+    key(b, l, h, p) = mix(mix(mix(seed_b * C1 + l * C2) ^ h * C3) ^ p * C4)     one per (sample, head, query)
+    u = (mix(key ^ colkey(j)) >> 8 + 0.5) / 2**24,   E = -log(u)                  per key position j
+
+``mix`` is a 32-bit integer finaliser (two multiply-xorshift rounds), evaluated in int64 lanes. The 24-bit
+uniform gives ``E`` in [2.9e-8, 17.3]. The noise stream changed once, in the fast-core rewrite (it was numpy
+PCG64 / torch generator draws before); compiled and eager evaluation can differ in the last bit of ``log``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+
+import torch
+
+M32 = 0xFFFFFFFF
+U_MAX = 1.0 - 2.0**-24  # the largest fp32 below 1
+C1, C2, C3, C4, C5 = 0x9E3779B1, 0x85EBCA77, 0x27D4EB2F, 0x165667B1, 0xC2B2AE3D
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """32-bit avalanche finaliser on int64 tensors holding values in [0, 2**32)."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B & M32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & M32
+    return (x >> 16) ^ x
+
+
+def seed32(seed: int) -> int:
+    """Any Python int folded to 32 bits."""
+    s = int(seed)
+    return ((s & M32) ^ ((s >> 32) & M32) ^ ((s >> 64) & M32)) & M32
+
+
+def row_keys(seeds: torch.Tensor, layer: int | torch.Tensor, heads: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
+    """Keys of query rows: ``seeds`` [B], ``layer`` an int or [B], ``heads`` [Hq], ``qpos`` [B, r] -> [B, Hq, r]."""
+    if isinstance(layer, torch.Tensor):
+        layer = layer.view(-1, 1)
+    base = mix32((seeds.view(-1, 1) * C1 + layer * C2) & M32)  # [B, 1]
+    hk = mix32(base ^ (heads.view(1, -1) * C3 & M32))  # [B, Hq]
+    return mix32(hk.unsqueeze(-1) ^ (qpos.unsqueeze(1) * C4 & M32))
+
+
+def col_keys(kpos: torch.Tensor) -> torch.Tensor:
+    """Keys of key positions (any shape, int64)."""
+    return mix32((kpos * C5 + 0x5BD1E995) & M32)
+
+
+def exp_noise(rkey: torch.Tensor, ckey: torch.Tensor) -> torch.Tensor:
+    """Exp(1) noise of broadcast (row key, column key) pairs, fp32."""
+    return exp_of_hash(mix32(rkey ^ ckey))
+
+
+def exp_of_hash(h: torch.Tensor) -> torch.Tensor:
+    """Exp(1) draws from 32-bit hashes (their top 24 bits), fp32, always > 0."""
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    # (2**24 - 1) + 0.5 rounds to 2**24 in fp32, so u would be 1 and E = 0 (score p / 0 = inf, then NaN) once in
+    # 2**24 draws; the largest u below 1 gives E = 6e-8 (Gumbel g = 16.6) and leaves every other draw unchanged
+    return -torch.log(u.clamp_(max=U_MAX))
+
+
+def draw_seeds(seeds: torch.Tensor, draw: int) -> torch.Tensor:
+    """Seeds of the ``draw``-th independent noise field (draw 0: the seeds themselves)."""
+    return seeds if draw == 0 else mix32((seeds ^ (draw * 0x632BE5AB)) & M32)
+
+
+def noise_at(seeds: torch.Tensor, layer: int | torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor, group: int,
+             draw: int = 0) -> torch.Tensor:
+    """Noise of one query per row at given key positions (a decode step over its held slots).
+
+    ``seeds`` [B]; ``layer`` an int or [B] per row; ``qpos`` [B]; ``kpos`` [B, Hkv, S] -> [B, Hkv, G, S] for query
+    heads ``hkv * G + g``. About 50 small integer ops: one fused compiled kernel on CPU (see
+    :func:`exp_noise_fast`); an entry's value does not depend on the shape it is computed in."""
+    fn = compiled("at", _noise_at) if use_compile(kpos) else _noise_at
+    if not isinstance(layer, torch.Tensor):  # a tensor, so that there is no recompilation per layer
+        layer = torch.full((1,), layer, dtype=torch.long, device=kpos.device)
+    return fn(draw_seeds(seeds, draw), layer, qpos, kpos, group)
+
+
+def _noise_at(seeds, layer_t, qpos, kpos, group: int):
+    B, Hkv, S = kpos.shape
+    rk = row_keys(seeds, layer_t, torch.arange(Hkv * group, device=kpos.device), qpos.view(-1, 1))
+    return exp_noise(rk.view(B, Hkv, group, 1), col_keys(kpos.clamp(min=0)).unsqueeze(2))
+
+
+def sample_seed(seed: int, sample_id: object) -> int:
+    """A sample's own noise seed from the run seed and its id: samples are independent draws, and a sample's
+    noise does not depend on its batch or its place in the dataset."""
+    h = int.from_bytes(hashlib.blake2b(f"{int(seed)}:{sample_id}".encode(), digest_size=8).digest(), "little")
+    return h & M32
+
+
+def seeds_tensor(seeds: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor([seed32(s) for s in seeds], dtype=torch.long, device=device)
+
+
+def prompt_noise(seed: int, layer: int, r0: int, r1: int, heads: int, device: torch.device) -> torch.Tensor:
+    """Noise of unpadded prompt rows [r0, r1) over keys [0, r1): [heads, r1 - r0, r1] (a reference accessor)."""
+    rows = torch.arange(r0, r1, device=device)
+    rk = row_keys(seeds_tensor([seed], device), layer, torch.arange(heads, device=device), rows.view(1, -1))[0]
+    return exp_noise(rk.unsqueeze(-1), col_keys(torch.arange(r1, device=device)).view(1, 1, -1))
+
+
+def decode_noise(seed: int, p: int, layers: int, heads: int, device: torch.device) -> torch.Tensor:
+    """Noise of the query at position ``p`` over keys [0, p], every layer: [layers, p + 1, heads] (reference)."""
+    return torch.stack([prompt_noise(seed, layer, p, p + 1, heads, device)[:, 0].t() for layer in range(layers)])
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def use_compile(t: torch.Tensor) -> bool:
+    """Whether CPU kernels on ``t`` run compiled (``KEYFORMER_COMPILE``, default on; off after a failure)."""
+    return t.device.type == "cpu" and os.environ.get("KEYFORMER_COMPILE", "1") != "0" and _COMPILED.get("ok", True)
+
+
+def compiled(name: str, fn):
+    """``torch.compile(fn, dynamic=True)``, made once per name, falling back to ``fn`` on any compiler error."""
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(fn, dynamic=True)
+    return _guarded(_COMPILED[name], fn)
+
+
+def _guarded(fast, eager):
+    def call(*args):
+        if not _COMPILED.get("ok", True):
+            return eager(*args)
+        try:
+            return fast(*args)
+        except Exception as e:  # noqa: BLE001 - any compiler failure: eager is always correct
+            warnings.warn(f"torch.compile failed for Keyformer's kernels ({type(e).__name__}: {e}); using eager",
+                          stacklevel=3)
+            _COMPILED["ok"] = False
+            return eager(*args)
+
+    return call
+
+
+def exp_noise_fast(rkey: torch.Tensor, ckey: torch.Tensor) -> torch.Tensor:
+    """:func:`exp_noise` of ``rkey`` [B, ..., r, 1] and ``ckey`` [B, 1, ..., c] for large blocks (the prompt's
+    causal triangle): one fused compiled loop on CPU (about 10x fewer passes over memory than eager); eager on
+    other devices, with ``KEYFORMER_COMPILE=0``, or when the compiler is unavailable. Compiled and eager
+    values can differ in the last bit of ``log``; every path of one run uses the same one."""
+    shape = torch.broadcast_shapes(rkey.shape, ckey.shape)
+    if not use_compile(rkey):
+        return exp_noise(rkey, ckey)
+    B, c = shape[0], shape[-1]
+    r2 = rkey.expand(*shape[:-1], 1).reshape(B, -1, 1)  # [B, M, 1]: few graphs (B == 1 or not)
+    return compiled("block", exp_noise)(r2, ckey.reshape(B, 1, c)).view(shape)

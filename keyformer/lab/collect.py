@@ -1,0 +1,244 @@
+"""Gather run folders (results contract of run.py) into curated, committed files under results/.
+
+    keyformer-collect multirun/exp1_cnndm results/exp1_cnndm
+    keyformer-collect exp1_cnndm results/exp1_cnndm --wandb ENTITY/keyformer   # from W&B
+    keyformer-collect multirun/fewshot results/fewshot                          # lm-eval runs (task=lm_eval)
+
+The W&B source reads the runs of one group (``logger=wandb`` names the group after the sweep folder) with
+their config, summary metrics and per-sample table, and writes the same files, so the notebooks read either.
+
+Every sub-folder of the sweep folder that holds ``config.yaml`` + ``predictions.jsonl`` is one point
+(finished or not). Writes:
+
+* ``<out>/points.csv``: one row per point: its folder name (``point``), the config that defines it
+  (policy and its knobs, budget, recent, dataset, model, n_samples, prompt/generation limits, seed) and
+  its aggregate metrics. ``n_done`` counts finished samples, ``complete`` is true once all are done; the
+  ROUGE means of an unfinished point are over its finished samples.
+* ``<out>/samples.csv``: one row per (point, sample id): per-sample ROUGE, token counts, KV bytes and the
+  generated text (no reference text: the data stays out of the repo). This is what the paired bootstrap
+  in :mod:`keyformer.lab.analysis` needs.
+
+A folder of ``task=lm_eval`` runs (the few-shot experiment; every ``metrics.json`` below it, at any depth,
+with ``task: lm_eval``) gives instead ``<out>/fewshot.csv`` (one row per run and lm-eval task: acc,
+acc_norm, their stderr, n) and ``<out>/fewshot.json`` (each run's config and full metrics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+ROUGE = ["rouge1", "rouge2", "rougeL", "rougeLsum"]
+SAMPLE_COLS = ["id", "prompt_tokens", "truncated_tokens", "generated_tokens", *ROUGE, "kv_bytes",
+               "kv_bytes_full", "prefill_ms", "decode_ms", "batch_size", "prediction"]
+# task metrics of some datasets (long-context QA, LongBench, the needle and sample retrieval tasks) and the
+# needle's coordinates: collected per sample and averaged per point when the runs have them
+TASK_COLS = ["token_f1", "exact_match", "rougeL_longbench", "accuracy"]
+NEEDLE_COLS = ["needle_length", "needle_depth"]
+METRIC_COLS = ["prefill_ms", "decode_ms_per_token", "tokens_per_s", "kv_bytes", "kv_bytes_full", "kv_ratio",
+               "wall_s"]
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # torn last line of a killed run
+    return rows
+
+
+def point_config(cfg: dict) -> dict:
+    """The settings that define a point, flattened."""
+    pol = dict(cfg.get("policy") or {})
+    if "_target_" in pol:  # results contract v2: the policy node is a Hydra _target_
+        from keyformer.core.policies import split_node
+
+        name, pol = split_node(pol)
+        pol["name"] = name
+    gen = cfg.get("generation") or {}
+    row = {
+        "policy": pol.pop("name", None),
+        "budget": pol.pop("budget", cfg.get("budget")),
+        "recent": pol.pop("recent", None),
+        "dataset": (cfg.get("dataset") or {}).get("name"),
+        "model": (cfg.get("model") or {}).get("name"),
+        "n_samples": cfg.get("n_samples"),
+        "max_prompt_tokens": cfg.get("max_prompt_tokens"),
+        "max_new_tokens": gen.get("max_new_tokens"),
+        "num_beams": gen.get("num_beams"),
+        "beam_scores": gen.get("beam_scores"),
+        "batch_size": cfg.get("batch_size"),
+        "seed": cfg.get("seed"),
+        "chat_template": (cfg.get("model") or {}).get("chat_template"),
+        "variant": cfg.get("variant"),
+        "kv_quant": ((cfg.get("kv_quant") or {}).get("bits")),
+    }
+    if row["policy"] == "full":
+        row["budget"], row["recent"] = 1.0, None
+    for k, v in pol.items():
+        row[f"policy.{k}"] = v
+    return row
+
+
+def point_rows(name: str, cfg: dict, preds: list[dict], metrics: dict) -> tuple[dict, pd.DataFrame]:
+    """One point's ``points.csv`` row and ``samples.csv`` rows, from its config, predictions and metrics."""
+    row = {"point": name, **point_config(cfg), "n_done": len(preds),
+           "complete": bool(metrics.get("complete")) and len(preds) >= int(cfg.get("n_samples") or 0)}
+    df = pd.DataFrame(preds)
+    if "answer_found" in df and "accuracy" not in df:  # retrieval: per sample 100 or 0, as metrics.accuracy
+        df["accuracy"] = 100.0 * df["answer_found"].astype(float)
+    for k in ROUGE:
+        row[k] = float(df[k].mean())
+    for k in TASK_COLS:
+        if k in df:
+            row[k] = float(df[k].astype(float).mean())
+    if "truncated_tokens" in df:
+        row["n_truncated"] = int((df["truncated_tokens"] > 0).sum())
+    for k in METRIC_COLS:
+        row[k] = metrics.get(k)
+    if row["kv_ratio"] is None and "kv_bytes" in df and df["kv_bytes_full"].sum():
+        row["kv_ratio"] = float(df["kv_bytes"].sum() / df["kv_bytes_full"].sum())
+    row["mean_prompt_tokens"] = float(df["prompt_tokens"].mean())
+    row["mean_generated_tokens"] = float(df["generated_tokens"].mean())
+    s = df[[c for c in [*SAMPLE_COLS[:-1], *TASK_COLS, *NEEDLE_COLS, SAMPLE_COLS[-1]] if c in df]].copy()
+    s.insert(0, "point", name)
+    return row, s
+
+
+def _frames(pairs: list[tuple[dict, pd.DataFrame]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    if not pairs:
+        return pd.DataFrame(), pd.DataFrame()
+    return pd.DataFrame([r for r, _ in pairs]), pd.concat([s for _, s in pairs], ignore_index=True)
+
+
+def collect(sweep: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Points and samples of a local sweep folder (the results contract of ``run.py``)."""
+    pairs = []
+    for d in sorted(p for p in sweep.iterdir() if p.is_dir()):
+        cfg_path = d / "config.yaml"
+        if not cfg_path.is_file():
+            continue
+        cfg = yaml.safe_load(cfg_path.read_text(encoding="utf-8"))
+        preds = _read_jsonl(d / "predictions.jsonl")
+        if not preds:
+            continue
+        metrics = json.loads((d / "metrics.json").read_text()) if (d / "metrics.json").is_file() else {}
+        pairs.append(point_rows(d.name, cfg, preds, metrics))
+    return _frames(pairs)
+
+
+def _wandb_samples(run, key: str = "samples") -> list[dict]:
+    """The per-sample table a run logged (``logger.log_samples``), downloaded from its files."""
+    ref = run.summary.get(key)
+    if not isinstance(ref, dict) or "path" not in ref:
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        with run.file(ref["path"]).download(root=tmp, replace=True) as f:
+            t = json.load(f)
+    return [dict(zip(t["columns"], r, strict=True)) for r in t["data"]]
+
+
+def collect_wandb(path: str, group: str, api=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Points and samples of the W&B runs of one ``group`` (a sweep: ``logger.group``, by default the sweep
+    folder's name) in ``path`` = ``entity/project``. A run without its sample table is skipped (paired
+    statistics need it)."""
+    if api is None:
+        import wandb
+
+        api = wandb.Api()
+    pairs = []
+    for run in api.runs(path, filters={"group": group}):
+        preds = _wandb_samples(run)
+        if not preds:
+            print(f"warning: W&B run {run.name!r} has no sample table; skipped", file=sys.stderr)
+            continue
+        summary = {k: v for k, v in dict(run.summary).items() if not isinstance(v, dict)}
+        pairs.append(point_rows(run.name, dict(run.config), preds, summary))
+    return _frames(sorted(pairs, key=lambda p: p[0]["point"]))
+
+
+LM_EVAL_COLUMNS = ("model", "task", "policy", "budget", "recent", "loglikelihood", "num_fewshot", "limit",
+                   "n_samples", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "dtype", "batch_size", "seed",
+                   "wall_s", "git_commit", "run")
+
+
+def lm_eval_metrics(root: Path) -> list[Path]:
+    """``metrics.json`` files of the complete lm-eval runs at any depth below ``root``."""
+    out = []
+    for m_path in sorted(root.glob("**/metrics.json")):
+        m = json.loads(m_path.read_text())
+        if m.get("complete") and m.get("task") == "lm_eval":
+            out.append(m_path)
+    return out
+
+
+def collect_lm_eval(root: Path, out: Path) -> list[dict[str, Any]]:
+    """Curated rows of every complete lm-eval run under ``root``; writes fewshot.csv and fewshot.json."""
+    from keyformer.run.results import atomic_write_text
+
+    rows, points = [], []
+    for m_path in lm_eval_metrics(root):
+        m = json.loads(m_path.read_text())
+        cfg = yaml.safe_load((m_path.parent / "config.yaml").read_text(encoding="utf-8"))
+        run = str(m_path.parent.relative_to(root))
+        points.append({"run": run, "config": {k: cfg.get(k) for k in (
+            "model", "policy", "task", "budget", "recent", "seed", "device", "dtype")}, "metrics": m})
+        for task, r in m["tasks"].items():
+            rows.append({**{k: m.get(k) for k in LM_EVAL_COLUMNS}, **{k: r.get(k) for k in LM_EVAL_COLUMNS if k in r},
+                         "task": task, "dtype": cfg["dtype"], "run": run})
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=LM_EVAL_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "fewshot.csv", buf.getvalue())
+    atomic_write_text(out / "fewshot.json", json.dumps(points, indent=1, sort_keys=True, default=str) + "\n")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sweep", help="sweep folder (hydra.sweep.dir of the experiment), or with --wandb the W&B "
+                    "group (by default the sweep folder's name, e.g. exp1_cnndm)")
+    ap.add_argument("out", type=Path, help="curated results folder, e.g. results/exp1_cnndm")
+    ap.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read the runs from W&B instead of a local folder")
+    args = ap.parse_args(argv)
+    if args.wandb:
+        points, samples = collect_wandb(args.wandb, args.sweep)
+        where = f"W&B {args.wandb}, group {args.sweep}"
+    else:
+        sweep = Path(args.sweep)
+        if not sweep.is_dir():
+            print(f"error: sweep folder {sweep} does not exist", file=sys.stderr)
+            return 2
+        if lm_eval_metrics(sweep):
+            rows = collect_lm_eval(sweep, args.out)
+            print(f"{len(rows)} rows (run x lm-eval task) -> {args.out / 'fewshot.csv'}")
+            return 0
+        points, samples = collect(sweep)
+        where = str(sweep)
+    if points.empty:
+        print(f"error: no runs with predictions in {where}", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    points.sort_values(["policy", "budget", "point"]).to_csv(args.out / "points.csv", index=False)
+    samples.sort_values(["point", "id"]).to_csv(args.out / "samples.csv", index=False)
+    done = int(points["complete"].sum())
+    print(f"{len(points)} points ({done} complete), {len(samples)} samples -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

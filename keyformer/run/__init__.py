@@ -1,0 +1,3 @@
+"""The job scaffold: config validation, the results contract, data, metrics, model loading, W&B and the
+tasks (``generate``, ``lm_eval``). Imports from :mod:`keyformer.core`, never from :mod:`keyformer.lab`.
+Importing this package loads nothing heavy."""

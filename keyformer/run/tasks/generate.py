@@ -1,0 +1,256 @@
+"""The generation task (``task=generate``): load data and model, batch, generate with a KV policy, score.
+
+A plug-in of the job scaffold (:mod:`keyformer.run.scaffold`, which owns validation, resume, the results files,
+W&B and the summary). The only dependency on the core library is :func:`core_backend` (model loading,
+``make_policy`` and ``generate``); tests inject a fake :class:`Backend` to exercise batching and resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from keyformer.run.data import encode_prompt, load_records
+from keyformer.run.metrics import ROUGE_KEYS, aggregate, score, sentence_splitter
+from keyformer.run.scaffold import CORE_CODE, Job, Task, policy_fields, run_job
+from keyformer.run.validate import ConfigError, JobError, first_line
+
+
+@dataclass
+class Backend:
+    """The model-facing side of a run; see :func:`core_backend` for the real one."""
+
+    load: Callable[[Mapping[str, Any]], tuple[Any, Any]]  # cfg -> (model, tokenizer)
+    make_policy: Callable[..., Any]  # make_policy(name, **kwargs) -> Policy
+    generate: Callable[..., Any]  # keyformer.core.generate.generate
+
+
+def core_backend() -> Backend:
+    """The real backend: ``keyformer.run.loading.load_model`` + the core's ``make_policy`` and ``generate``."""
+    from keyformer.core.generate import generate
+    from keyformer.core.policies import make_policy
+    from keyformer.run.loading import load_model
+
+    return Backend(load=load_model, make_policy=make_policy, generate=generate)
+
+
+def policy_kwargs(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(name, kwargs) of the ``policy`` node (``_target_`` + the policy's dataclass fields)."""
+    from keyformer.core.policies import split_node
+
+    return split_node(cfg["policy"])
+
+
+def _policy_params(policy: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(policy) and not isinstance(policy, type):
+        return dataclasses.asdict(policy)
+    return {}
+
+
+def _device(model: Any) -> Any:
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration, TypeError):
+        return getattr(model, "device", "cpu")
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: Any) -> tuple[Any, Any]:
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _generated(tokens: Sequence[int], eos_id: int | None, pad_id: int | None) -> list[int]:
+    """Generated tokens up to and including the first eos (the core pads after eos)."""
+    out = list(tokens)
+    if eos_id is not None and eos_id in out:
+        return out[: out.index(eos_id) + 1]
+    while out and pad_id is not None and out[-1] == pad_id:
+        out.pop()
+    return out
+
+
+def _postprocess(text: str, stops: Sequence[str]) -> str:
+    for s in stops or ():
+        if s and s in text:
+            text = text[: text.index(s)]
+    return text.strip()
+
+
+def prompt_limit(cfg: Mapping[str, Any], model: Any) -> int:
+    """``max_prompt_tokens``, lowered so prompt + new tokens fit the model's positional limit."""
+    from keyformer.run.loading import context_length
+
+    limit = int(cfg["max_prompt_tokens"])
+    ctx = context_length(model) if hasattr(model, "config") else None
+    if ctx:
+        limit = min(limit, ctx - int(cfg["generation"]["max_new_tokens"]))
+    return limit
+
+
+def format_table(m: Mapping[str, Any]) -> str:
+    """Human-readable one-run summary."""
+    def f(v: Any, nd: int = 2) -> str:
+        return f"{v:.{nd}f}" if isinstance(v, float) and math.isfinite(v) else str(v)
+
+    kv = m.get("kv_bytes", float("nan"))
+    rows = [
+        ("model", m.get("model")), ("dataset", m.get("dataset")), ("policy", m.get("policy")),
+        ("budget", m.get("budget")), ("samples", m.get("n_samples")),
+        *([("accuracy %", f(m["accuracy"], 1))] if "accuracy" in m else []),
+        *[(label, f(m[k])) for k, label in (("token_f1", "token F1"), ("exact_match", "exact match %"),
+                                            ("rougeL_longbench", "rougeL (LongBench)")) if k in m],
+        *[(k, f(m.get(k))) for k in ROUGE_KEYS],
+        *([("truncated samples", m["n_truncated"])] if "n_truncated" in m else []),
+        ("prefill ms", f(m.get("prefill_ms"), 1)), ("decode ms/token", f(m.get("decode_ms_per_token"), 1)),
+        ("tokens/s", f(m.get("tokens_per_s"), 1)),
+        ("KV MiB (held)", f(kv / 2**20 if isinstance(kv, float | int) else kv, 3)),
+        ("KV MiB (full)", f(m.get("kv_bytes_full", float("nan")) / 2**20, 3)),
+        ("KV ratio", f(m.get("kv_ratio"), 3)),
+    ]
+    w = max(len(k) for k, _ in rows)
+    line = "-" * (w + 24)
+    return "\n".join([line, *(f"{k:<{w}}  {v}" for k, v in rows), line])
+
+
+NEEDLE_FIELDS = ("needle_length", "needle_depth")  # copied from ``needle`` records into their rows
+
+
+def _unique_ids(records: list[dict]) -> list[dict]:
+    seen: dict[str, int] = {}
+    for r in records:
+        n = seen.get(r["id"], 0)
+        seen[r["id"]] = n + 1
+        if n:
+            r["id"] = f"{r['id']}#{n}"
+    return records
+
+
+class GenerateTask(Task):
+    """``task=generate``: summarisation, conversation, retrieval and long-context QA datasets, scored with
+    ROUGE plus the dataset's ``metrics`` (:func:`keyformer.run.metrics.score`)."""
+
+    name = "generate"
+    code = (*CORE_CODE, "data", "metrics.py", "runner.py")
+
+    def __init__(self, backend: Backend | None = None):
+        self.backend = backend
+
+    def validate(self, cfg: Mapping[str, Any]) -> None:
+        from keyformer.run.data import check_options, check_source
+        from keyformer.run.validate import validate
+
+        validate(cfg)
+        check_options(cfg["dataset"])  # truncation, metrics, the needle grid: ConfigError
+        check_source(cfg["dataset"])  # a missing local file or an offline hub: DataError
+
+    def run(self, job: Job) -> dict[str, Any]:
+        cfg = job.cfg
+        records = _unique_ids(load_records(cfg["dataset"], int(cfg["n_samples"]), int(cfg["seed"])))
+        done = job.done_ids()
+        todo = [r for r in records if r["id"] not in done]
+        if cfg.get("stop_after") is not None:  # a time-boxed call: the point stays partial and resumes
+            todo = todo[: int(cfg["stop_after"])]
+        name, kwargs = policy_kwargs(cfg)
+        params: dict[str, Any] = {}
+        if todo:
+            params = _generate_all(cfg, self.backend or core_backend(), job, todo, len(records), len(done),
+                                   name, kwargs)
+        rows_by_id = {r["id"]: r for r in job.rows()}
+        rows = [rows_by_id[r["id"]] for r in records if r["id"] in rows_by_id]
+        m: dict[str, Any] = aggregate(rows) if rows else {"n_samples": 0}
+        m.update(policy_fields(cfg, name, params))
+        m.update(dataset=cfg["dataset"]["name"], generation=dict(cfg["generation"]),
+                 max_prompt_tokens=cfg["max_prompt_tokens"], batch_size=cfg["batch_size"],
+                 sentence_splitter=sentence_splitter(), complete=len(rows) == len(records))
+        return m
+
+    def format_table(self, metrics: Mapping[str, Any]) -> str:
+        return format_table(metrics)
+
+
+def load_model_or_fail(backend: Backend, cfg: Mapping[str, Any]) -> tuple[Any, Any]:
+    """``backend.load(cfg)``; a model that cannot be fetched (offline, unknown repo, no network) is a
+    one-line JobError instead of a traceback."""
+    try:
+        return backend.load(cfg)
+    except OSError as e:  # transformers/huggingface_hub report unreachable or unknown repos as OSError
+        raise JobError(f"model {cfg['model']['name']!r} could not be loaded: {first_line(e)}") from None
+
+
+def run(cfg: Mapping[str, Any], backend: Backend | None = None) -> dict[str, Any]:
+    """Run one generation job described by the resolved config ``cfg`` (a plain dict); return its metrics."""
+    return run_job(cfg, GenerateTask(backend))
+
+
+def _generate_all(
+    cfg: Mapping[str, Any], backend: Backend, job: Job, todo: list[dict], total: int, n_done: int,
+    name: str, kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    import torch
+    from tqdm import tqdm
+
+    from keyformer.core.noise import sample_seed
+
+    torch.manual_seed(int(cfg["seed"]))
+    model, tok = load_model_or_fail(backend, cfg)
+    policy = backend.make_policy(name, **kwargs)
+    ds, gen = cfg["dataset"], cfg["generation"]
+    limit = prompt_limit(cfg, model)
+    chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
+    truncation, metrics = str(ds.get("truncation", "end")), tuple(ds.get("metrics") or ())
+    encoded = [encode_prompt(tok, r, ds.get("template", "alpaca"), ds.get("instruction", ""), limit, chat,
+                             truncation) for r in todo]
+    device, bs = _device(model), int(cfg["batch_size"])
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    from keyformer.core.quant import kv_quant_from
+
+    kv_quant = kv_quant_from(cfg.get("kv_quant"))
+    if kv_quant is not None:  # refused before anything is written, in one line
+        c = model.config
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        if int(head_dim) % kv_quant.group_size:
+            raise ConfigError("kv_quant.group_size", kv_quant.group_size,
+                              f"does not divide this model's head dim {head_dim}; valid: a divisor of {head_dim}")
+    gen_kwargs = dict(max_new_tokens=int(gen["max_new_tokens"]), num_beams=int(gen["num_beams"]),
+                      seed=int(cfg["seed"]), mode=gen.get("mode", "physical"), eos_token_id=tok.eos_token_id,
+                      pad_token_id=pad_id, min_new_tokens=int(gen.get("min_new_tokens", 0)),
+                      beam_scores=gen.get("beam_scores", "per_beam"), kv_quant=kv_quant)
+    job.begin(model)
+    with torch.inference_mode():
+        if cfg.get("warmup", True):
+            ids, mask = _left_pad([encoded[0][0][-32:]], pad_id, device)
+            backend.generate(model, ids, mask, policy, **{**gen_kwargs, "max_new_tokens": 2, "min_new_tokens": 0})
+        bar = tqdm(total=total, initial=n_done, unit="sample", disable=not cfg.get("progress", True))
+        for start in range(0, len(todo), bs):
+            batch, enc = todo[start:start + bs], encoded[start:start + bs]
+            ids, mask = _left_pad([e[0] for e in enc], pad_id, device)
+            seeds = [sample_seed(int(cfg["seed"]), rec["id"]) for rec in batch]  # per article, not per batch
+            out = backend.generate(model, ids, mask, policy, **{**gen_kwargs, "seeds": seeds})
+            seqs = out.sequences.tolist()
+            for j, rec in enumerate(batch):
+                toks = _generated(seqs[j], tok.eos_token_id, pad_id)
+                text = _postprocess(tok.decode(toks, skip_special_tokens=True), gen.get("stop") or [])
+                row = {
+                    "id": rec["id"], "prompt_tokens": len(enc[j][0]), "truncated_tokens": enc[j][1],
+                    "generated_tokens": len(toks), "prediction": text, "reference": rec["reference"],
+                    **({"answers": rec["answers"]} if len(rec.get("answers") or ()) > 1 else {}),
+                    **score(text, rec, metrics),
+                    **{k: rec[k] for k in NEEDLE_FIELDS if k in rec},
+                    "kv_bytes": int(out.kv_bytes[j]), "kv_bytes_full": int(out.kv_bytes_full[j]),
+                    "batch": batch[0]["id"], "batch_size": len(batch), "prefill_ms": 1000.0 * out.prefill_s,
+                    "decode_ms": 1000.0 * out.decode_s, "n_decode_steps": int(out.n_decode_steps),
+                }
+                job.add(row)
+                bar.update(1)
+        bar.close()
+    return _policy_params(policy)
