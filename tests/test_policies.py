@@ -7,6 +7,7 @@ import torch
 
 from keyformer import KVCache, make_policy, tiny_model
 from keyformer.core.models import prepare_model
+from keyformer.core.policies.base import Context
 
 
 @pytest.mark.parametrize(
@@ -70,8 +71,8 @@ def test_reference_rule_drops_the_leaving_token_at_decode_only():
     score = torch.tensor([[[5.0, 4.0, 3.0, 2.0]]])
     pos = torch.tensor([[[0, 1, 2, 3]]])
     cur, w = torch.tensor([4]), torch.tensor([2])  # recent = {3, 4}; token 2 just left the window
-    assert p.priority(score, pos, cur, w, step=1)[0, 0, 2] == float("-inf")
-    assert torch.equal(p.priority(score, pos, cur, w, step=0), score)
+    assert p.priority(score, Context(step=1, pos=pos, cur=cur, w=w))[0, 0, 2] == float("-inf")
+    assert torch.equal(p.priority(score, Context(step=0, pos=pos, cur=cur, w=w)), score)
 
 
 def test_shared_head_reduction_keeps_the_same_tokens_in_every_head():

@@ -86,7 +86,8 @@ def test_budget_holds(model, name):
     cache = make_cache(model, pol, torch.ones_like(ids), max_new_tokens=NEW)
     k = int(pol.budget_tokens(torch.tensor([N]))[0]) if pol.evicts else N
     nl, grows = len(cache.layers), not pol.evicts or pol.compress == "prompt"
-    kl = [int(pol.layer_budget(torch.tensor([k]), torch.tensor([N]), li, nl)[0]) if pol.evicts else N
+    kl = [int(pol.layer_budget(torch.tensor([k]), torch.tensor([N]), Context(layer=li, num_layers=nl))[0])
+          if pol.evicts else N
           for li in range(nl)]
     first: dict[int, list[int]] = {}
 
@@ -164,7 +165,8 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
 
     def prio_of(state, kept, cur, step):
         pos = torch.tensor(kept).view(1, 1, -1)
-        p = policy.priority(state[kept].view(1, 1, -1).clone(), pos, torch.tensor([cur]), torch.tensor([w]), step=step)
+        ctx = Context(step=step, pos=pos, cur=torch.tensor([cur]), w=torch.tensor([w]))
+        p = policy.priority(state[kept].view(1, 1, -1).clone(), ctx)
         return {j: float(v) for j, v in zip(kept, p.view(-1).tolist(), strict=True)}
 
     def fold(state, idx, s, ctx):
@@ -176,7 +178,8 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
     def layer_k(layer: int) -> int:
         if not policy.evicts:
             return k
-        return int(policy.layer_budget(torch.tensor([k]), torch.tensor([n]), layer, _REF["layers"])[0])
+        ctx = Context(layer=layer, num_layers=_REF["layers"])
+        return int(policy.layer_budget(torch.tensor([k]), torch.tensor([n]), ctx)[0])
 
     def ranked(items):  # (priority, position, head): kept first; ties to the more recent position
         return sorted(items, key=lambda t: (-t[0], -t[1], t[2]))

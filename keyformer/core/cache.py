@@ -173,7 +173,11 @@ class EvictingLayer(CacheLayerMixin):
 
     def context(self, **tensors) -> Context:
         """The :class:`Context` of this forward (the slots [0, L + q))."""
-        cache, S = self.cache, self.length + self.q_len
+        return self.context_at(self.length + self.q_len, **tensors)
+
+    def context_at(self, S: int, **tensors) -> Context:
+        """The :class:`Context` over the slots [0, S)."""
+        cache = self.cache
         return Context(layer=self.layer_idx, num_layers=len(cache.layers), step=cache.step_of(self),
                        horizon=cache.max_new_tokens, pos=self.pos[:, :, :S], cur=cache.cur_pos(), w=cache.w,
                        **tensors)
@@ -233,7 +237,7 @@ class EvictingLayer(CacheLayerMixin):
         prio = self._keep_priority(live, S)
         pos = self.pos[:, :, :S]
         if L == 0 and policy.adaptive_heads:  # the prompt cut shares the layer's budget among its heads
-            keep_n = policy.head_budgets(prio, pos, keep_n)
+            keep_n = policy.head_budgets(prio, keep_n, self.context_at(S))
             self.k_bh = torch.where(n_live > k, keep_n, k.expand_as(keep_n))
         by_pos = pos.argsort(dim=-1, descending=True, stable=True)  # ties: keep the more recent
         order = by_pos.gather(-1, prio.gather(-1, by_pos).argsort(dim=-1, descending=True, stable=True))
@@ -249,9 +253,7 @@ class EvictingLayer(CacheLayerMixin):
         self._compact(idx, new_len, keep_n)
 
     def _priority(self, S: int) -> torch.Tensor:
-        cache = self.cache
-        return cache.policy.priority(self.score[:, :, :S], self.pos[:, :, :S], cache.cur_pos(), cache.w,
-                                     step=cache.step_of(self))
+        return self.cache.policy.priority(self.score[:, :, :S], self.context_at(S))
 
     def _keep_priority(self, live: torch.Tensor, S: int) -> torch.Tensor:
         """Priority over slots: recent window +inf, other live tokens the policy's priority, dead -inf."""
@@ -441,7 +443,8 @@ class KVCache(Cache):
         if layer_idx not in self._layer_k:
             k = self.k
             if self.policy.evicts:
-                k = self.policy.layer_budget(k, self.n, layer_idx, len(self.layers))
+                ctx = Context(layer=layer_idx, num_layers=len(self.layers), horizon=self.max_new_tokens)
+                k = self.policy.layer_budget(k, self.n, ctx)
             self._layer_k[layer_idx] = k
         return self._layer_k[layer_idx]
 

@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import torch
 
+from .base import Context
 from .keyformer import KeyformerPolicy
 from .snapkv import SnapKVPolicy
 
@@ -46,8 +47,9 @@ class AdaKVMixin:
             raise ValueError(f"budget={self.budget!r}: Ada-KV needs a fractional budget in (0, 1] "  # type: ignore[attr-defined]
                              "(per-head budgets are shared out of a cut prompt)")
 
-    def head_budgets(self, prio: torch.Tensor, pos: torch.Tensor, keep_n: torch.Tensor) -> torch.Tensor:
+    def head_budgets(self, prio: torch.Tensor, keep_n: torch.Tensor, ctx: Context) -> torch.Tensor:
         B, H, S = prio.shape
+        pos = ctx.pos
         safe = (keep_n.double() * self.alpha_safeguard).floor().long()
         boosted = prio.masked_fill(_rank(prio, pos) < safe.unsqueeze(-1), torch.inf)
         total = keep_n.sum(dim=1, keepdim=True)  # [B, 1]: the layer's budget

@@ -10,8 +10,12 @@ A policy decides, for every (sample, layer, KV head), which cached tokens surviv
 2. The attention path sums the scores over those query rows and over the query heads of a GQA group, then
    ``accumulate(state, s, ctx)`` folds them into the per-slot state [B, Hkv, S] (default: add; TOVA-like
    policies replace). After the prompt ``after_prompt(state, ctx)`` may transform it (pooling).
-3. ``priority(state, pos, cur, w, step=..., ctx=...)``: keep-priority of the slots (higher is kept). The cache keeps the recent window, then
-   the highest-priority tokens, evicting ties oldest first.
+3. ``priority(state, ctx)``: keep-priority of the slots (higher is kept); ``ctx.pos``, ``ctx.cur``, ``ctx.w`` and
+   ``ctx.step`` say where they are. The cache keeps the recent window, then the highest-priority tokens,
+   evicting ties oldest first.
+
+Every hook takes the :class:`Context` (``layer_budget(k, n, ctx)`` and ``head_budgets(prio, keep_n, ctx)`` too).
+A scorer-only policy subclasses :class:`ScorePolicy` and writes ``score``; the other hooks are opt-in overrides.
 
 ``compress`` says when the cache is cut: ``"step"`` (after the prompt and at every decode step) or
 ``"prompt"`` (once after the prompt; decode tokens are then all kept).
@@ -100,16 +104,16 @@ class Policy:
         """w per sample: ``int(k * recent)``."""
         return (k.double() * self.recent).floor().long()
 
-    def layer_budget(self, k: torch.Tensor, n: torch.Tensor, layer: int, num_layers: int) -> torch.Tensor:
-        """Budget [B] of ``layer`` from the per-sample budget ``k`` [B] and prompt lengths ``n`` [B]. Default: ``k``
-        in every layer; per-layer policies (PyramidKV) keep the mean over layers at ``k``."""
+    def layer_budget(self, k: torch.Tensor, n: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """Budget [B] of layer ``ctx.layer`` (of ``ctx.num_layers``) from the per-sample budget ``k`` [B] and prompt
+        lengths ``n`` [B]. Default: ``k`` in every layer; per-layer policies (PyramidKV) keep the mean at ``k``."""
         return k
 
     adaptive_heads: ClassVar[bool] = False  # head_budgets() shares a layer's budget among its heads (Ada-KV)
 
-    def head_budgets(self, prio: torch.Tensor, pos: torch.Tensor, keep_n: torch.Tensor) -> torch.Tensor:
+    def head_budgets(self, prio: torch.Tensor, keep_n: torch.Tensor, ctx: Context) -> torch.Tensor:
         """Tokens kept per (sample, KV head) at the prompt cut, [B, H], from keep-priorities ``prio`` [B, H, S]
-        (recent window +inf, dead slots -inf), positions ``pos`` [B, H, S] and the uniform counts ``keep_n``
+        (recent window +inf, dead slots -inf), positions ``ctx.pos`` [B, H, S] and the uniform counts ``keep_n``
         [B, H]; called only when ``adaptive_heads``. These budgets then hold at every decode step."""
         return keep_n
 
@@ -129,8 +133,19 @@ class Policy:
         """The state [B, Hkv, n] after the prompt's scores are in, before the first cut."""
         return state
 
-    def priority(self, state: torch.Tensor, pos: torch.Tensor, cur: torch.Tensor, w: torch.Tensor, *, step: int,
-                 ctx: Context | None = None) -> torch.Tensor:
-        """Keep-priority of the slots (higher is kept): ``state``/``pos`` [B, Hkv, S], ``cur`` [B] newest
-        position, ``w`` [B] recent-window size, ``step`` 0 at the prompt. The recent window is kept regardless."""
+    def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """Keep-priority of the slots (higher is kept) from the state [B, Hkv, S]; ``ctx.pos`` [B, Hkv, S] slot
+        positions, ``ctx.cur`` [B] newest position, ``ctx.w`` [B] recent-window size, ``ctx.step`` 0 at the
+        prompt. The recent window is kept regardless."""
         return state
+
+
+@dataclass
+class ScorePolicy(Policy):
+    """The common case: a policy defined by its per-entry ``score`` alone (summed over queries and steps,
+    ranked as is). Subclasses set ``name`` and write ``score``; nothing else is needed."""
+
+    needs_attention: ClassVar[bool] = True
+
+    def score(self, probs: torch.Tensor, ctx: Context) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must define score(probs, ctx)")

@@ -6,12 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Policy
+import torch
+
+from .base import Context, ScorePolicy
 
 
 @dataclass
-class H2OPolicy(Policy):
+class H2OPolicy(ScorePolicy):
     """Score = attention probability, summed over query rows, GQA heads and steps (the base defaults)."""
 
     name: ClassVar[str] = "h2o"
-    needs_attention: ClassVar[bool] = True
+
+    def score(self, probs: torch.Tensor, ctx: Context) -> torch.Tensor:
+        return probs

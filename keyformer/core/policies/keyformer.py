@@ -83,10 +83,9 @@ class KeyformerPolicy(Policy):
             total += gumbel_score(probs.clone() if draw + 1 < self.noise_samples else probs, ctx.noise(draw), tau)
         return total.div_(self.noise_samples)
 
-    def priority(self, score: torch.Tensor, pos: torch.Tensor, cur: torch.Tensor, w: torch.Tensor, *, step: int,
-                 ctx: Context | None = None) -> torch.Tensor:
-        if self.candidates == "reference" and step > 0:
-            leaving = pos == (cur - w).view(-1, 1, 1)
+    def priority(self, score: torch.Tensor, ctx: Context) -> torch.Tensor:
+        if self.candidates == "reference" and ctx.step > 0:
+            leaving = ctx.pos == (ctx.cur - ctx.w).view(-1, 1, 1)
             score = score.masked_fill(leaving, float("-inf"))
         if self.head_reduction == "shared":
             score = score.sum(dim=1, keepdim=True).expand_as(score)

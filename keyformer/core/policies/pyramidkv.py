@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import torch
 
+from .base import Context
 from .snapkv import SnapKVPolicy
 
 
@@ -36,7 +37,8 @@ class PyramidKVPolicy(SnapKVPolicy):
         if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or self.beta < 1:
             raise ValueError(f"beta={self.beta!r} must be a number >= 1 (the pyramid's max/min budget ratio)")
 
-    def layer_budget(self, k: torch.Tensor, n: torch.Tensor, layer: int, num_layers: int) -> torch.Tensor:
+    def layer_budget(self, k: torch.Tensor, n: torch.Tensor, ctx: Context) -> torch.Tensor:
+        layer, num_layers = ctx.layer, ctx.num_layers
         w = k.clamp(max=self.window_size).double()
         kk, nf = k.double() - w, n.double()
         lo = kk / self.beta

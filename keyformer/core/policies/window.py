@@ -26,8 +26,8 @@ class WindowPolicy(Policy):
     def recent_tokens(self, k: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(k)  # the whole budget is ranked by recency below
 
-    def priority(self, score: torch.Tensor, pos: torch.Tensor, cur: torch.Tensor, w: torch.Tensor, *, step: int,
-                 ctx: Context | None = None) -> torch.Tensor:
+    def priority(self, score: torch.Tensor, ctx: Context) -> torch.Tensor:
+        pos = ctx.pos
         prio = pos.to(torch.float64)
         if self.sinks:
             prio = torch.where(pos < self.sinks, prio + 2.0**52, prio)
