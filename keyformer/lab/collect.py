@@ -3,6 +3,7 @@
     keyformer-collect multirun/exp1_cnndm results/exp1_cnndm
     keyformer-collect exp1_cnndm results/exp1_cnndm --wandb ENTITY/keyformer   # from W&B
     keyformer-collect multirun/fewshot results/fewshot                          # lm-eval runs (task=lm_eval)
+    keyformer-collect multirun/exp1_rerun results/exp1_cnndm --replace          # re-run points replace theirs
 
 The W&B source reads the runs of one group (``logger=wandb`` names the group after the sweep folder) with
 their config, summary metrics and per-sample table, and writes the same files, so the notebooks read either.
@@ -13,7 +14,12 @@ Every sub-folder of the sweep folder that holds ``config.yaml`` + ``predictions.
 * ``<out>/points.csv``: one row per point: its folder name (``point``), the config that defines it
   (policy and its knobs, budget, recent, dataset, model, n_samples, prompt/generation limits, seed) and
   its aggregate metrics. ``n_done`` counts finished samples, ``complete`` is true once all are done; the
-  ROUGE means of an unfinished point are over its finished samples.
+  ROUGE means of an unfinished point are over its finished samples. Provenance (:data:`PROVENANCE_COLS`):
+  ``code_version`` (hash of the core code), ``git_commit``, ``device``, ``dtype`` (as resolved) and
+  ``batch_size`` from the run's ``metrics.json``/``config.yaml``, and ``provenance = run``; a value the run did
+  not record stays empty. (Rows written before these columns existed were backfilled from committed records:
+  ``provenance = backfilled:<sources>``, ``committed_in`` = the commit that added the row; see
+  ``results/README.md``.)
 * ``<out>/samples.csv``: one row per (point, sample id): per-sample ROUGE, token counts, KV bytes and the
   generated text (no reference text: the data stays out of the repo). This is what the paired bootstrap
   in :mod:`keyformer.lab.analysis` needs.
@@ -21,12 +27,18 @@ Every sub-folder of the sweep folder that holds ``config.yaml`` + ``predictions.
 A folder of ``task=lm_eval`` runs (the few-shot experiment; every ``metrics.json`` below it, at any depth,
 with ``task: lm_eval``) gives instead ``<out>/fewshot.csv`` (one row per run and lm-eval task: acc,
 acc_norm, their stderr, n) and ``<out>/fewshot.json`` (each run's config and full metrics).
+
+``--replace`` merges instead of overwriting: the collected points replace the same-named points of ``<out>``
+(rows of ``points.csv`` and ``samples.csv``), new ones are added, the others stay; every replaced or added
+point is logged as one line on stdout and one row of ``<out>/replaced.csv`` with its old and new provenance
+(for re-runs of some points of an experiment whose other run folders are no longer on disk).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import datetime
 import io
 import json
 import sys
@@ -44,6 +56,8 @@ SAMPLE_COLS = ["id", "prompt_tokens", "truncated_tokens", "generated_tokens", *R
 # needle's coordinates: collected per sample and averaged per point when the runs have them
 TASK_COLS = ["token_f1", "exact_match", "rougeL_longbench", "accuracy"]
 NEEDLE_COLS = ["needle_length", "needle_depth"]
+# what a point was produced by: read from its metrics.json (config.yaml's ``resolved`` block as a fallback)
+PROVENANCE_COLS = ["code_version", "git_commit", "device", "dtype", "batch_size", "provenance", "committed_in"]
 METRIC_COLS = ["prefill_ms", "decode_ms_per_token", "tokens_per_s", "kv_bytes", "kv_bytes_full", "kv_ratio",
                "wall_s"]
 
@@ -92,6 +106,21 @@ def point_config(cfg: dict) -> dict:
     return row
 
 
+def provenance(cfg: dict, metrics: dict) -> dict:
+    """``code_version, git_commit, device, dtype, batch_size, provenance`` of one run, from its metrics and
+    config (``resolved``: what ``device``/``dtype`` ran as); what neither records is None, never a guess."""
+    ident = cfg.get("resolved") or {}
+    return {
+        "code_version": metrics.get("code_version") or (ident.get("versions") or {}).get("keyformer"),
+        "git_commit": metrics.get("git_commit"),
+        "device": metrics.get("device") or ident.get("device"),
+        "dtype": metrics.get("dtype") or ident.get("dtype"),
+        "batch_size": cfg.get("batch_size"),
+        "provenance": "run",
+        "committed_in": None,
+    }
+
+
 def point_rows(name: str, cfg: dict, preds: list[dict], metrics: dict) -> tuple[dict, pd.DataFrame]:
     """One point's ``points.csv`` row and ``samples.csv`` rows, from its config, predictions and metrics."""
     row = {"point": name, **point_config(cfg), "n_done": len(preds),
@@ -112,6 +141,7 @@ def point_rows(name: str, cfg: dict, preds: list[dict], metrics: dict) -> tuple[
         row["kv_ratio"] = float(df["kv_bytes"].sum() / df["kv_bytes_full"].sum())
     row["mean_prompt_tokens"] = float(df["prompt_tokens"].mean())
     row["mean_generated_tokens"] = float(df["generated_tokens"].mean())
+    row.update(provenance(cfg, metrics))
     s = df[[c for c in [*SAMPLE_COLS[:-1], *TASK_COLS, *NEEDLE_COLS, SAMPLE_COLS[-1]] if c in df]].copy()
     s.insert(0, "point", name)
     return row, s
@@ -208,12 +238,60 @@ def collect_lm_eval(root: Path, out: Path) -> list[dict[str, Any]]:
     return rows
 
 
+REPLACED_COLS = ["when", "point", "action", "source", *(f"{w}_{c}" for w in ("old", "new") for c in (
+    "code_version", "git_commit", "device", "dtype", "batch_size", "provenance", "committed_in", "n_done"))]
+
+
+def _prov(row: pd.Series | None, col: str) -> object:
+    if row is None or col not in row.index or pd.isna(row[col]):
+        return ""
+    return row[col]
+
+
+def replace_points(points: pd.DataFrame, samples: pd.DataFrame, out: Path, source: str) -> list[dict]:
+    """Merge ``points``/``samples`` into the curated folder ``out``: same-named points are replaced (in place,
+    keeping the order of ``out``), new ones appended, the others kept. Appends one row per replaced or added
+    point to ``out/replaced.csv`` (old and new provenance) and returns those rows."""
+    p_old = pd.read_csv(out / "points.csv") if (out / "points.csv").is_file() else pd.DataFrame({"point": []})
+    s_old = (pd.read_csv(out / "samples.csv", dtype={"id": str}) if (out / "samples.csv").is_file()
+             else pd.DataFrame({"point": [], "id": []}))
+    names = list(points["point"])
+    old_by_name = {r["point"]: r for _, r in p_old.iterrows()}
+    order = list(p_old["point"]) + [n for n in names if n not in old_by_name]
+    rank = {n: i for i, n in enumerate(order)}
+    merged = pd.concat([p_old[~p_old["point"].isin(names)], points], ignore_index=True)
+    merged_s = pd.concat([s_old[~s_old["point"].isin(names)], samples.astype({"id": str})], ignore_index=True)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    log = []
+    for _, new in points.iterrows():
+        old = old_by_name.get(new["point"])
+        entry = {"when": when, "point": new["point"], "action": "added" if old is None else "replaced",
+                 "source": source}
+        for c in ("code_version", "git_commit", "device", "dtype", "batch_size", "provenance", "committed_in",
+                  "n_done"):
+            entry[f"old_{c}"], entry[f"new_{c}"] = _prov(old, c), _prov(new, c)
+        log.append(entry)
+    out.mkdir(parents=True, exist_ok=True)
+    merged.sort_values("point", key=lambda c: c.map(rank)).to_csv(out / "points.csv", index=False)
+    merged_s.sort_values("point", key=lambda c: c.map(rank), kind="stable").to_csv(out / "samples.csv", index=False)
+    path = out / "replaced.csv"
+    first = not path.is_file()
+    with path.open("a", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=REPLACED_COLS, lineterminator="\n")
+        if first:
+            w.writeheader()
+        w.writerows(log)
+    return log
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweep", help="sweep folder (hydra.sweep.dir of the experiment), or with --wandb the W&B "
                     "group (by default the sweep folder's name, e.g. exp1_cnndm)")
     ap.add_argument("out", type=Path, help="curated results folder, e.g. results/exp1_cnndm")
     ap.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read the runs from W&B instead of a local folder")
+    ap.add_argument("--replace", action="store_true", help="merge into OUT: the collected points replace its "
+                    "same-named points, the others stay; logged to stdout and OUT/replaced.csv")
     args = ap.parse_args(argv)
     if args.wandb:
         points, samples = collect_wandb(args.wandb, args.sweep)
@@ -232,6 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     if points.empty:
         print(f"error: no runs with predictions in {where}", file=sys.stderr)
         return 1
+    if args.replace:
+        for e in replace_points(points, samples, args.out, where):
+            print(f"{args.out}: {e['action']} {e['point']} (old: {e['old_provenance'] or '-'} "
+                  f"{e['old_git_commit'] or '?'} {e['old_device'] or '?'}; new: {e['new_provenance']} "
+                  f"{e['new_git_commit'] or '?'} {e['new_device'] or '?'}) <- {where}")
+        print(f"log: {args.out / 'replaced.csv'}")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     points.sort_values(["policy", "budget", "point"]).to_csv(args.out / "points.csv", index=False)
     samples.sort_values(["point", "id"]).to_csv(args.out / "samples.csv", index=False)
