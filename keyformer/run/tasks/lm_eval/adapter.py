@@ -31,7 +31,7 @@ from tqdm import tqdm
 from keyformer.core.generate import generate, make_cache
 from keyformer.core.policies import Policy, make_policy
 
-from .per_row import per_row_scoring
+from .per_row import check_policy, per_row_scoring
 
 SEMANTICS = ("prefill_then_decode", "per_row")
 Request = tuple[tuple[str, str], list[int], list[int]]
@@ -72,12 +72,14 @@ class KeyformerLM(TemplateLM):
         super().__init__()
         if semantics not in SEMANTICS:
             raise ValueError(f"semantics={semantics!r} is unknown; valid: {', '.join(SEMANTICS)}")
+        self.policy = make_policy(policy, **policy_kwargs) if isinstance(policy, str) else policy
+        if semantics == "per_row":
+            check_policy(self.policy)  # before any model loads: per_row implements only some policies' rules
         if isinstance(pretrained, str):
             pretrained, tokenizer = _load_named(pretrained, device, dtype, int(seed))
         if tokenizer is None:
             raise ValueError("pass the tokenizer together with a model instance")
         self.model, self.tokenizer = pretrained.eval(), tokenizer
-        self.policy = make_policy(policy, **policy_kwargs) if isinstance(policy, str) else policy
         self.semantics, self.seed = semantics, int(seed)
         self.batch_size = int(batch_size) if str(batch_size) != "auto" else 16
         self._max_length, self.max_gen_toks = max_length, int(max_gen_toks)

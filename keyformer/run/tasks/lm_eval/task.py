@@ -64,6 +64,13 @@ def validate_lm_eval(cfg: Mapping[str, Any]) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigError("task.limit", limit, "null (all docs) or an integer >= 1 (first N docs per task)")
     validate_common(cfg)
+    if t["loglikelihood"] == "per_row":  # per_row implements some policies' rules only: refuse the others
+        from keyformer.core.policies import build_policy
+        from keyformer.run.tasks.lm_eval.per_row import unsupported
+
+        reason = unsupported(build_policy(cfg["policy"]))
+        if reason is not None:
+            raise ConfigError("task.loglikelihood", "per_row", reason)
     check_task_names(task_names(t["tasks"]), bool(t.get("local", True)))
 
 
