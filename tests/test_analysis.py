@@ -248,7 +248,7 @@ def test_report_new_stream_table(tmp_path: Path, capsys) -> None:
 
     def write(name: str, pts: dict[str, tuple[str, float, np.ndarray]]) -> None:
         d = tmp_path / name
-        d.mkdir()
+        d.mkdir(parents=True)
         pd.DataFrame([{"point": p, "policy": pol, "budget": b, "complete": True} for p, (pol, b, _) in pts.items()]
                      ).to_csv(d / "points.csv", index=False)
         pd.DataFrame([{"point": p, "id": i, "rouge2": v} for p, (_, _, vals) in pts.items()
@@ -256,7 +256,7 @@ def test_report_new_stream_table(tmp_path: Path, capsys) -> None:
 
     write("exp1_cnndm", {"h": ("h2o", 0.2, base), "n": ("keyformer", 0.2, base + 1.0),
                          "h5": ("h2o", 0.5, base), "n5": ("keyformer", 0.5, base + 1.0)})
-    write("exp1_cnndm_oldstream", {"k": ("keyformer", 0.2, base + 0.5), "k5": ("keyformer", 0.5, base)})
+    write("archive/exp1_cnndm_oldstream", {"k": ("keyformer", 0.2, base + 0.5), "k5": ("keyformer", 0.5, base)})
     report.new_stream(tmp_path)
     out = capsys.readouterr().out
     assert "| 0.2 | 40 |" in out and "+1.00 [+1.00, +1.00] | +0.50 [+0.50, +0.50] |" in out
@@ -401,14 +401,14 @@ def test_report_nanfix_pairs_the_rerun_with_the_buggy_run(tmp_path: Path, capsys
     articles the re-run finished."""
     from keyformer.lab import report
 
-    for name, shift in (("exp8_powered_buggy", 0.0), ("exp8_powered", 1.0)):
+    for name, shift in (("archive/exp8_powered_buggy", 0.0), ("exp8_powered", 1.0)):
         points, samples = _exp8_frames(shift, n=60)
         points = points[points["variant"] != "h2o_recent05"]
         if name == "exp8_powered":
             samples = samples[samples["id"].isin([f"a{i}" for i in range(40)])]
         samples = samples.assign(prediction=np.where(samples["point"].str.contains("keyformer") & (shift > 0)
                                                      & (samples["id"] == "a0"), "new", "same"))
-        (tmp_path / name).mkdir()
+        (tmp_path / name).mkdir(parents=True)
         points.to_csv(tmp_path / name / "points.csv", index=False)
         samples.to_csv(tmp_path / name / "samples.csv", index=False)
     report.nanfix(tmp_path)

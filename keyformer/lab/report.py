@@ -2,12 +2,26 @@
 
     keyformer-report                    # all experiments whose results exist under ./results
     keyformer-report --results DIR      # another curated results folder
+    keyformer-report --list             # the section names
+    keyformer-report --section exp1_cnndm --section provenance
+    keyformer-report --update-readme    # rewrite every marked table of README.md and results/README.md
+    keyformer-report --check-readme     # exit 1 naming each marked table that differs from the data
+
+Every table a README quotes sits between ``<!-- keyformer-report:NAME -->`` and ``<!-- /keyformer-report:NAME -->``,
+where NAME is a section of :data:`SECTIONS`; the text between is that section's output, verbatim
+(``tests/test_results_tables.py`` regenerates each from the committed data and fails when one differs).
+Superseded runs live in ``results/archive/`` (``archive/MANIFEST.md`` says why each was superseded).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -141,7 +155,7 @@ def same_config(res: Path, a: str, b: str, title: str) -> None:
 
 def realisations(res: Path) -> None:
     """Same config, two code versions: H2O must match exactly; Keyformer's noise stream changed in between."""
-    same_config(res, "exp1_cnndm", "exp1_cnndm_7e9326a", "exp1 at core commit 7e9326a vs now")
+    same_config(res, "exp1_cnndm", "archive/exp1_cnndm_7e9326a", "exp1 at core commit 7e9326a vs now")
 
 
 def devices(res: Path) -> None:
@@ -149,7 +163,7 @@ def devices(res: Path) -> None:
     same_config(res, "exp7_field/cnndm", "exp1_cnndm", "exp1 on the CPU vs exp7's CNN/DM points on the H200")
 
 
-def new_stream(res: Path, old: str = "exp1_cnndm_oldstream") -> None:
+def new_stream(res: Path, old: str = "archive/exp1_cnndm_oldstream") -> None:
     """Experiment 1's Keyformer points (the fast core's noise stream: hash noise, per-sample seeds) against the
     same points on the previous stream (kept in ``old``) and against H2O, paired over the same articles."""
     if not (res / old / "points.csv").exists() or not (res / "exp1_cnndm" / "points.csv").exists():
@@ -208,7 +222,7 @@ def powered(res: Path, name: str = "exp8_powered") -> None:
                  if k else ""))
 
 
-def nanfix(res: Path, name: str = "exp8_powered", old: str = "exp8_powered_buggy") -> None:
+def nanfix(res: Path, name: str = "exp8_powered", old: str = "archive/exp8_powered_buggy") -> None:
     """Experiment 8's Keyformer arms after the zero-noise fix (``name``), against the buggy run (``old``) on the
     same articles."""
     if not (res / name / "points.csv").exists() or not (res / old / "points.csv").exists():
@@ -265,11 +279,11 @@ def authors(res: Path, name: str = "exp8_authors", short: str = "exp8_powered") 
             print(f"\n{what} ({d['n']} articles): {fmt_ci(d['diff'], d['ci_lo'], d['ci_hi'])}{short}")
 
 
-def field(res: Path, name: str = "exp7_field") -> None:
-    """Experiment 7 per task, complete points only: every policy's mean (rank) per budget, its pooled paired
-    difference from Keyformer, and the quantized points against full."""
+def field(res: Path, name: str = "exp7_field", tasks: tuple[str, ...] | None = None) -> None:
+    """Experiment 7 per task (all, or ``tasks``), complete points only: every policy's mean (rank) per budget, its
+    pooled paired difference from Keyformer, and the quantized points against full."""
     for task, metric in analysis.EXP7_METRIC.items():
-        if not (res / name / task / "points.csv").exists():
+        if (tasks is not None and task not in tasks) or not (res / name / task / "points.csv").exists():
             continue
         points, samples = analysis.load_experiment(res / name, task, complete_only=True)
         r = analysis.field_ranking(points, samples, metric, n_boot=5000)
@@ -303,23 +317,243 @@ def field(res: Path, name: str = "exp7_field") -> None:
                 print(f"| {q['point']} | {q[metric]:.2f} | {q['kv_ratio']:.3f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
 
 
+PROVENANCE = ("device", "dtype", "batch_size", "git_commit", "code_version", "provenance")
+
+
+def provenance(res: Path) -> None:
+    """Per results folder: how many points ran where (device, dtype, batch size) and how that is known (``run``:
+    the run's own metrics.json; ``backfilled``: a committed note or log, see ``experiments/backfill_provenance.py``),
+    and how many record their code (``git_commit``, ``code_version``)."""
+    rows = []
+    for path in sorted(res.glob("**/points.csv")):
+        p = pd.read_csv(path)
+        if not set(PROVENANCE) <= set(p.columns):
+            rows.append(f"| {path.parent.relative_to(res)} | {len(p)} | no provenance columns | | | |")
+            continue
+        how = p["provenance"].fillna("").str.split(":").str[0].replace("", "unknown")
+        for (dev, dt, bs), g in p.groupby([p["device"].fillna("?"), p["dtype"].fillna("?"),
+                                           p["batch_size"].fillna(-1).astype(int)], sort=True):
+            kinds = ", ".join(f"{k} {n}" for k, n in how[g.index].value_counts().sort_index().items())
+            rows.append(f"| {path.parent.relative_to(res)} | {len(g)} | {dev} {dt}, batch {bs if bs > 0 else '?'} | "
+                        f"{kinds} | {int(g['git_commit'].notna().sum())} | {int(g['code_version'].notna().sum())} |")
+    print("\n### provenance: where each folder's points ran and how that is known\n")
+    print("| folder | points | device, dtype, batch | provenance | with git_commit | with code_version |\n"
+          "|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+def exp7_devices(res: Path, name: str = "exp7_field") -> None:
+    """Experiment 7's long tasks mix H200 and CPU points: for each task, the points per device and batch size,
+    the configs that ran on both (the only way the committed rows can show device agreement), and the
+    comparisons against Keyformer at one budget whose two points ran on different devices."""
+    print(f"\n### {name}: devices and batch sizes per task (long tasks: what the committed rows can show)\n")
+    print("| task | H200 (cuda) points, batch | CPU points, batch | same config on both | "
+          "cross-device pairs vs Keyformer at one budget | points on another device than full |\n"
+          "|---|---|---|---|---|---|")
+    minority = {}
+    for task in analysis.EXP7_METRIC:
+        f = res / name / task / "points.csv"
+        if not f.exists():
+            continue
+        p = pd.read_csv(f)
+        if "device" not in p:
+            continue
+        quant = p["kv_quant"] if "kv_quant" in p else pd.Series(np.nan, p.index)
+        setting = [f"{b:g}@{q}" for b, q in zip(p["budget"], quant.fillna("-"), strict=True)]
+        configs = list(zip(p["policy"], setting, strict=True))
+        both = sum(1 for c in set(configs) if len({d for c2, d in zip(configs, p["device"], strict=True)
+                                                   if c2 == c}) > 1)
+        kf = {st: d for (pol, st), d in zip(configs, p["device"], strict=True) if pol == "keyformer"}
+        cross = sum(1 for (pol, st), d in zip(configs, p["device"], strict=True)
+                    if pol != "keyformer" and st in kf and kf[st] != d)
+        ref = p.loc[(p["policy"] == "full") & quant.isna(), "device"]
+        vs_full = int((p["device"] != ref.iloc[0]).sum()) if len(ref) else "-"
+        cells = []
+        for d in ("cuda", "cpu"):
+            g = p[p["device"] == d]
+            cells.append(f"{len(g)}, batch {'/'.join(str(int(b)) for b in sorted(g['batch_size'].unique()))}"
+                         if len(g) else "0")
+        print(f"| {task} | {cells[0]} | {cells[1]} | {both} | {cross} | {vs_full} |")
+        if (p["device"] == "cuda").any() and (p["device"] == "cpu").any():
+            small = min(("cuda", "cpu"), key=lambda d: int((p["device"] == d).sum()))
+            minority[task] = (small, sorted(p.loc[p["device"] == small, "point"]))
+    for task, (d, pts) in minority.items():
+        print(f"\n{task}: to put every point on one device, rerun the {len(pts)} {d} points on the other: "
+              + "; ".join(f"`{x}`" for x in pts))
+
+
+FULL_STATE_BYTES = 8 + 4  # per (layer, KV head, slot): its position (int64) and its score (fp32), cache.py
+
+
+def quant_bytes(res: Path, name: str = "exp7_field/cnndm", head_dim: int = 64) -> None:
+    """KV bytes of experiment 7's CNN/DM points at 0.3 and full, against a full fp32 cache and a full 16-bit
+    cache, with and without the per-slot state (position int64 + score fp32 per layer, KV head and slot, which
+    the evicting cache holds for every point). ``head_dim`` is SmolLM2-135M's (576 hidden / 9 heads); the fp32
+    bytes per token (layers x KV heads x 2 x head_dim x 4) are read off the data and checked to be a multiple."""
+    f = res / name / "points.csv"
+    if not f.exists():
+        return
+    points, samples = analysis.load_experiment(res, name)
+    tok = samples["prompt_tokens"] + samples["generated_tokens"] - 1  # positions the cache wrote
+    per_tok = (samples["kv_bytes_full"] / tok).round().mode().iloc[0]  # fp32 K+V bytes of one token
+    heads_layers = per_tok / (2 * head_dim * 4)
+    if heads_layers != int(heads_layers):
+        raise ValueError(f"{name}: {per_tok} fp32 bytes per token is not layers x heads x 2 x {head_dim} x 4")
+    q = points.get("kv_quant", pd.Series(np.nan, points.index))
+    sel = points[q.notna() | (np.isclose(points["budget"], 0.3) & points["policy"].isin(["h2o", "keyformer"]))
+                 | (points["policy"] == "full")].copy()
+    sel["q"] = q[sel.index].fillna("fp32")
+    full32 = float(samples["kv_bytes_full"].mean())  # mean per sample, as kv_bytes
+    full16 = full32 / 2
+    print(f"\n### {name}: KV bytes vs a full fp32 and a full 16-bit cache (per-slot state counted)\n")
+    print(f"Per-slot state: {FULL_STATE_BYTES} bytes (position int64 + score fp32) per layer, KV head and slot, "
+          f"against {2 * head_dim * 4} bytes of fp32 K+V ({int(heads_layers)} layer-heads per token); a plain "
+          "full cache holds no such state.\n")
+    print("| point | metric | bytes / full fp32 | bytes / full 16-bit | with state / full fp32 | "
+          "with state / full 16-bit |\n|---|---|---|---|---|---|")
+    for _, r in sel.sort_values(["q", "policy", "budget"]).iterrows():
+        kv = float(r["kv_bytes"])
+        # K/V in 16 bits: an unquantized point's tensors halve; quantized codes and fp16 scales do not change
+        kv16 = kv / 2 if r["q"] == "fp32" else kv
+        slot = 2 * head_dim * 4 if r["q"] == "fp32" else None
+        if slot is None:
+            bits = 8 if r["q"] == "int8" else 4
+            slot = 2 * head_dim * bits // 8 + 2 * (head_dim // 32) * 2 * 2  # codes + fp16 scale and zero / 32
+        state = kv / slot * FULL_STATE_BYTES
+        print(f"| {r['point']} | {r['rouge2']:.2f} | {kv / full32:.3f} | {kv16 / full16:.3f} | "
+              f"{(kv + state) / full32:.3f} | {(kv16 + state) / full16:.3f} |")
+
+
+def gemma(res: Path, name: str = "exp9_gemma") -> None:
+    """Experiment 9: each SmolLM2 finding (experiments 1 and 7, pooled paired differences over the budgets Gemma
+    reruns), the same measurement on Gemma 3 270M and whether it holds; complete points only."""
+    if not (res / name).is_dir():
+        return
+
+    def load(folder: Path):
+        return analysis.load_experiment(folder.parent, folder.name, complete_only=True) \
+            if (folder / "points.csv").exists() else None
+
+    t = analysis.replication(lambda f: load(res / f), lambda task: load(res / name / task))
+    print(f"\n### {name}: SmolLM2's findings on Gemma 3 270M (pooled paired differences, complete points)\n")
+    print("| task | finding (SmolLM2) | comparison | metric | SmolLM2 [95 % CI] | reads | Gemma 3 [95 % CI] | reads | "
+          "Gemma budgets | n | holds |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    for _, r in t.iterrows():
+        cell = {w: fmt_ci(r[f"{w}_diff"], r[f"{w}_lo"], r[f"{w}_hi"]) if pd.notna(r.get(f"{w}_diff")) else "-"
+                for w in ("smol", "gemma")}
+        n = int(r["gemma_n"]) if pd.notna(r.get("gemma_n")) else "-"
+        print(f"| {r['task']} | {r['finding']} | {r['comparison']} | {r['metric']} | {cell['smol']} | "
+              f"{r.get('smol_reads') if pd.notna(r.get('smol_reads')) else '-'} | {cell['gemma']} | "
+              f"{r.get('gemma_reads') if pd.notna(r.get('gemma_reads')) else '-'} | "
+              f"{r.get('gemma_budgets') if pd.notna(r.get('gemma_budgets')) else '-'} | {n} | {r['holds']} |")
+
+
+def _field_task(task: str) -> Callable[[Path], None]:
+    return lambda res: field(res, tasks=(task,))
+
+
+PAIRS = [("keyformer", "h2o"), ("keyformer", "window"), ("h2o", "window")]
+# name -> section; a README quotes a section between <!-- keyformer-report:NAME --> and its closing marker
+SECTIONS: dict[str, Callable[[Path], None]] = {
+    "provenance": provenance,
+    "exp1_cnndm": lambda res: curve_experiment(res, "exp1_cnndm", PAIRS),
+    "exp2_dialogsum": lambda res: curve_experiment(res, "exp2_dialogsum", PAIRS),
+    "exp3_govreport": lambda res: curve_experiment(res, "exp3_govreport", PAIRS),
+    "realisations": realisations,
+    "devices": devices,
+    "new_stream": new_stream,
+    "powered": powered,
+    "nanfix": nanfix,
+    "authors": authors,
+    "authors_raw": lambda res: authors(res, "archive/exp8_authors_raw"),
+    **{f"exp7_field/{t}": _field_task(t) for t in analysis.EXP7_METRIC},
+    "exp7_devices": exp7_devices,
+    "quant_bytes": quant_bytes,
+    "exp9_gemma": gemma,
+    "attention": attention,
+    "ablations": ablations,
+}
+README_FILES = (Path("README.md"), Path("results/README.md"))
+MARKED = re.compile(r"(<!-- keyformer-report:(?P<name>[^ >]+) -->\n)(?P<body>.*?)(<!-- /keyformer-report:(?P=name) -->)",
+                    re.S)
+
+
+def render(name: str, res: Path) -> str:
+    """One section's output as a README quotes it (stripped of surrounding blank lines)."""
+    if name not in SECTIONS:
+        raise KeyError(f"keyformer-report: unknown section {name!r}; valid: {', '.join(SECTIONS)}")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        SECTIONS[name](res)
+    return buf.getvalue().strip("\n")
+
+
+def marked(text: str) -> list[tuple[str, str]]:
+    """``(section, quoted text)`` of every marked region of a README."""
+    return [(m["name"], m["body"].strip("\n")) for m in MARKED.finditer(text)]
+
+
+def update_text(text: str, res: Path, cache: dict[str, str] | None = None) -> str:
+    """``text`` with every marked region replaced by its section's current output."""
+    cache = {} if cache is None else cache
+
+    def sub(m: re.Match) -> str:
+        if m["name"] not in cache:
+            cache[m["name"]] = render(m["name"], res)
+        return f"{m.group(1)}{cache[m['name']]}\n{m.group(4)}"
+
+    return MARKED.sub(sub, text)
+
+
+def drift(paths: tuple[Path, ...], res: Path) -> list[str]:
+    """``path: section`` for each marked region whose text differs from its section's output."""
+    cache: dict[str, str] = {}
+    out = []
+    for path in paths:
+        for name, body in marked(path.read_text(encoding="utf-8")):
+            if name not in cache:
+                cache[name] = render(name, res)
+            if body != cache[name]:
+                out.append(f"{path}: {name}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=Path, default=Path("results"), help="curated results folder")
-    res = ap.parse_args(argv).results
-    pairs = [("keyformer", "h2o"), ("keyformer", "window"), ("h2o", "window")]
-    for name in ("exp1_cnndm", "exp2_dialogsum", "exp3_govreport"):
-        curve_experiment(res, name, pairs)
-    realisations(res)
-    devices(res)
-    new_stream(res)
-    powered(res)
-    nanfix(res)
-    authors(res)
-    authors(res, "exp8_authors_raw")
-    field(res)
-    attention(res)
-    ablations(res)
+    ap.add_argument("--section", action="append", metavar="NAME", help="print only this section (repeatable)")
+    ap.add_argument("--list", action="store_true", help="list the section names")
+    ap.add_argument("--update-readme", nargs="*", type=Path, metavar="FILE",
+                    help="rewrite the marked tables of these files (default: README.md results/README.md)")
+    ap.add_argument("--check-readme", nargs="*", type=Path, metavar="FILE",
+                    help="exit 1 if a marked table of these files differs from the data")
+    args = ap.parse_args(argv)
+    res = args.results
+    if args.list:
+        print("\n".join(SECTIONS))
+        return 0
+    if args.update_readme is not None:
+        cache: dict[str, str] = {}
+        for path in args.update_readme or README_FILES:
+            old = path.read_text(encoding="utf-8")
+            new = update_text(old, res, cache)
+            if new != old:
+                path.write_text(new, encoding="utf-8")
+            print(f"{path}: {len(marked(new))} marked tables, {'updated' if new != old else 'unchanged'}")
+        return 0
+    if args.check_readme is not None:
+        bad = drift(tuple(args.check_readme or README_FILES), res)
+        for b in bad:
+            print(f"differs from keyformer-report: {b}", file=sys.stderr)
+        return 1 if bad else 0
+    for name in args.section or SECTIONS:
+        try:
+            text = render(name, res)
+        except KeyError as e:
+            print(f"error: {e.args[0]}", file=sys.stderr)
+            return 2
+        if text:
+            print("\n" + text)
     return 0
 
 
