@@ -86,9 +86,16 @@ def attention(res: Path) -> None:
     meta = json.loads((d / "meta.json").read_text())
     print(f"\n### exp4_attention: {meta['n_prompts']} prompts, mean {meta['prompt_tokens_mean']:.0f} tokens\n")
     c = layers[layers["stat"] != "sparsity"].groupby(["stat", "x"])["value"].mean().unstack("stat")
-    print("| top x % of tokens | " + " | ".join(c.columns) + " |\n|---|" + "---|" * len(c.columns))
+    paper = {}  # the paper's curves as transcribed in paper_numbers.csv (strings: as read off its figure)
+    if (res / "paper_numbers.csv").exists():
+        pn = pd.read_csv(res / "paper_numbers.csv", dtype={"value": str})
+        pn = pn[(pn["experiment"] == "exp4") & (pn["metric"] == "attn_mass")]
+        paper = {m: dict(zip(g["x"].round(3), g["value"], strict=True)) for m, g in pn.groupby("model", sort=False)}
+    print("| top x % of tokens | " + " | ".join(c.columns) + "".join(f" | paper {m}" for m in paper) + " |\n|---|"
+          + "---|" * (len(c.columns) + len(paper)))
     for x, r in c.iterrows():
-        print(f"| {100 * x:.0f} | " + " | ".join(f"{v:.3f}" for v in r) + " |")
+        print(f"| {100 * x:.0f} | " + " | ".join(f"{v:.3f}" for v in r)
+              + "".join(f" | {v.get(round(x, 3), '-')}" for v in paper.values()) + " |")
     sp = layers[layers["stat"] == "sparsity"].set_index("layer")["value"]
     print(f"\nsparsity per layer: mean {100 * sp.mean():.1f} %, min {100 * sp.min():.1f} % (layer {sp.idxmin()}), "
           f"max {100 * sp.max():.1f} % (layer {sp.idxmax()})")
@@ -317,6 +324,16 @@ def field(res: Path, name: str = "exp7_field", tasks: tuple[str, ...] | None = N
                 print(f"| {q['point']} | {q[metric]:.2f} | {q['kv_ratio']:.3f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
 
 
+def kvpress(res: Path, name: str = "crosscheck_kvpress") -> None:
+    """The kvpress cross-check's table as committed by ``keyformer-crosscheck-kvpress`` (``table.md``)."""
+    f = res / name / "table.md"
+    if not f.exists():
+        return
+    rows = [line for line in f.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+    print(f"\n### {name}: ours vs kvpress, kept sets after the prompt and greedy outputs ({name}/table.md)\n")
+    print("\n".join(rows))
+
+
 PROVENANCE = ("device", "dtype", "batch_size", "git_commit", "code_version", "provenance")
 
 
@@ -436,16 +453,17 @@ def gemma(res: Path, name: str = "exp9_gemma") -> None:
 
     t = analysis.replication(lambda f: load(res / f), lambda task: load(res / name / task))
     print(f"\n### {name}: SmolLM2's findings on Gemma 3 270M (pooled paired differences, complete points)\n")
-    print("| task | finding (SmolLM2) | comparison | metric | SmolLM2 [95 % CI] | reads | Gemma 3 [95 % CI] | reads | "
-          "Gemma budgets | n | holds |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| source | task | metric | SmolLM2 finding | SmolLM2 [95 % CI] | Gemma 3 [95 % CI] | Gemma 3 reads | "
+          "budgets (Gemma) | n (Gemma) | holds |\n|---|---|---|---|---|---|---|---|---|---|")
     for _, r in t.iterrows():
-        cell = {w: fmt_ci(r[f"{w}_diff"], r[f"{w}_lo"], r[f"{w}_hi"]) if pd.notna(r.get(f"{w}_diff")) else "-"
-                for w in ("smol", "gemma")}
-        n = int(r["gemma_n"]) if pd.notna(r.get("gemma_n")) else "-"
-        print(f"| {r['task']} | {r['finding']} | {r['comparison']} | {r['metric']} | {cell['smol']} | "
-              f"{r.get('smol_reads') if pd.notna(r.get('smol_reads')) else '-'} | {cell['gemma']} | "
-              f"{r.get('gemma_reads') if pd.notna(r.get('gemma_reads')) else '-'} | "
-              f"{r.get('gemma_budgets') if pd.notna(r.get('gemma_budgets')) else '-'} | {n} | {r['holds']} |")
+        a, b = r["comparison"].split(" - ")
+        got = {w: (fmt_ci(r[f"{w}_diff"], r[f"{w}_lo"], r[f"{w}_hi"]), r[f"{w}_reads"], r[f"{w}_budgets"],
+                   int(r[f"{w}_n"])) if pd.notna(r.get(f"{w}_diff")) else ("-", None, "-", "-")
+               for w in ("smol", "gemma")}
+        said = f"{a} {got['smol'][1]} {b}" if got["smol"][1] else "-"
+        reads = f"{a} {got['gemma'][1]} {b}" if got["gemma"][1] else "-"
+        print(f"| {r['source']} | {r['task']} | {r['metric']} | {said} | {got['smol'][0]} | {got['gemma'][0]} | "
+              f"{reads} | {got['gemma'][2]} | {got['gemma'][3]} | {r['holds']} |")
 
 
 def _field_task(task: str) -> Callable[[Path], None]:
@@ -472,6 +490,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     "exp9_gemma": gemma,
     "attention": attention,
     "ablations": ablations,
+    "kvpress": kvpress,
 }
 README_FILES = (Path("README.md"), Path("results/README.md"))
 MARKED = re.compile(r"(<!-- keyformer-report:(?P<name>[^ >]+) -->\n)(?P<body>.*?)(<!-- /keyformer-report:(?P=name) -->)",

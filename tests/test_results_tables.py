@@ -1,0 +1,167 @@
+"""Self-describing results: provenance columns, ``keyformer-collect --replace``, and the README tables that
+``keyformer-report`` regenerates from the committed data (issue 24, part 4)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from keyformer.lab import collect, report
+
+ROOT = Path(__file__).resolve().parents[1]
+RES = ROOT / "results"
+PROV = ["code_version", "git_commit", "device", "dtype", "batch_size", "provenance", "committed_in"]
+
+
+def _sweep(root: Path, points: dict[str, float], metrics: dict | None = None) -> Path:
+    """A sweep folder with one finished 2-sample run per ``point name -> rouge2``."""
+    for name, r2 in points.items():
+        d = root / name
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text(
+            "policy:\n  name: h2o\n  budget: 0.5\n  recent: 0.3\nbudget: 0.5\nn_samples: 2\nbatch_size: 2\n"
+            "dataset: {name: cnn_dailymail}\nmodel: {name: m}\ngeneration: {max_new_tokens: 8, num_beams: 1}\n"
+            "resolved: {device: cpu, dtype: float32, versions: {keyformer: cfghash}}\n")
+        rows = [{"id": f"a{i}", "prompt_tokens": 10, "truncated_tokens": 0, "generated_tokens": 8, "rouge1": 1.0,
+                 "rouge2": r2, "rougeL": 1.0, "rougeLsum": 1.0, "kv_bytes": 50, "kv_bytes_full": 100,
+                 "prediction": "x"} for i in range(2)]
+        (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        m = {"complete": True} if metrics is None else {"complete": True, **metrics}
+        (d / "metrics.json").write_text(json.dumps(m))
+    return root
+
+
+def test_collect_writes_provenance_from_metrics(tmp_path: Path) -> None:
+    sweep = _sweep(tmp_path / "s", {"a": 1.0}, {"code_version": "abc123", "git_commit": "f" * 40,
+                                                "device": "cuda", "dtype": "bfloat16"})
+    assert collect.main([str(sweep), str(tmp_path / "out")]) == 0
+    row = pd.read_csv(tmp_path / "out" / "points.csv").iloc[0]
+    assert set(PROV) <= set(row.index)
+    assert (row["code_version"], row["git_commit"], row["device"], row["dtype"], row["batch_size"],
+            row["provenance"]) == ("abc123", "f" * 40, "cuda", "bfloat16", 2, "run")
+    assert pd.isna(row["committed_in"])
+
+
+def test_collect_provenance_falls_back_to_resolved_and_never_guesses(tmp_path: Path) -> None:
+    sweep = _sweep(tmp_path / "s", {"a": 1.0}, {})  # an old run: metrics.json without provenance
+    collect.main([str(sweep), str(tmp_path / "out")])
+    row = pd.read_csv(tmp_path / "out" / "points.csv").iloc[0]
+    assert (row["device"], row["dtype"], row["code_version"]) == ("cpu", "float32", "cfghash")
+    assert pd.isna(row["git_commit"])  # recorded nowhere: left empty
+
+
+def test_collect_replace_merges_and_logs_old_and_new_provenance(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    collect.main([str(_sweep(tmp_path / "old", {"a": 1.0, "b": 2.0}, {"git_commit": "old"})), str(out)])
+    new = _sweep(tmp_path / "new", {"b": 5.0, "c": 7.0}, {"git_commit": "new", "device": "cuda"})
+    assert collect.main([str(new), str(out), "--replace"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any("replaced b" in x and "old:" in x and "new:" in x for x in lines)
+    assert any("added c" in x for x in lines)
+    points = pd.read_csv(out / "points.csv").set_index("point")
+    samples = pd.read_csv(out / "samples.csv")
+    assert list(points.index) == ["a", "b", "c"]  # replaced in place, new appended, others kept
+    assert points.loc["a", "rouge2"] == 1.0 and points.loc["b", "rouge2"] == 5.0 and points.loc["c", "rouge2"] == 7.0
+    assert points.loc["a", "git_commit"] == "old" and points.loc["b", "git_commit"] == "new"
+    assert sorted(samples.groupby("point")["rouge2"].first().items()) == [("a", 1.0), ("b", 5.0), ("c", 7.0)]
+    assert len(samples) == 6
+    log = pd.read_csv(out / "replaced.csv")
+    b = log.set_index("point").loc["b"]
+    assert (b["action"], b["old_git_commit"], b["new_git_commit"], b["new_device"]) == ("replaced", "old", "new",
+                                                                                        "cuda")
+    assert log.set_index("point").loc["c", "action"] == "added"
+    collect.main([str(new), str(out), "--replace"])  # a second merge appends to the log
+    assert len(pd.read_csv(out / "replaced.csv")) == 4
+
+
+def test_merge_script_is_gone() -> None:
+    assert not (ROOT / "scripts" / "merge_results.py").exists()
+
+
+def test_every_committed_points_csv_has_provenance() -> None:
+    files = sorted(RES.glob("**/points.csv"))
+    assert len(files) >= 14
+    for f in files:
+        p = pd.read_csv(f)
+        missing = [c for c in PROV if c not in p.columns]
+        assert not missing, f"{f.relative_to(ROOT)} lacks {missing}"
+        assert p["provenance"].notna().all(), f"{f.relative_to(ROOT)}: a row without provenance"
+        assert p["provenance"].map(lambda v: v == "run" or v.startswith("backfilled:")).all()
+        assert set(p["device"]) <= {"cpu", "cuda"} and set(p["dtype"]) <= {"float32", "bfloat16", "float16"}
+        backfilled = p[p["provenance"].str.startswith("backfilled:")]
+        assert backfilled["code_version"].isna().all()  # no committed record names it: never invented
+        assert backfilled["committed_in"].map(lambda c: bool(re.fullmatch(r"[0-9a-f]{40}", str(c)))).all()
+
+
+def test_exp7_devices_match_the_h200_log() -> None:
+    """The backfilled device of every experiment-7 point agrees with the H200 run's own log, parsed here."""
+    text = (RES / "gpu_studies" / "points.txt").read_text()
+    finished = set(re.findall(r"multirun/exp7_field/(\S+): finished in", text))
+    for task in ("cnndm", "needle", "leval_sqa", "multi_news"):
+        p = pd.read_csv(RES / "exp7_field" / task / "points.csv")
+        on_gpu = {f"{task}/{x}" for x in p.loc[p["device"] == "cuda", "point"]}
+        assert on_gpu == {x for x in finished if x.startswith(task + "/")}
+        batch = p.groupby("device")["batch_size"].unique()
+        assert all(b not in batch.get("cpu", []) for b in batch.get("cuda", []))
+
+
+def test_archive_holds_the_superseded_runs_and_its_manifest() -> None:
+    names = {"exp1_cnndm_7e9326a", "exp1_cnndm_oldstream", "exp8_powered_buggy", "exp8_authors_raw"}
+    assert {d.name for d in (RES / "archive").iterdir() if d.is_dir()} == names
+    manifest = (RES / "archive" / "MANIFEST.md").read_text()
+    assert all(f"`{n}/`" in manifest for n in names)
+    assert not any((RES / n).exists() for n in names)
+
+
+def test_quant_bytes_by_hand(tmp_path: Path, capsys) -> None:
+    """fp32 K+V slot = 2 * d * 4 bytes; int8 slot = 2 * d + fp16 scale and zero per 32 values; + 12 bytes state."""
+    d = tmp_path / "exp7_field" / "cnndm"
+    d.mkdir(parents=True)
+    n_tok = 100  # positions written: prompt + generated - 1; 6 layer-heads of head_dim 64 (512 fp32 bytes each)
+    held = 30 * 6  # an H2O point holding 30 slots in each of the 6 layer-heads
+    int8_slot = 2 * 64 + 2 * 2 * 2 * 2  # head_dim 64: 128 code bytes + (2 groups x K/V) x (scale, zero) x 2 bytes
+    rows = [("budget=1.0,policy=full", "full", 1.0, None, n_tok * 6 * 512),
+            ("budget=0.3,policy=h2o", "h2o", 0.3, None, held * 512),
+            ("budget=0.3,kv_quant=int8,policy=h2o", "h2o", 0.3, "int8", held * int8_slot)]
+    pd.DataFrame([{"point": p, "policy": pol, "budget": b, "kv_quant": q, "kv_bytes": kv, "rouge2": 1.0,
+                   "complete": True} for p, pol, b, q, kv in rows]).to_csv(d / "points.csv", index=False)
+    pd.DataFrame([{"point": p, "id": "a", "prompt_tokens": 90, "generated_tokens": 11, "kv_bytes": kv,
+                   "kv_bytes_full": n_tok * 6 * 512} for p, *_, kv in rows]).to_csv(d / "samples.csv", index=False)
+    report.quant_bytes(tmp_path)
+    out = capsys.readouterr().out
+    full = n_tok * 6 * 512
+    h2o = held * 512
+    q8 = held * int8_slot
+    state = held * 12
+    assert (f"| budget=0.3,policy=h2o | 1.00 | {h2o / full:.3f} | {h2o / full:.3f} | {(h2o + state) / full:.3f} | "
+            f"{(h2o / 2 + state) / (full / 2):.3f} |") in out
+    assert (f"| budget=0.3,kv_quant=int8,policy=h2o | 1.00 | {q8 / full:.3f} | {q8 / (full / 2):.3f} | "
+            f"{(q8 + state) / full:.3f} | {(q8 + state) / (full / 2):.3f} |") in out
+    assert "6 layer-heads per token" in out
+
+
+def test_update_text_rewrites_only_marked_regions(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(report.SECTIONS, "t", lambda res: print("\n### t\n\n| a |\n|---|\n| 1 |"))
+    text = ("intro\n<!-- keyformer-report:t -->\nstale\n<!-- /keyformer-report:t -->\noutro 91.5\n")
+    new = report.update_text(text, tmp_path)
+    assert new == "intro\n<!-- keyformer-report:t -->\n### t\n\n| a |\n|---|\n| 1 |\n<!-- /keyformer-report:t -->\noutro 91.5\n"
+    f = tmp_path / "R.md"
+    f.write_text(text)
+    assert report.drift((f,), tmp_path) == [f"{f}: t"]
+    f.write_text(new)
+    assert report.drift((f,), tmp_path) == []
+    with pytest.raises(KeyError, match="unknown section 'nope'"):
+        report.render("nope", tmp_path)
+
+
+def test_readme_tables_equal_keyformer_report(monkeypatch) -> None:
+    """Every table README.md and results/README.md quote between keyformer-report markers is regenerated from
+    the committed data and must equal it (fix: ``keyformer-report --update-readme``)."""
+    monkeypatch.chdir(ROOT)
+    quoted = {n for f in report.README_FILES for n, _ in report.marked(f.read_text())}
+    assert {"provenance", "exp1_cnndm", "powered", "exp7_devices", "quant_bytes"} <= quoted
+    assert report.drift(report.README_FILES, Path("results")) == []
