@@ -126,7 +126,7 @@ def test_quant_bytes_by_hand(tmp_path: Path, capsys) -> None:
     int8_slot = 2 * 64 + 2 * 2 * 2 * 2  # head_dim 64: 128 code bytes + (2 groups x K/V) x (scale, zero) x 2 bytes
     rows = [("budget=1.0,policy=full", "full", 1.0, None, n_tok * 6 * 512),
             ("budget=0.3,policy=h2o", "h2o", 0.3, None, held * 512),
-            ("budget=0.3,kv_quant=int8,policy=h2o", "h2o", 0.3, "int8", held * int8_slot)]
+            ("budget=0.3,kv_quant=int8,policy=h2o", "h2o", 0.3, 8, held * int8_slot)]  # points.csv: bits
     pd.DataFrame([{"point": p, "policy": pol, "budget": b, "kv_quant": q, "kv_bytes": kv, "rouge2": 1.0,
                    "complete": True} for p, pol, b, q, kv in rows]).to_csv(d / "points.csv", index=False)
     pd.DataFrame([{"point": p, "id": "a", "prompt_tokens": 90, "generated_tokens": 11, "kv_bytes": kv,
@@ -142,6 +142,23 @@ def test_quant_bytes_by_hand(tmp_path: Path, capsys) -> None:
     assert (f"| budget=0.3,kv_quant=int8,policy=h2o | 1.00 | {q8 / full:.3f} | {q8 / (full / 2):.3f} | "
             f"{(q8 + state) / full:.3f} | {(q8 + state) / (full / 2):.3f} |") in out
     assert "6 layer-heads per token" in out
+
+
+def test_pareto_front_depends_on_the_kv_dtype(tmp_path: Path, capsys) -> None:
+    """An eviction point at 0.3 holds more bytes than full int8 in fp32 (300 x 512 > 1000 x 144, state aside) and
+    scores less, but in 16 bits its tensors halve while the int8 codes do not: it joins the front."""
+    d = tmp_path / "exp7_field" / "cnndm"
+    d.mkdir(parents=True)
+    full = 1000 * 512  # 1000 layer-head slots of fp32 K+V
+    rows = [("full", 1.0, None, full, 10.0), ("full8", 1.0, 8, 1000 * 144, 9.0),
+            ("h2o", 0.3, None, 300 * 512, 8.5)]
+    pd.DataFrame([{"point": p, "policy": p.rstrip("8"), "budget": b, "kv_quant": q, "kv_bytes": kv, "rouge2": m,
+                   "complete": True} for p, b, q, kv, m in rows]).to_csv(d / "points.csv", index=False)
+    pd.DataFrame([{"point": p, "id": "a", "rouge2": m} for p, *_, m in rows]).to_csv(d / "samples.csv", index=False)
+    report.pareto_bytes(tmp_path)
+    out = capsys.readouterr().out
+    # fp32: h2o (300 x 524 bytes with state) > full int8 (1000 x 156): dominated; 16-bit: 300 x 268 < 156000
+    assert "| cnndm | rouge2 | full@1+int8, full@1 | h2o@0.3, full@1+int8, full@1 |" in out
 
 
 def test_update_text_rewrites_only_marked_regions(tmp_path: Path, monkeypatch) -> None:

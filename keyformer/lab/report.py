@@ -419,7 +419,7 @@ def quant_bytes(res: Path, name: str = "exp7_field/cnndm", head_dim: int = 64) -
     q = points.get("kv_quant", pd.Series(np.nan, points.index))
     sel = points[q.notna() | (np.isclose(points["budget"], 0.3) & points["policy"].isin(["h2o", "keyformer"]))
                  | (points["policy"] == "full")].copy()
-    sel["q"] = q[sel.index].fillna("fp32")
+    sel["q"] = q[sel.index].map(_quant_name)
     full32 = float(samples["kv_bytes_full"].mean())  # mean per sample, as kv_bytes
     full16 = full32 / 2
     print(f"\n### {name}: KV bytes vs a full fp32 and a full 16-bit cache (per-slot state counted)\n")
@@ -430,13 +430,7 @@ def quant_bytes(res: Path, name: str = "exp7_field/cnndm", head_dim: int = 64) -
           "with state / full 16-bit |\n|---|---|---|---|---|---|")
     for _, r in sel.sort_values(["q", "policy", "budget"]).iterrows():
         kv = float(r["kv_bytes"])
-        # K/V in 16 bits: an unquantized point's tensors halve; quantized codes and fp16 scales do not change
-        kv16 = kv / 2 if r["q"] == "fp32" else kv
-        slot = 2 * head_dim * 4 if r["q"] == "fp32" else None
-        if slot is None:
-            bits = 8 if r["q"] == "int8" else 4
-            slot = 2 * head_dim * bits // 8 + 2 * (head_dim // 32) * 2 * 2  # codes + fp16 scale and zero / 32
-        state = kv / slot * FULL_STATE_BYTES
+        kv16, state = _as_16bit(kv, r["q"]), kv / _slot_bytes(r["q"], head_dim) * FULL_STATE_BYTES
         print(f"| {r['point']} | {r['rouge2']:.2f} | {kv / full32:.3f} | {kv16 / full16:.3f} | "
               f"{(kv + state) / full32:.3f} | {(kv16 + state) / full16:.3f} |")
 
@@ -466,6 +460,51 @@ def gemma(res: Path, name: str = "exp9_gemma") -> None:
               f"{reads} | {got['gemma'][2]} | {got['gemma'][3]} | {r['holds']} |")
 
 
+def _slot_bytes(q: str, head_dim: int) -> int:
+    """K+V bytes of one (layer, KV head, slot): fp32 ``2 d 4``; int8/int4 codes ``2 d bits / 8`` plus an fp16
+    scale and zero per 32 values (keyformer/core/quant.py)."""
+    if q == "fp32":
+        return 2 * head_dim * 4
+    bits = {"int8": 8, "int4": 4}[q]  # kv_quant is recorded as its bits: see _quant_name
+    return 2 * head_dim * bits // 8 + 2 * (head_dim // 32) * 2 * 2
+
+
+def _quant_name(bits: object) -> str:
+    """``fp32`` for an unquantized point (``kv_quant`` empty), else ``int8``/``int4`` (points.csv records bits)."""
+    if bits is None or (isinstance(bits, float) and np.isnan(bits)):
+        return "fp32"
+    s = str(bits)
+    return s if s.startswith("int") else f"int{int(float(s))}"
+
+
+def _as_16bit(kv: float, q: str) -> float:
+    """The same K/V held in a 16-bit model: unquantized tensors halve; codes and fp16 scales do not change."""
+    return kv / 2 if q == "fp32" else kv
+
+
+def pareto_bytes(res: Path, name: str = "exp7_field", head_dim: int = 64) -> None:
+    """Experiment 7's accuracy-vs-bytes Pareto fronts (complete points) with the bytes counted two ways: K/V in
+    fp32 (as measured) and in 16 bits, each with the per-slot state; which points are on each front."""
+    print(f"\n### {name}: Pareto fronts with K/V in fp32 vs in 16 bits (per-slot state counted)\n")
+    print("| task | metric | front, fp32 K/V | front, 16-bit K/V |\n|---|---|---|---|")
+    for task, metric in analysis.EXP7_METRIC.items():
+        if not (res / name / task / "points.csv").exists():
+            continue
+        p, _ = analysis.load_experiment(res / name, task, complete_only=True)
+        q = (p["kv_quant"] if "kv_quant" in p else pd.Series(np.nan, p.index)).map(_quant_name)
+        state = [kv / _slot_bytes(x, head_dim) * FULL_STATE_BYTES for kv, x in zip(p["kv_bytes"], q, strict=True)]
+        b32 = p["kv_bytes"].to_numpy(float) + np.array(state)
+        b16 = np.array([_as_16bit(kv, x) for kv, x in zip(p["kv_bytes"], q, strict=True)]) + np.array(state)
+        label = (p["policy"] + "@" + p["budget"].map(lambda b: f"{b:g}")
+                 + q.map(lambda x: "" if x == "fp32" else f"+{x}"))
+        fronts = []
+        for b in (b32, b16):
+            on = analysis.pareto_front(b, p[metric].to_numpy(float))
+            order = np.argsort(b[on])
+            fronts.append(", ".join(label[on].to_numpy()[order]))
+        print(f"| {task} | {metric} | {fronts[0]} | {fronts[1]} |")
+
+
 def _field_task(task: str) -> Callable[[Path], None]:
     return lambda res: field(res, tasks=(task,))
 
@@ -487,6 +526,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     **{f"exp7_field/{t}": _field_task(t) for t in analysis.EXP7_METRIC},
     "exp7_devices": exp7_devices,
     "quant_bytes": quant_bytes,
+    "pareto_bytes": pareto_bytes,
     "exp9_gemma": gemma,
     "attention": attention,
     "ablations": ablations,
