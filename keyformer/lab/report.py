@@ -376,7 +376,7 @@ def exp7_devices(res: Path, name: str = "exp7_field") -> None:
         if "device" not in p:
             continue
         quant = p["kv_quant"] if "kv_quant" in p else pd.Series(np.nan, p.index)
-        setting = [f"{b:g}@{q}" for b, q in zip(p["budget"], quant.fillna("-"), strict=True)]
+        setting = [f"{b:g}@{q}" for b, q in zip(p["budget"], quant.map(_quant_name), strict=True)]
         configs = list(zip(p["policy"], setting, strict=True))
         both = sum(1 for c in set(configs) if len({d for c2, d in zip(configs, p["device"], strict=True)
                                                    if c2 == c}) > 1)
@@ -605,6 +605,23 @@ def main(argv: list[str] | None = None) -> int:
         for b in bad:
             print(f"differs from keyformer-report: {b}", file=sys.stderr)
         return 1 if bad else 0
+    if not res.is_dir():
+        print(f"error: --results {res}: no such folder (a curated results/ tree, or a folder written by "
+              "keyformer-collect)", file=sys.stderr)
+        return 2
+    if (res / "points.csv").is_file() and not args.section:  # one collected sweep (keyformer-collect --out)
+        try:
+            text = render_collected(res)
+        except Exception as e:  # noqa: BLE001 - any unreadable table: one line
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            print(f"error: --results {res}: cannot read its points.csv/samples.csv: {why}", file=sys.stderr)
+            return 2
+        print(text)
+        return 0
+    if not args.section and not any(res.glob("**/*.csv")):
+        print(f"error: --results {res}: nothing to report (no points.csv of keyformer-collect, and none of the "
+              "curated experiment tables)", file=sys.stderr)
+        return 2
     for name in args.section or SECTIONS:
         try:
             text = render(name, res)
@@ -614,6 +631,14 @@ def main(argv: list[str] | None = None) -> int:
         if text:
             print("\n" + text)
     return 0
+
+
+def render_collected(folder: Path) -> str:
+    """The curve tables of one collected folder (``points.csv`` + ``samples.csv`` of keyformer-collect)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        curve_experiment(folder.parent, folder.name, PAIRS)
+    return buf.getvalue().strip("\n")
 
 
 if __name__ == "__main__":
