@@ -45,9 +45,12 @@ def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: to
                max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None,
                mode: str = "physical", beam_groups: int = 1, kv_quant: KVQuant | None = None) -> KVCache:
     """A :class:`KVCache` for ``model`` (pass it as ``cache=`` to ``model.generate``)."""
-    return KVCache(policy, model.config.num_hidden_layers, prompt_mask=attention_mask,
-                   max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups,
-                   kv_quant=kv_quant)
+    cache = KVCache(policy, model.config.num_hidden_layers, prompt_mask=attention_mask,
+                    max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups,
+                    kv_quant=kv_quant)
+    if policy is not None and policy.needs_context and hasattr(policy, "model_info"):
+        cache.model_info = policy.model_info(model)  # what a rule needs of the model (RoPE, ALiBi; one line if not)
+    return cache
 
 
 @torch.inference_mode()

@@ -18,7 +18,9 @@ Every hook takes the :class:`Context` (``layer_budget(k, n, ctx)`` and ``head_bu
 A scorer-only policy subclasses :class:`ScorePolicy` and writes ``score``; the other hooks are opt-in overrides.
 
 ``compress`` says when the cache is cut: ``"step"`` (after the prompt and at every decode step) or
-``"prompt"`` (once after the prompt; decode tokens are then all kept).
+``"prompt"`` (once after the prompt; decode tokens are then all kept) or ``"interval"`` (after the prompt, then
+only at decode steps ``t`` where ``policy.cuts_at(t)``: the new tokens are appended in between, a buffer, and a
+cut evicts back down to the budget at once; R-KV).
 
 Budget semantics (shared by all evicting policies): a prompt of ``n`` real tokens is processed with full
 attention; the cache is then cut to ``k = budget_tokens(n)`` tokens: the ``w = recent_tokens(k)`` most
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -53,6 +55,12 @@ class Context:
     values: torch.Tensor | None = None
     query: torch.Tensor | None = None  # [B, Hq, q, D]
     noise: Callable[..., torch.Tensor] | None = None  # noise(draw=0): Exp(1) at the entries being scored
+    # Only for policies with ``needs_context`` (rules on keys/queries, not attention weights): which of the S
+    # slots are held ([B, Hkv, S] bool; mask mode: not yet evicted), the layer's scratch dict (kept for one
+    # generation, reordered with beams) and what the policy's ``model_info(model)`` returned.
+    live: torch.Tensor | None = None
+    memo: dict | None = None
+    model_info: Any = None
 
 
 @dataclass
@@ -69,7 +77,8 @@ class Policy:
     name: ClassVar[str] = "base"
     evicts: ClassVar[bool] = True
     needs_attention: ClassVar[bool] = False
-    compress: ClassVar[str] = "step"  # "step" | "prompt"
+    compress: ClassVar[str] = "step"  # "step" | "prompt" | "interval"
+    needs_context: ClassVar[bool] = False  # priority/score get keys, live slots, memo, model_info (Context)
     registry: ClassVar[dict[str, type[Policy]]] = {}
 
     def __init_subclass__(cls, **kwargs) -> None:
