@@ -1,0 +1,290 @@
+"""KeyDiff, Expected Attention and R-KV against naive references written from their papers' (and reference
+codes') rules, independently of the policy classes: one eager forward over prompt + generated tokens whose
+per-layer, per-KV-head masks come from a row-by-row Python simulation (full prompt attention, the prompt cut,
+then per decode step: attend to the held set + itself, then the method's eviction). Every token, logit and
+eviction of a generation must agree; each check fails under a planted mutation (the ranking reversed).
+Also: KeyDiff never materialises attention weights (SDPA runs, the scoring paths and softmax never do)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from keyformer import generate, make_policy, tiny_model
+from keyformer.core import attention as kf_attention
+from keyformer.core.policies.expected_attention import ExpectedAttentionPolicy, position_info
+from keyformer.core.policies.keydiff import KeyDiffPolicy
+from keyformer.core.policies.rkv import RKVPolicy
+
+N, NEW = 36, 10
+pytestmark = pytest.mark.usefixtures("one_thread")
+_REF: dict = {}
+
+
+def _naive_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager attention under the masks [Hkv, S, S] that ``_REF["fn"](q, k, v, layer)`` simulates (batch 1)."""
+    B, Hq, S, D = query.shape
+    G = Hq // key.shape[1]
+    mask = _REF["fn"](query[0].float(), key[0].float(), value[0].float(), module.layer_idx)
+    kk, vv = key.repeat_interleave(G, dim=1), value.repeat_interleave(G, dim=1)
+    logits = (query @ kk.transpose(-1, -2)).float() * (scaling or D**-0.5)
+    probs = torch.softmax(logits.masked_fill(~mask.repeat_interleave(G, dim=0), float("-inf")), dim=-1)
+    return (probs.to(vv.dtype) @ vv).transpose(1, 2), None
+
+
+AttentionInterface.register("kf_new_naive", _naive_attention)
+AttentionMaskInterface.register("kf_new_naive", sdpa_mask)
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(a @ b) / (float(a.norm()) * float(b.norm()))
+
+
+def _simulate(n: int, kb: int, prompt_cut, step_cut):
+    """Mask function of a row-by-row simulation: ``prompt_cut(h, q, k, v)`` -> kept prompt positions;
+    ``step_cut(h, held, i, q, k, v)`` -> the held set after decode row ``i`` (``held`` includes ``i``)."""
+
+    def fn(q, k, v, layer):
+        Hkv, S = k.shape[0], k.shape[1]
+        masks = torch.zeros(Hkv, S, S, dtype=torch.bool)
+        for h in range(Hkv):
+            for r in range(n):
+                masks[h, r, : r + 1] = True
+            held = sorted(prompt_cut(h, q, k, v)) if kb < n else list(range(n))
+            for i in range(n, S):
+                masks[h, i, [*held, i]] = True
+                held = sorted(step_cut(h, [*held, i], i, q, k, v))
+        return masks
+
+    return fn
+
+
+def _top(prio: dict[int, float], m: int) -> list[int]:
+    """The m positions of highest priority (ties: the more recent kept)."""
+    return [j for j, _ in sorted(prio.items(), key=lambda t: (-t[1], -t[0]))[:m]]
+
+
+def _check(policy, fn_factory, arch: str = "llama", seed: int = 4) -> float:
+    """Max |logit difference| between our generation and the naive masked forward."""
+    model = tiny_model(arch, seed=0)
+    ids = torch.randint(3, 256, (1, N), generator=torch.Generator().manual_seed(seed))
+    out = generate(model, ids, None, policy, max_new_tokens=NEW, output_logits=True)
+    seq = torch.cat([ids, out.sequences[:, :-1]], dim=1)
+    naive = model.__class__(copy.deepcopy(model.config)).eval()
+    naive.load_state_dict(model.state_dict())
+    naive.set_attn_implementation("kf_new_naive")
+    kb = int(N * policy.budget)
+    _REF["fn"] = fn_factory(model, kb)
+    with torch.inference_mode():
+        logits = naive(input_ids=seq, use_cache=False).logits[:, N - 1:]
+    return float((logits - out.logits).abs().max())
+
+
+# -- KeyDiff -------------------------------------------------------------------------------------------------
+def _keydiff_ref(model, kb):
+    def prio(h, held, k):
+        anchor = sum(k[h, j] / k[h, j].norm() for j in held) / len(held)
+        return {j: -_cos(k[h, j], anchor) for j in held}
+
+    def prompt_cut(h, q, k, v):
+        return _top(prio(h, list(range(N)), k), kb)
+
+    def step_cut(h, held, i, q, k, v):
+        if len(held) <= kb:
+            return held
+        p = prio(h, held, k)
+        victim = min(held, key=lambda j: (p[j], j))  # the most similar to the mean key; ties: the oldest
+        return [j for j in held if j != victim]
+
+    return _simulate(N, kb, prompt_cut, step_cut)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_keydiff_matches_naive_rule(arch):
+    assert _check(make_policy("keydiff", budget=0.5), _keydiff_ref, arch) < 1e-4
+
+
+def test_keydiff_check_fails_reversed(monkeypatch):
+    orig = KeyDiffPolicy.priority
+    monkeypatch.setattr(KeyDiffPolicy, "priority", lambda self, s, ctx: -orig(self, s, ctx))
+    assert _check(make_policy("keydiff", budget=0.5), _keydiff_ref) > 1e-3
+
+
+def test_keydiff_never_materialises_attention_weights(monkeypatch):
+    """The SDPA path runs every forward; the scoring paths and every softmax never run (positive control:
+    H2O goes through the scoring path)."""
+    calls = {"sdpa": 0, "scored": 0, "softmax": 0}
+    sdpa = kf_attention.sdpa_attention_forward
+
+    def counting_sdpa(*a, **kw):
+        calls["sdpa"] += 1
+        return sdpa(*a, **kw)
+
+    def scored(*a, **kw):
+        calls["scored"] += 1
+        raise AssertionError("a scoring path ran")
+
+    softmax = torch.softmax
+
+    def counting_softmax(*a, **kw):
+        calls["softmax"] += 1
+        return softmax(*a, **kw)
+
+    monkeypatch.setattr(kf_attention, "sdpa_attention_forward", counting_sdpa)
+    monkeypatch.setattr(kf_attention, "_prompt_with_scores", scored)
+    monkeypatch.setattr(kf_attention, "_decode_with_scores", scored)
+    monkeypatch.setattr(torch, "softmax", counting_softmax)
+    monkeypatch.setattr(torch.nn.functional, "softmax", counting_softmax)
+    model = tiny_model("llama")
+    ids = torch.randint(3, 256, (2, N), generator=torch.Generator().manual_seed(1))
+    generate(model, ids, None, make_policy("keydiff", budget=0.5), max_new_tokens=4)
+    layers = model.config.num_hidden_layers
+    assert calls == {"sdpa": layers * 4, "scored": 0, "softmax": 0}
+    with pytest.raises(AssertionError, match="scoring path"):
+        generate(model, ids, None, make_policy("h2o", budget=0.5), max_new_tokens=2)
+
+
+# -- Expected Attention (kvpress's ExpectedAttentionPress rule, llama: rotate-half RoPE, GQA) ----------------
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return torch.cat([-x[..., d:], x[..., :d]], dim=-1)
+
+
+def _ea_ref(model, kb, F_=512, n_sink=4):
+    rot = model.model.rotary_emb
+
+    def cos_sin(positions):
+        x = torch.zeros(1, dtype=torch.float32)
+        c, s = rot(x, torch.tensor([positions]))
+        return c[0].double(), s[0].double()  # [len, D]
+
+    def stats_and_scores(h, rows, held, cur, q, k, v):
+        Hq, S, D = q.shape
+        G = Hq // k.shape[0]
+        c, s = cos_sin(rows)
+        out = torch.zeros(len(held), dtype=torch.float64)
+        cf, sf = cos_sin(list(range(cur + 1, cur + 1 + F_)))
+        P = torch.zeros(D, D, dtype=torch.float64)
+        P[D // 2:, : D // 2], P[: D // 2, D // 2:] = torch.eye(D // 2), -torch.eye(D // 2)
+        R = (cf.unsqueeze(1) * torch.eye(D, dtype=torch.float64) + sf.unsqueeze(1) * P).mean(0)
+        cand = [j for j in held if j >= n_sink]
+        for g in range(G):
+            qq = q[h * G + g, rows].double()
+            x = qq * c - _rotate_half(qq) * s  # RoPE undone
+            mu = x.mean(0)
+            cov = (x - mu).T @ (x - mu) / len(rows)
+            mu, cov = R @ mu, R @ cov @ R.T
+            z = torch.tensor([float(k[h, j].double() @ mu) / math.sqrt(D)
+                              + float(k[h, j].double() @ cov @ k[h, j].double()) / (2 * D) for j in cand])
+            a = torch.softmax(z, 0)
+            for t, j in enumerate(cand):
+                out[held.index(j)] += a[t] / G
+        prio = {}
+        for t, j in enumerate(held):
+            prio[j] = math.inf if j < n_sink else float(out[t]) * float(v[h, j].double().norm())
+        return prio
+
+    def prompt_cut(h, q, k, v):
+        return _top(stats_and_scores(h, list(range(n_sink, N)), list(range(N)), N - 1, q, k, v), kb)
+
+    def step_cut(h, held, i, q, k, v):
+        p = stats_and_scores(h, list(range(n_sink, i + 1)), held, i, q, k, v)
+        if len(held) <= kb:
+            return held
+        victim = min(held, key=lambda j: (p[j], j))
+        return [j for j in held if j != victim]
+
+    return _simulate(N, kb, prompt_cut, step_cut)
+
+
+def test_expected_attention_matches_naive_rule():
+    assert _check(make_policy("expected_attention", budget=0.5), _ea_ref) < 1e-4
+
+
+def test_expected_attention_check_fails_reversed(monkeypatch):
+    orig = ExpectedAttentionPolicy.priority
+    monkeypatch.setattr(ExpectedAttentionPolicy, "priority", lambda self, s, ctx: -orig(self, s, ctx).nan_to_num(
+        0.0, posinf=-1e30, neginf=-1e30))
+    assert _check(make_policy("expected_attention", budget=0.5), _ea_ref) > 1e-3
+
+
+def test_expected_attention_refuses_unknown_positions():
+    class Cfg:
+        model_type = "bloom"
+
+    class M:
+        config = Cfg()
+
+    with pytest.raises(ValueError, match="no RoPE module"):
+        position_info(M())
+
+
+# -- R-KV (the authors' R1KV._compute_scores, cut every `buffer` decode steps) --------------------------------
+W_RKV, BUF = 4, 4
+
+
+def _rkv_ref(model, kb, W=W_RKV, buffer=BUF, kernel=7, lam=0.1):
+    def score(h, held, window_rows, q, k):
+        """held: positions in order; the last W are the window. -> {position: score} of the others."""
+        Hq, S, D = q.shape
+        G = Hq // k.shape[0]
+        past = held[:-W]
+        logits = torch.stack([torch.stack([k[h, past] @ q[h * G + g, r] for r in window_rows])
+                              for g in range(G)]) / math.sqrt(D)  # [G, W, past]
+        attn = torch.softmax(logits.amax(0), dim=-1).mean(0)  # [past]
+        pooled = [max(float(attn[t]) for t in range(max(0, i - kernel // 2), min(len(past), i + kernel // 2 + 1)))
+                  for i in range(len(past))]
+        kk = k[h, held]
+        sim = torch.tensor([[_cos(kk[a], kk[b]) if a != b else 0.0 for b in range(len(held))]
+                            for a in range(len(held))])
+        for a in range(len(held)):
+            similar = [b for b in range(len(held)) if sim[a, b] > 0.5]
+            sim[a, max(similar) if similar else 0] = 0.0
+        red = torch.softmax(sim.mean(0), 0)
+        return {j: pooled[t] * lam - float(red[t]) * (1 - lam) for t, j in enumerate(past)}
+
+    def cut(h, held, rows, q, k):
+        held = sorted(held)
+        return _top(score(h, held, rows, q, k), kb - W) + held[-W:]
+
+    def prompt_cut(h, q, k, v):
+        return cut(h, list(range(N)), list(range(N - W, N)), q, k)
+
+    def step_cut(h, held, i, q, k, v):
+        t = i - N + 1
+        if t % buffer or len(held) <= kb:
+            return held
+        return cut(h, held, list(range(i - W + 1, i + 1)), q, k)
+
+    return _simulate(N, kb, prompt_cut, step_cut)
+
+
+def _rkv(**kw):
+    return make_policy("rkv", budget=0.5, window_size=W_RKV, buffer=BUF, **kw)
+
+
+@pytest.mark.parametrize("arch", ["llama", pytest.param("gptj", marks=pytest.mark.slow)])
+def test_rkv_matches_naive_rule(arch):
+    assert _check(_rkv(), _rkv_ref, arch) < 1e-4
+
+
+def test_rkv_check_fails_reversed(monkeypatch):
+    orig = RKVPolicy.joint_score
+    monkeypatch.setattr(RKVPolicy, "joint_score", lambda self, q, qpos, ctx: -orig(self, q, qpos, ctx))
+    assert _check(_rkv(), _rkv_ref) > 1e-3
+
+
+def test_rkv_cuts_every_buffer_steps():
+    """Between cuts the cache grows by one token per step; at every multiple of ``buffer`` it is back at k."""
+    model = tiny_model("llama")
+    ids = torch.randint(3, 256, (1, N), generator=torch.Generator().manual_seed(2))
+    out = generate(model, ids, None, _rkv(), max_new_tokens=NEW)
+    held = len(out.cache.kept_positions(0)[0][0])
+    assert held == N // 2 + (NEW - 1) % BUF  # NEW - 1 decode forwards ran; the last cut was at step 8
+    with pytest.raises(ValueError, match="buffer"):
+        make_policy("rkv", window_size=8, buffer=4)
