@@ -62,7 +62,7 @@ def test_every_option_composes(group, option):
     if group == "policy" and option != "full":
         assert c["policy"]["budget"] == c["budget"]  # the top-level budget reaches the policy
     if group == "model":
-        assert c["model"]["source"] in ("hub", "smollm2_gguf", "tiny")
+        assert c["model"]["source"] in ("hub", "smollm2_gguf", "gemma3_gguf", "tiny")
         assert "defaults" not in c["model"] and model_config(option) == c["model"]  # inheritance applied
 
 

@@ -17,6 +17,7 @@ only builds it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -26,6 +27,7 @@ from .cache import EvictingLayer
 
 SCORE_BLOCK_FLOATS = 16 * 2**20  # fp32 logits per prompt block (B * Hq * rows * keys), 64 MB
 SCORE_ROWS = 128  # at most this many query rows per prompt block
+PREFILL_FLASH = True  # observe_rows policies: prompt output from SDPA, logits for the observed rows only
 
 
 class _NoCudnnSDPA:
@@ -70,7 +72,7 @@ def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor,
     policy = layer.cache.policy
     G = query.shape[1] // key.shape[1]
     q = query.shape[2]
-    scoring = policy.needs_attention and (layer.length == 0 or policy.compress in ("step", "interval"))
+    scoring = policy.needs_attention and (layer.length == 0 or policy.compress == "step")
     if scoring and layer.length > 0 and q > 1:
         raise NotImplementedError("multi-token forwards over a non-empty evicting cache (chunked prefill) are "
                                   "not supported by scoring policies")
@@ -79,7 +81,7 @@ def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor,
         bias = _alibi(layer, slopes) if slopes is not None else None
         out = _decode_with_scores(layer, query, key, value, mask, bias, scaling)
     elif scoring:
-        out = _prompt_with_scores(layer, query, key, value, slopes, scaling)
+        out = _prompt_with_scores(layer, query, key, value, slopes, scaling, module=module, mask=mask)
     elif slopes is not None:
         out = _eager(query, key, value, mask, _alibi(layer, slopes), scaling)
     else:
@@ -140,7 +142,8 @@ def _decode_with_scores(layer, query, key, value, mask, bias, scaling):
     return out.reshape(B, Hq, 1, -1).transpose(1, 2)
 
 
-def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling) -> torch.Tensor:
+def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling, *, module=None,
+                        mask=None) -> torch.Tensor:
     """Prompt attention and the policy's prompt scores in ONE blocked pass, vectorised over samples.
 
     Blocks of ``R`` query rows see keys [0, r1) only. Each block's logits are computed once; their softmax
@@ -148,6 +151,11 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
     the query heads of a GQA group) are a weighted GEMV. No n x n matrix is held. Prompts are left-padded:
     pad keys are masked, pad rows are never scored. ALiBi (MPT) adds ``slope * key position`` (a per-row
     shift of the true distance, which the softmax ignores). Returns [B, N, Hq, Dv].
+
+    A policy that observes only its last ``observe_rows`` rows (SnapKV, TOVA) gets the output from SDPA (the
+    flash path, as a policy without scores does; ``module`` and ``mask`` are what it needs) and logits for
+    those rows only. With prompt-once beams whose shared scores are noised per beam
+    (``cache.prompt_beam_rows()`` = nb), the output is computed once and each beam's scores apart.
     """
     cache, policy = layer.cache, layer.cache.policy
     B, Hq, N, D = query.shape
@@ -161,13 +169,26 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
     K = key.to(f32).unsqueeze(2)  # [B, Hkv, 1, N, D]
     V = value.unsqueeze(2)
     rows_from = 0 if policy.observe_rows is None else max(0, N - int(policy.observe_rows))
+    flash = PREFILL_FLASH and rows_from > 0 and slopes is None and module is not None
     R = max(16, min(SCORE_ROWS, SCORE_BLOCK_FLOATS // max(1, B * Hq * N)))
-    out = query.new_empty(B, Hkv, G, N, Dv)
-    acc = torch.zeros(B, Hkv, 1, N, dtype=f32, device=dev)
+    if flash:  # the output of every row from SDPA; the loop below only scores the observed rows
+        m = mask.repeat_interleave(G, dim=1) if mask is not None and mask.shape[1] > 1 and G > 1 else mask
+        with _sdpa_backends(dev):
+            flash_out, _ = sdpa_attention_forward(module, query, key, value, m, scaling=scaling)
+    else:
+        out = query.new_empty(B, Hkv, G, N, Dv)
+    nb = cache.prompt_beam_rows()  # > 1: each beam's noise, so each beam's scores (prompt-once beams)
+    Bs = B * nb
+    kpos_s = kpos.repeat_interleave(nb, dim=0) if nb > 1 else kpos
+    seeds = cache.beam_seed_t if nb > 1 else cache.seed_t
+    acc = torch.zeros(Bs, Hkv, 1, N, dtype=f32, device=dev)
     ctx = layer.context(query=query, keys=key, values=value, group=G)
+    sctx = ctx if nb == 1 else dataclasses.replace(
+        ctx, **{f: getattr(ctx, f).repeat_interleave(nb, dim=0) for f in ("pos", "cur", "w", "query", "keys", "values")
+                if getattr(ctx, f) is not None})
     heads = torch.arange(Hq, device=dev)
     slope = None if slopes is None else slopes.to(dev, f32).view(1, Hkv, G, 1, 1)
-    for r0 in range(0, N, R):
+    for r0 in range(rows_from if flash else 0, N, R):
         r1 = min(N, r0 + R)
         r = r1 - r0
         x = torch.matmul(Q[:, :, :, r0:r1], K[..., :r1, :].transpose(-1, -2))  # [B, Hkv, G, r, r1]
@@ -179,18 +200,22 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
             hide = (kpos[:, :r1] < 0).view(B, 1, r1) & ~diag
             x.masked_fill_(hide.view(B, 1, 1, r, r1), float("-inf"))
         p = torch.softmax(x, dim=-1)
-        out[:, :, :, r0:r1] = torch.matmul(p.to(V.dtype), V[..., :r1, :])
+        if not flash:
+            out[:, :, :, r0:r1] = torch.matmul(p.to(V.dtype), V[..., :r1, :])
         a = max(r0, rows_from)
         if a >= r1:
             continue
         if policy.uses_noise:
-            ctx.noise = _prompt_noise(cache.seed_t, layer.layer_idx, heads, kpos[:, a:r1], kpos[:, :r1], Hkv, G)
-        s = policy.score(p[:, :, :, a - r0 :], ctx)  # [B, Hkv, G, r1 - a, r1]
-        wrow = (kpos[:, a:r1] >= 0).to(f32).repeat(1, G).view(B, 1, 1, G * (r1 - a))
-        acc[..., :r1] += torch.matmul(wrow, s.reshape(B, Hkv, G * (r1 - a), r1))
+            sctx.noise = _prompt_noise(seeds, layer.layer_idx, heads, kpos_s[:, a:r1], kpos_s[:, :r1], Hkv, G)
+        ps = p[:, :, :, a - r0 :]
+        s = policy.score(ps.repeat_interleave(nb, dim=0) if nb > 1 else ps, sctx)  # [Bs, Hkv, G, r1 - a, r1]
+        wrow = (kpos_s[:, a:r1] >= 0).to(f32).repeat(1, G).view(Bs, 1, 1, G * (r1 - a))
+        acc[..., :r1] += torch.matmul(wrow, s.reshape(Bs, Hkv, G * (r1 - a), r1))
     state = layer.score[:, :, :N]
-    policy.accumulate(state, cache.pool_beams(acc.view(B, Hkv, N)), ctx)
+    policy.accumulate(state, cache.pool_prompt(acc.view(Bs, Hkv, N)), ctx)
     state.copy_(policy.after_prompt(state, ctx))
+    if flash:
+        return flash_out
     return out.view(B, Hq, N, Dv).transpose(1, 2)
 
 

@@ -82,7 +82,6 @@ class EvictingLayer(CacheLayerMixin):
         self.alive = torch.empty(B, H, 0, dtype=torch.bool, device=self.device)  # mask mode only
         self.count = torch.zeros(B, dtype=torch.long, device=self.device)
         self.k_bh = None
-        self.memo: dict = {}  # the policy's per-layer scratch (needs_context policies), one generation
         self.is_initialized = True
 
     def get_seq_length(self) -> int:
@@ -103,13 +102,28 @@ class EvictingLayer(CacheLayerMixin):
             setattr(self, name, getattr(self, name).index_select(0, idx))
         if self.k_bh is not None:
             self.k_bh = self.k_bh.index_select(0, idx)
-        for key, val in getattr(self, "memo", {}).items():  # batch-major tensors follow their rows
+
+    def reorder_rows(self, idx: torch.Tensor, rows: torch.Tensor) -> None:
+        """Beam reorder (``idx`` [B]: row b becomes a copy of row idx[b]) that copies only the ``rows`` [m] whose
+        source differs (idx[b] != b): in place, gathered before written, so equal to :meth:`reorder_cache`."""
+        if not self.is_initialized or rows.numel() == 0:
+            return
+        if 2 * rows.numel() > idx.numel():  # most rows move: one gather per tensor is cheaper
+            self.reorder_cache(idx)
+            return
+        src = idx.index_select(0, rows)
+        for name in (*self.slots, "pos", "score", "alive", "count"):
+            t = getattr(self, name)
+            t.index_copy_(0, rows, t.index_select(0, src))
+        if self.k_bh is not None:
+            self.k_bh = self.k_bh.index_select(0, idx)
+        for key, val in getattr(self, "memo", {}).items():
             if isinstance(val, torch.Tensor):
                 self.memo[key] = val.index_select(0, idx)
 
     def reset(self) -> None:
         self.is_initialized, self.seen, self.length, self.dense, self.steady = False, 0, 0, True, False
-        self.ragged, self.k_bh, self.memo = False, None, {}
+        self.ragged, self.k_bh = False, None
         self.keys = self.values = None
 
     # -- storage --------------------------------------------------------------------------------------
@@ -182,24 +196,9 @@ class EvictingLayer(CacheLayerMixin):
     def context_at(self, S: int, **tensors) -> Context:
         """The :class:`Context` over the slots [0, S)."""
         cache = self.cache
-        if cache.policy.needs_context:  # rules on keys and queries (KeyDiff, Expected Attention, R-KV)
-            tensors.setdefault("keys", self.held_keys(S))
-            tensors.update(live=self.held(S), memo=self.memo, model_info=cache.model_info)
         return Context(layer=self.layer_idx, num_layers=len(cache.layers), step=cache.step_of(self),
                        horizon=cache.max_new_tokens, pos=self.pos[:, :, :S], cur=cache.cur_pos(), w=cache.w,
                        **tensors)
-
-    def held(self, S: int) -> torch.Tensor:
-        """[B, H, S] bool: the slots [0, S) that hold a token (mask mode: not yet evicted)."""
-        live = self.pos[:, :, :S] >= 0
-        return live & self.alive[:, :, :S] if self.cache.mode == "mask" else live
-
-    def held_keys(self, S: int) -> torch.Tensor:
-        """[B, H, S, D] the keys of the slots [0, S) in the model's dtype (dequantized when stored quantized)."""
-        if self.slots is KV:
-            return self.keys[:, :, :S]
-        return self.cache.kv_quant.dequantize(self.keys[:, :, :S], self.kscale[:, :, :S], self.kzero[:, :, :S],
-                                              self.dtype)
 
     def live_mask(self) -> torch.Tensor:
         """[B, H or 1, L + q] bool: slots this forward's queries may attend to (before causality)."""
@@ -237,21 +236,19 @@ class EvictingLayer(CacheLayerMixin):
         S = L + q
         self.pending = False
         policy = cache.policy
-        interval = policy.compress == "interval" and L > 0  # a buffer between cuts (R-KV)
-        if not policy.evicts or (policy.compress == "prompt" and L > 0) or (interval and not policy.cuts_at(
-                cache.step_of(self))):
+        if not policy.evicts or (policy.compress == "prompt" and L > 0):
             if cache.mode == "physical" and not (self.dense and cache.fwd_all_real):
                 self.count = torch.full_like(self.count, S)
                 self.dense = False
             self.length = S
             return
-        if self.steady and q == 1 and not interval:
+        if self.steady and q == 1:
             self._evict_steady()  # every sample is at its budget: the common decode step
             return
         live = self.live_mask().expand(-1, self.keys.shape[1], -1)  # [B, H, S]
         n_live = live.sum(-1)  # [B, H]
         k = self.budget()
-        if cache.mode == "physical" and q == 1 and L > 0 and not interval:
+        if cache.mode == "physical" and q == 1 and L > 0:
             self._evict_one(live, n_live > k)
             return
         keep_n = torch.minimum(n_live, k)
@@ -398,10 +395,10 @@ class KVCache(Cache):
         self._step_noise: torch.Tensor | None = None
         self._uniform: bool | None = None  # every layer steady at one length (decided once, after the prompt)
         self.policy = policy if policy is not None else FullPolicy()
-        self.model_info = None  # set by make_cache for needs_context policies (policy.model_info(model))
         self.mode, self.max_new_tokens = mode, max_new_tokens
         self.seed, self._seeds = seed, seeds
         self.prompt_mask = prompt_mask
+        self.prompt_expand = 1  # > 1: the prompt forward runs once per sample, then expand_prompt_rows() (beams)
         super().__init__(layers=[EvictingLayer(self, i) for i in range(num_layers)])
 
     # -- per-sample bookkeeping, set at the prompt --------------------------------------------------------
@@ -433,14 +430,17 @@ class KVCache(Cache):
             self.w = torch.zeros_like(self.n)
         self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)  # recent window: pos > this
         self._layer_k: dict[int, torch.Tensor] = {}
-        reps = B // (len(self._seeds) if self._seeds else B)
-        seeds = [s for s in self._seeds for _ in range(reps)] if self._seeds else [self.seed] * B
-        if B % self.beam_groups:
-            raise ValueError(f"beam_groups={self.beam_groups} does not divide the model batch {B}")
-        self.seed_t = hashnoise.seeds_tensor(seeds, device)  # [B] per-row noise seeds
+        rows = B * self.prompt_expand  # the decode batch (prompt-once beams: B samples now, B * nb rows later)
+        reps = rows // (len(self._seeds) if self._seeds else rows)
+        seeds = [s for s in self._seeds for _ in range(reps)] if self._seeds else [self.seed] * rows
+        if rows % self.beam_groups:
+            raise ValueError(f"beam_groups={self.beam_groups} does not divide the model batch {rows}")
+        self.seed_t = hashnoise.seeds_tensor(seeds, device)  # [rows] per-row noise seeds
         if self.beam_groups > 1:  # rows are sample-major: beam r % nb of sample r // nb gets its own noise field
-            beam = torch.arange(B, device=device) % self.beam_groups
+            beam = torch.arange(rows, device=device) % self.beam_groups
             self.seed_t = hashnoise.mix32((self.seed_t ^ (beam * 0x7FEB352D)) & hashnoise.M32)
+        if self.prompt_expand > 1:  # the beams' seeds wait for expand_prompt_rows; the prompt rows use beam 0's
+            self.beam_seed_t, self.seed_t = self.seed_t, self.seed_t[:: self.prompt_expand]
 
     def new_positions(self, layer_idx: int, seen: int, q: int, B: int, device: torch.device):
         """Positions [B, q] and realness [B, q] of this forward's q new tokens (pads: position -1)."""
@@ -485,6 +485,40 @@ class KVCache(Cache):
         self._layer_k = {}
         self.fwd_all_real = bool(self.real.all())
 
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search's reorder: only the rows whose source beam changed are copied (one host read per step
+        finds them), not every layer's whole K/V."""
+        idx = beam_idx.to(self.layers[0].device if self.layers[0].is_initialized else beam_idx.device)
+        rows = (idx != torch.arange(idx.numel(), device=idx.device)).nonzero().flatten()
+        for layer in self.layers:
+            layer.reorder_rows(idx, rows)
+
+    def expand_prompt_rows(self) -> None:
+        """After a prompt forward over the B samples (``prompt_expand`` = nb beams), make the B * nb beam rows
+        (sample-major, beam r of sample b at row b * nb + r): cache, positions, budgets and per-beam noise seeds
+        become what the prompt forward over B * nb rows would have left."""
+        nb, seeds = self.prompt_expand, self.beam_seed_t
+        self.select_rows(torch.arange(self.n.numel(), device=self.n.device).repeat_interleave(nb))
+        self.seed_t, self.prompt_expand = seeds, 1
+
+    def prompt_beam_rows(self) -> int:
+        """Rows per sample the prompt scores need: nb when prompt-once beams share scores (``beam_groups`` > 1)
+        and the policy's noise differs per beam, else 1 (every beam's score equals the sample's)."""
+        nb = self.prompt_expand
+        return nb if nb > 1 and self.beam_groups > 1 and self.policy.uses_noise else 1
+
+    def pool_prompt(self, s: torch.Tensor) -> torch.Tensor:
+        """The prompt's scores, pooled over beams as :meth:`pool_beams` does: ``s`` [B * prompt_beam_rows(), H, N]
+        -> [B, H, N] for the prompt rows (prompt-once beams), or [B, H, N] -> [B, H, N] otherwise."""
+        nb = self.prompt_expand
+        if nb == 1:
+            return self.pool_beams(s)
+        if self.beam_groups == 1:
+            return s  # per-beam scores: every beam of a sample starts from the sample's
+        if s.shape[0] == self.n.numel():  # the beams score alike: pool nb copies, as the per-beam rows would
+            s = s.repeat_interleave(nb, dim=0)
+        return self.pool_beams(s)[::nb]
+
     def pool_beams(self, s: torch.Tensor) -> torch.Tensor:
         """This forward's per-row scores [B, H, S], summed over the beams of each sample (``beam_groups`` > 1), so
         the rows of a sample keep identical states, positions and kept sets."""
@@ -496,14 +530,10 @@ class KVCache(Cache):
 
     def capacity_hint(self, needed: int) -> int:
         grows = not self.policy.evicts or self.policy.compress == "prompt"
-        return needed + (self.max_new_tokens if grows else self.interval_room())
+        return needed + (self.max_new_tokens if grows else 0)
 
     def headroom(self) -> int:
-        return 1 + (self.max_new_tokens if self.policy.compress == "prompt" else self.interval_room())
-
-    def interval_room(self) -> int:
-        """Slots a policy that cuts every N steps (``compress = "interval"``) fills between cuts: N - 1."""
-        return self.policy.interval - 1 if self.policy.compress == "interval" else 0
+        return 1 + (self.max_new_tokens if self.policy.compress == "prompt" else 0)
 
     def step_of(self, layer: EvictingLayer) -> int:
         """0 during the prompt forward, t during the t-th decode forward."""

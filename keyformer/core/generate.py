@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -45,12 +46,44 @@ def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: to
                max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None,
                mode: str = "physical", beam_groups: int = 1, kv_quant: KVQuant | None = None) -> KVCache:
     """A :class:`KVCache` for ``model`` (pass it as ``cache=`` to ``model.generate``)."""
-    cache = KVCache(policy, model.config.num_hidden_layers, prompt_mask=attention_mask,
-                    max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups,
-                    kv_quant=kv_quant)
-    if policy is not None and policy.needs_context and hasattr(policy, "model_info"):
-        cache.model_info = policy.model_info(model)  # what a rule needs of the model (RoPE, ALiBi; one line if not)
-    return cache
+    return KVCache(policy, model.config.num_hidden_layers, prompt_mask=attention_mask,
+                   max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups,
+                   kv_quant=kv_quant)
+
+
+_BATCH_KWARGS = ("attention_mask", "position_ids", "token_type_ids", "inputs_embeds")
+
+
+@contextlib.contextmanager
+def _prefill_once(model: PreTrainedModel, cache: KVCache):
+    """While active, transformers' prefill (its prompt forward, batch ``B * nb`` rows with beam ``r`` of sample
+    ``b`` at row ``b * nb + r``) runs on the ``B`` distinct rows only; the cache is then expanded to the beams
+    and the logits repeated. A no-op unless ``cache.prompt_expand`` > 1."""
+    nb = cache.prompt_expand
+    if nb == 1:
+        yield
+        return
+    original = model._prefill
+
+    def prefill(input_ids, generation_config, model_kwargs, *args, **kw):
+        rows = input_ids.shape[0]
+        if rows % nb:
+            raise ValueError(f"prefill batch {rows} is not a multiple of num_beams={nb}")
+        sub = dict(model_kwargs)
+        for name in _BATCH_KWARGS:
+            t = sub.get(name)
+            if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == rows:
+                sub[name] = t[::nb]
+        out = original(input_ids[::nb], generation_config, sub, *args, **kw)
+        cache.expand_prompt_rows()
+        out.logits = out.logits.repeat_interleave(nb, dim=0)
+        return out
+
+    model._prefill = prefill  # an instance attribute shadows the method for this call only
+    try:
+        yield
+    finally:
+        del model._prefill
 
 
 @torch.inference_mode()
@@ -58,14 +91,16 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
              policy: Policy | None, max_new_tokens: int = 64, num_beams: int = 1, seed: int = 0,
              seeds: list[int] | None = None, mode: str = "physical", eos_token_id: int | list[int] | None = None,
              pad_token_id: int | None = None, min_new_tokens: int = 0, beam_scores: str = "per_beam",
-             kv_quant: KVQuant | None = None, **kwargs) -> GenerationOutput:
+             kv_quant: KVQuant | None = None, prompt_once: bool = True, **kwargs) -> GenerationOutput:
     """Greedy or beam generation with ``policy`` over a left-padded batch.
 
     ``seed``/``seeds`` set Keyformer's Gumbel noise (one seed for all samples, or one per sample);
     ``mode`` is ``physical`` or ``mask`` (simulation); ``beam_scores`` is ``per_beam`` (each beam row its own
     scores and kept set) or ``shared`` (the authors' code: beam copies noised independently, scores summed,
-    one kept set per sample); ``kv_quant`` stores the held K/V quantized (:mod:`keyformer.core.quant`). Extra
-    ``kwargs`` go to ``model.generate``.
+    one kept set per sample); ``kv_quant`` stores the held K/V quantized (:mod:`keyformer.core.quant`).
+    ``prompt_once`` (default): with beams, the prompt forward runs once per sample and the cache is then expanded
+    to the beams (transformers would run it once per beam); ``False`` keeps transformers' way (the reference the
+    tests compare with: same sequences). Extra ``kwargs`` go to ``model.generate``.
     """
     if beam_scores not in BEAM_SCORES:
         raise ValueError(f"beam_scores={beam_scores!r} is unknown; valid: {', '.join(BEAM_SCORES)}")
@@ -73,6 +108,8 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
         attention_mask = torch.ones_like(input_ids)
     cache = make_cache(model, policy, attention_mask, max_new_tokens=max_new_tokens, seed=seed, seeds=seeds,
                        mode=mode, beam_groups=num_beams if beam_scores == "shared" else 1, kv_quant=kv_quant)
+    if num_beams > 1 and prompt_once:
+        cache.prompt_expand = num_beams
     sync = torch.cuda.synchronize if input_ids.device.type == "cuda" else (lambda: None)
     clock = _StepClock(sync)
     pad = pad_token_id if pad_token_id is not None else (eos_token_id if isinstance(eos_token_id, int) else 0)
@@ -80,10 +117,11 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
     t0 = time.perf_counter()
     if eos_token_id is not None:
         kwargs["eos_token_id"] = eos_token_id
-    out = model.generate(
-        input_ids=input_ids, attention_mask=attention_mask, cache=cache, max_new_tokens=max_new_tokens,
-        min_new_tokens=min_new_tokens, num_beams=num_beams, do_sample=False, pad_token_id=pad, logits_processor=LogitsProcessorList([clock]), return_dict_in_generate=True, **kwargs,
-    )
+    with _prefill_once(model, cache):
+        out = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, cache=cache, max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens, num_beams=num_beams, do_sample=False, pad_token_id=pad, logits_processor=LogitsProcessorList([clock]), return_dict_in_generate=True, **kwargs,
+        )
     sync()
     t_end = time.perf_counter()
     times = clock.times

