@@ -182,3 +182,20 @@ def test_readme_tables_equal_keyformer_report(monkeypatch) -> None:
     quoted = {n for f in report.README_FILES for n, _ in report.marked(f.read_text())}
     assert {"provenance", "exp1_cnndm", "powered", "exp7_devices", "quant_bytes"} <= quoted
     assert report.drift(report.README_FILES, Path("results")) == []
+
+
+def test_demo_section_lists_each_policy_with_its_command(tmp_path: Path, capsys) -> None:
+    d = tmp_path / "demo"
+    d.mkdir()
+    pd.DataFrame([{"point": f"policy={p}", "policy": p, "budget": b, "n_done": 16, "accuracy": a, "rouge2": 1.0,
+                   "rougeL": 2.0, "device": "cpu", "dtype": "float32", "git_commit": "abcdef0123"}
+                  for p, b, a in (("window", 0.5, 0.0), ("full", 1.0, 93.75), ("keyformer", 0.5, 62.5))]
+                 ).to_csv(d / "points.csv", index=False)
+    report.demo(tmp_path)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "16 samples; cpu float32; git abcdef0" in out[0]
+    assert out[-3:] == ["| `python run.py policy=full` | 93.8 | 1.0 | 2.0 |",
+                        "| `python run.py` (Keyformer, budget 0.5) | 62.5 | 1.0 | 2.0 |",
+                        "| `python run.py policy=window` | 0.0 | 1.0 | 2.0 |"]
+    report.demo(tmp_path / "nothing")
+    assert capsys.readouterr().out == ""

@@ -334,6 +334,47 @@ def kvpress(res: Path, name: str = "crosscheck_kvpress") -> None:
     print("\n".join(rows))
 
 
+def demo(res: Path, name: str = "demo") -> None:
+    """The default run (``python run.py``: SmolLM2, the ``sample`` retrieval task) under each policy, from
+    ``results/demo/`` (collected from ``python run.py -m policy=full,keyformer,h2o,window``); nothing if absent."""
+    f = res / name / "points.csv"
+    if not f.exists():
+        return
+    p = pd.read_csv(f)
+    order = {"full": 0, "keyformer": 1, "h2o": 2, "window": 3}
+    p = p.sort_values("policy", key=lambda c: c.map(lambda x: order.get(x, 9)))
+    where = ", ".join(sorted({f"{d} {t}" for d, t in zip(p.get("device", ["?"] * len(p)), p.get("dtype", ["?"] * len(p)),
+                                                           strict=True)}))
+    commits = sorted({str(c)[:7] for c in p.get("git_commit", pd.Series(dtype=object)).dropna()})
+    print(f"\n### {name}: the default run per policy ({int(p['n_done'].max())} samples; {where}"
+          + (f"; git {', '.join(commits)}" if commits else "") + ")\n")
+    print("| command | accuracy % | ROUGE-2 | ROUGE-L |\n|---|---|---|---|")
+    for _, r in p.iterrows():
+        cmd = "python run.py" + ("" if r["policy"] == "keyformer" else f" policy={r['policy']}")
+        what = f" (Keyformer, budget {r['budget']:g})" if r["policy"] == "keyformer" else ""
+        print(f"| `{cmd}`{what} | {r['accuracy']:.1f} | {r['rouge2']:.1f} | {r['rougeL']:.1f} |")
+
+
+def brief(res: Path) -> None:
+    """The headline numbers the top-level README quotes: experiment 1's and 8's pooled Keyformer - H2O."""
+    lines = []
+    if (res / "exp1_cnndm" / "points.csv").exists():
+        points, samples = analysis.load_experiment(res, "exp1_cnndm")
+        evict = points[points["policy"] != "full"]
+        d, used = analysis.pooled_difference(samples, evict, "keyformer", "h2o", "rouge2", n_boot=5000)
+        lines.append(f"* Experiment 1 (CNN/DM, {d.n} articles, budgets {', '.join(f'{b:g}' for b in used)}): "
+                     f"Keyformer - H2O pooled {fmt_ci(d.mean, d.lo, d.hi)} ROUGE-2.")
+    if (res / "exp8_powered" / "points.csv").exists():
+        points, samples = analysis.load_experiment(res, "exp8_powered")
+        r = analysis.powered_study(points, samples)
+        if r["n"]:
+            q = r["pooled"]
+            lines.append(f"* Experiment 8 (powered, {r['n']} articles, two noise seeds per article): Keyformer - H2O "
+                         f"pooled {fmt_ci(q['diff'], q['ci_lo'], q['ci_hi'])} ROUGE-2, {q['decision']}.")
+    if lines:
+        print("\n".join(lines))
+
+
 PROVENANCE = ("device", "dtype", "batch_size", "git_commit", "code_version", "provenance")
 
 
@@ -512,6 +553,8 @@ def _field_task(task: str) -> Callable[[Path], None]:
 PAIRS = [("keyformer", "h2o"), ("keyformer", "window"), ("h2o", "window")]
 # name -> section; a README quotes a section between <!-- keyformer-report:NAME --> and its closing marker
 SECTIONS: dict[str, Callable[[Path], None]] = {
+    "demo": demo,
+    "brief": brief,
     "provenance": provenance,
     "exp1_cnndm": lambda res: curve_experiment(res, "exp1_cnndm", PAIRS),
     "exp2_dialogsum": lambda res: curve_experiment(res, "exp2_dialogsum", PAIRS),
