@@ -9,13 +9,14 @@ import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from keyformer import generate, make_cache, make_policy, tiny_model
-from keyformer.core.models import TINY_ARCHS, tiny_config
+from keyformer.core.models import tiny_config
 
 POLICY_NAMES = ("window", "streaming", "h2o", "keyformer")
 N_PROMPT, NEW = 40, 12
+ARCHS = ("gptj", "gpt2", "mpt", "llama")  # the other tiny archs (sliding layers, soft-capping): tests/test_archs.py
 
 
-@pytest.fixture(scope="module", params=TINY_ARCHS)
+@pytest.fixture(scope="module", params=ARCHS)
 def arch(request):
     return request.param
 

@@ -54,36 +54,48 @@ def _sdpa_backends(device: torch.device):
 
 
 def keyformer_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """``AttentionInterface`` entry: our path for our cache, plain SDPA otherwise."""
+    """``AttentionInterface`` entry: our path for our cache, plain SDPA otherwise (eager math when the model
+    soft-caps its logits, which SDPA cannot). ``sliding_window`` (the model's window of this layer, or None) is
+    checked against the cache's; ``softcap`` (Gemma 2) caps the logits, ``tanh(x / c) * c``."""
     layer = getattr(key, "_kf_layer", None)
+    softcap = kwargs.get("softcap")
     if layer is None:
+        if softcap is not None:
+            return _eager(query, key, value, attention_mask, None, scaling, softcap), None
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-    return attend(module, layer, query, key, value, scaling=scaling, dropout=dropout), None
+    window = kwargs.get("sliding_window")
+    if window is not None and window != layer.window and not (layer.cache.windows_known and layer.window is None):
+        raise RuntimeError(f"layer {layer.layer_idx} slides with window {window} but its cache layer has window "
+                           f"{layer.window}: build the cache with keyformer.make_cache(model, ...)")
+    return attend(module, layer, query, key, value, scaling=scaling, dropout=dropout, softcap=softcap), None
 
 
 def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
-           scaling: float, dropout: float = 0.0, slopes: torch.Tensor | None = None) -> torch.Tensor:
+           scaling: float, dropout: float = 0.0, slopes: torch.Tensor | None = None,
+           softcap: float | None = None) -> torch.Tensor:
     """Attention for one layer, then the policy's scoring and the cache's eviction.
 
-    query [B, Hq, q, D]; key/value [B, Hkv, S, D] (S = L + q slots); ``slopes`` [Hq] for ALiBi.
-    Returns [B, q, Hq, Dv].
+    query [B, Hq, q, D]; key/value [B, Hkv, S, D] (S = L + q slots); ``slopes`` [Hq] for ALiBi; ``softcap``:
+    logits become ``tanh(x / softcap) * softcap`` before the softmax, and a policy scores these capped
+    probabilities (the model's own attention). A sliding layer (``layer.window``) is never scored: it keeps
+    its window (:meth:`EvictingLayer._evict_window`). Returns [B, q, Hq, Dv].
     """
     policy = layer.cache.policy
     G = query.shape[1] // key.shape[1]
     q = query.shape[2]
-    scoring = policy.needs_attention and (layer.length == 0 or policy.compress == "step")
+    scoring = policy.needs_attention and layer.window is None and (layer.length == 0 or policy.compress == "step")
     if scoring and layer.length > 0 and q > 1:
         raise NotImplementedError("multi-token forwards over a non-empty evicting cache (chunked prefill) are "
                                   "not supported by scoring policies")
     mask = layer.attention_mask()  # bool, True = attend
     if scoring and q == 1 and layer.length > 0:
         bias = _alibi(layer, slopes) if slopes is not None else None
-        out = _decode_with_scores(layer, query, key, value, mask, bias, scaling)
+        out = _decode_with_scores(layer, query, key, value, mask, bias, scaling, softcap)
     elif scoring:
-        out = _prompt_with_scores(layer, query, key, value, slopes, scaling, module=module, mask=mask)
-    elif slopes is not None:
-        out = _eager(query, key, value, mask, _alibi(layer, slopes), scaling)
+        out = _prompt_with_scores(layer, query, key, value, slopes, scaling, softcap, module=module, mask=mask)
+    elif slopes is not None or softcap is not None:
+        out = _eager(query, key, value, mask, None if slopes is None else _alibi(layer, slopes), scaling, softcap)
     else:
         if mask is not None and mask.shape[1] > 1 and G > 1:
             mask = mask.repeat_interleave(G, dim=1)
@@ -101,12 +113,17 @@ def _alibi(layer: EvictingLayer, slopes: torch.Tensor) -> torch.Tensor:
     return (dist * slopes.view(1, -1, 1)).unsqueeze(2).to(layer.dtype)
 
 
-def _eager(query, key, value, mask, bias, scaling):
-    """MPT's own attention math (eager, additive bias, finfo.min fill), at kept positions."""
+def _eager(query, key, value, mask, bias, scaling, softcap=None):
+    """MPT's and Gemma 2's own attention math (eager; ALiBi ``bias`` or None; logits soft-capped when
+    ``softcap``; finfo.min fill), at kept positions. ``mask`` bool, True = attend, or None (causal)."""
     G = query.shape[1] // key.shape[1]
     if G > 1:
         key, value = key.repeat_interleave(G, dim=1), value.repeat_interleave(G, dim=1)
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + bias
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias
     q, S = query.shape[2], key.shape[2]
     if mask is None and q > 1:  # plain causal (no pads, empty cache)
         mask = torch.ones(q, S, dtype=torch.bool, device=query.device).tril(S - q).view(1, 1, q, S)
@@ -118,7 +135,7 @@ def _eager(query, key, value, mask, bias, scaling):
     return torch.matmul(probs, value).transpose(1, 2)
 
 
-def _decode_with_scores(layer, query, key, value, mask, bias, scaling):
+def _decode_with_scores(layer, query, key, value, mask, bias, scaling, softcap=None):
     """One query token: logits once, used for the output and for the policy score. Noise, when the policy
     asks for it, is evaluated at the held slots only."""
     policy = layer.cache.policy
@@ -127,6 +144,8 @@ def _decode_with_scores(layer, query, key, value, mask, bias, scaling):
     G = Hq // Hkv
     qg = query.reshape(B, Hkv, G, D)
     logits = torch.matmul(qg, key.transpose(-1, -2)).float() * scaling  # [B, Hkv, G, S]
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
     if bias is not None:
         logits = logits + bias.view(B, Hkv, G, S)
     if mask is not None:
@@ -142,7 +161,7 @@ def _decode_with_scores(layer, query, key, value, mask, bias, scaling):
     return out.reshape(B, Hq, 1, -1).transpose(1, 2)
 
 
-def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling, *, module=None,
+def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling, softcap=None, *, module=None,
                         mask=None) -> torch.Tensor:
     """Prompt attention and the policy's prompt scores in ONE blocked pass, vectorised over samples.
 
@@ -169,7 +188,7 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
     K = key.to(f32).unsqueeze(2)  # [B, Hkv, 1, N, D]
     V = value.unsqueeze(2)
     rows_from = 0 if policy.observe_rows is None else max(0, N - int(policy.observe_rows))
-    flash = PREFILL_FLASH and rows_from > 0 and slopes is None and module is not None
+    flash = PREFILL_FLASH and rows_from > 0 and slopes is None and softcap is None and module is not None
     R = max(16, min(SCORE_ROWS, SCORE_BLOCK_FLOATS // max(1, B * Hq * N)))
     if flash:  # the output of every row from SDPA; the loop below only scores the observed rows
         m = mask.repeat_interleave(G, dim=1) if mask is not None and mask.shape[1] > 1 and G > 1 else mask
@@ -192,6 +211,8 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
         r1 = min(N, r0 + R)
         r = r1 - r0
         x = torch.matmul(Q[:, :, :, r0:r1], K[..., :r1, :].transpose(-1, -2))  # [B, Hkv, G, r, r1]
+        if softcap is not None:
+            x = torch.tanh(x / softcap) * softcap
         if slope is not None:
             x += slope * kpos[:, :r1].to(f32).view(B, 1, 1, 1, r1)
         x[..., r0:r1].masked_fill_(_upper(r0, r1, dev)[:, r0:], float("-inf"))

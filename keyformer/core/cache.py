@@ -46,6 +46,7 @@ class EvictingLayer(CacheLayerMixin):
 
     is_sliding = False
     is_croppable = False
+    window: int | None = None  # sliding layer: the model's window W (keeps the W - 1 newest tokens, no policy)
 
     def __init__(self, cache: KVCache, layer_idx: int):
         super().__init__()
@@ -212,7 +213,9 @@ class EvictingLayer(CacheLayerMixin):
     def attention_mask(self) -> torch.Tensor | None:
         """Bool mask [B, 1 or H, q, L + q] for this forward, or None when plain causal attention is exact."""
         L, q = self.length, self.q_len
-        if self.cache.mode == "physical" and self.dense and self.cache.fwd_all_real and (q == 1 or L == 0):
+        band = self.window is not None and q > 1 and L + q > self.window  # a sliding layer's multi-token forward
+        if (self.cache.mode == "physical" and self.dense and self.cache.fwd_all_real and (q == 1 or L == 0)
+                and not band):
             return None  # decode over a dense cache, or an unpadded prompt: is_causal handles it
         live = self.live_mask().unsqueeze(2)  # [B, h, 1, L + q]
         if q == 1:
@@ -220,12 +223,18 @@ class EvictingLayer(CacheLayerMixin):
         rows = torch.arange(q, device=self.device).view(q, 1)
         cols = torch.arange(L + q, device=self.device).view(1, -1) - L
         mask = live & (cols <= rows)  # old slots (cols < 0) are in every new token's past
+        if band:  # the model's window: a query at position i sees keys at positions (i - W, i]
+            qpos = self.pos[:, :1, L : L + q].unsqueeze(-1)  # [B, 1, q, 1]
+            mask = mask & (self.pos[:, :1, : L + q].unsqueeze(2) > qpos - self.window)
         # a pad row would see nothing (NaN in SDPA): let it see itself; nothing ever attends to a pad
         return mask | (cols == rows)
 
     # -- eviction ---------------------------------------------------------------------------------------
     def budget(self) -> torch.Tensor:
-        """Tokens this layer keeps: [B, H] per-head budgets (Ada-KV, after the prompt) or [B, 1]."""
+        """Tokens this layer keeps: [B, H] per-head budgets (Ada-KV, after the prompt) or [B, 1]; a sliding
+        layer: its window minus one, [B, 1]."""
+        if self.window is not None:
+            return torch.full_like(self.count, self.window - 1).view(-1, 1)
         if self.k_bh is not None:
             return self.k_bh
         return self.cache.layer_k(self.layer_idx).view(-1, 1)
@@ -235,6 +244,9 @@ class EvictingLayer(CacheLayerMixin):
         cache, q, L = self.cache, self.q_len, self.length
         S = L + q
         self.pending = False
+        if self.window is not None:
+            self._evict_window()
+            return
         policy = cache.policy
         if not policy.evicts or (policy.compress == "prompt" and L > 0):
             if cache.mode == "physical" and not (self.dense and cache.fwd_all_real):
@@ -270,11 +282,42 @@ class EvictingLayer(CacheLayerMixin):
         idx = key.argsort(dim=-1, stable=True)[..., :new_len]  # survivors in position order, then junk
         self._compact(idx, new_len, keep_n)
 
+    def _evict_window(self) -> None:
+        """A sliding layer keeps the model's own window whatever the policy: after a forward whose newest token
+        is ``cur``, the tokens at positions (cur - W + 1, cur], i.e. the ``W - 1`` newest, as the stock
+        ``DynamicSlidingWindowLayer`` holds; the next query attends to them and itself (W tokens). Never scored."""
+        cache, q, L = self.cache, self.q_len, self.length
+        S = L + q
+        if cache.mode == "physical" and q == 1 and L > 0:
+            if self.steady:  # static shapes: the oldest token (leaving the window) gives its slot to the new one
+                victim = self.pos[:, :, :L].argmin(dim=-1, keepdim=True)  # [B, H, 1]
+                vic = victim.unsqueeze(-1)
+                for name, r in zip(self.slots, self.new_kv, strict=True):
+                    getattr(self, name).scatter_(2, vic.expand(-1, -1, 1, r.shape[-1]), r)
+                self.pos.scatter_(2, victim, cache.cur.view(-1, 1, 1).expand_as(victim))
+                return
+            live = self.live_mask().expand(-1, self.keys.shape[1], -1)
+            self._evict_one(live, live.sum(-1) > self.window - 1)  # growing: at most one token leaves
+            return
+        pos = self.pos[:, :, :S]
+        keep = self.live_mask().expand_as(pos) & (pos > cache.cur.view(-1, 1, 1) - self.window + 1)
+        if cache.mode == "mask":
+            self.alive[:, :, :S] = keep
+            self.length = S
+            return
+        n_keep = keep.sum(-1)  # [B, H], the same in every head
+        new_len = int(n_keep.max())
+        idx = torch.where(keep, pos, LONG_MAX).argsort(dim=-1, stable=True)[..., :new_len]
+        self._compact(idx, new_len, n_keep[:, 0])
+
     def _priority(self, S: int) -> torch.Tensor:
         return self.cache.policy.priority(self.score[:, :, :S], self.context_at(S))
 
     def _keep_priority(self, live: torch.Tensor, S: int) -> torch.Tensor:
-        """Priority over slots: recent window +inf, other live tokens the policy's priority, dead -inf."""
+        """Priority over slots: recent window +inf, other live tokens the policy's priority, dead -inf (a
+        sliding layer: the position, so the oldest goes first)."""
+        if self.window is not None:
+            return torch.where(live, self.pos[:, :, :S].to(torch.float64), -torch.inf)
         recent = self.pos[:, :, :S] > self.cache.recent_floor
         prio = torch.where(recent, torch.inf, self._priority(S).to(torch.float64))
         return torch.where(live, prio, -torch.inf)
@@ -326,7 +369,7 @@ class EvictingLayer(CacheLayerMixin):
         """Gather slots ``idx`` [B, H, new_len] into fresh buffers sized for the budget plus a spare slot;
         ``count`` [B] or [B, H]: live slots per sample (or per head), at the front of each head."""
         count = count.view(count.shape[0], -1).expand(*idx.shape[:2])
-        extra = self.cache.headroom()
+        extra = 1 if self.window is not None else self.cache.headroom()
         gk = idx.unsqueeze(-1)
         for name in self.slots:
             t = getattr(self, name)
@@ -385,7 +428,7 @@ class KVCache(Cache):
 
     def __init__(self, policy: Policy | None, num_layers: int, *, prompt_mask: torch.Tensor | None = None,
                  max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None, mode: str = "physical",
-                 beam_groups: int = 1, kv_quant: KVQuant | None = None):
+                 beam_groups: int = 1, kv_quant: KVQuant | None = None, windows: list[int | None] | None = None):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is unknown; valid: {', '.join(MODES)}")
         if isinstance(beam_groups, bool) or not isinstance(beam_groups, int) or beam_groups < 1:
@@ -400,6 +443,24 @@ class KVCache(Cache):
         self.prompt_mask = prompt_mask
         self.prompt_expand = 1  # > 1: the prompt forward runs once per sample, then expand_prompt_rows() (beams)
         super().__init__(layers=[EvictingLayer(self, i) for i in range(num_layers)])
+        self._set_windows(windows)
+
+    def _set_windows(self, windows: list[int | None] | None) -> None:
+        """Sliding layers (``windows[i]`` = the model's window W, None = full attention; see
+        ``keyformer.core.models.layer_windows``) keep their W - 1 newest tokens and are never policy-evicted."""
+        self.windows_known = windows is not None
+        if windows is None:
+            return
+        if len(windows) != len(self.layers):
+            raise ValueError(f"windows has {len(windows)} entries for {len(self.layers)} layers")
+        for layer, w in zip(self.layers, windows, strict=True):
+            if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 2):
+                raise ValueError(f"sliding window={w!r} must be an int >= 2")
+            layer.window = w
+        if self.policy.evicts and all(w is not None for w in windows):
+            raise ValueError(f"policy={self.policy.name!r}: every layer of this model slides (window {windows[0]}) "
+                             "and a policy acts on full-attention layers only, so it would change nothing; "
+                             "use policy=full")
 
     # -- per-sample bookkeeping, set at the prompt --------------------------------------------------------
     def _init_prompt(self, q: int, B: int, device: torch.device) -> None:
@@ -559,7 +620,7 @@ class KVCache(Cache):
 
     def all_layers_steady(self, S: int) -> bool:
         if self._uniform is None:
-            self._uniform = all(lay.steady and lay.length + 1 == S for lay in self.layers)
+            self._uniform = all(lay.steady and lay.length + 1 == S and lay.window is None for lay in self.layers)
         return self._uniform
 
     def _all_layers_noise(self, S: int, group: int) -> torch.Tensor:
@@ -586,8 +647,15 @@ class KVCache(Cache):
         return out.tolist()
 
     def kv_bytes_full(self) -> list[int]:
-        """Per sample: bytes a full cache would hold for the same tokens."""
-        return (self.next_pos * self.fp_bytes_per_token()).tolist()
+        """Per sample: bytes a full cache would hold for the same tokens: the stock cache, whose sliding layers
+        hold at most their window minus one token."""
+        size = lambda lay: torch.empty((), dtype=lay.dtype).element_size()  # noqa: E731
+        out = torch.zeros_like(self.next_pos)
+        for lay in self.layers:
+            if lay.is_initialized:
+                held = self.next_pos if lay.window is None else self.next_pos.clamp(max=lay.window - 1)
+                out = out + held * (lay.keys.shape[1] * sum(lay.dims) * size(lay))
+        return out.tolist()
 
     def fp_bytes_per_token(self) -> int:
         """K+V bytes of one token over all layers and KV heads in the model's dtype (unquantized)."""

@@ -10,6 +10,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from .cache import KVCache
+from .models import layer_windows
 from .policies import Policy
 from .quant import KVQuant
 
@@ -48,7 +49,7 @@ def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: to
     """A :class:`KVCache` for ``model`` (pass it as ``cache=`` to ``model.generate``)."""
     return KVCache(policy, model.config.num_hidden_layers, prompt_mask=attention_mask,
                    max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups,
-                   kv_quant=kv_quant)
+                   kv_quant=kv_quant, windows=layer_windows(model.config))
 
 
 _BATCH_KWARGS = ("attention_mask", "position_ids", "token_type_ids", "inputs_embeds")
