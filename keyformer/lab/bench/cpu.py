@@ -801,6 +801,11 @@ def main() -> None:
 
     from keyformer.run.paths import CONF_DIR
 
+    if "--long" in sys.argv[1:]:  # long generations at a fixed KV memory: keyformer.lab.bench.long (argparse)
+        from .long import main as long_main
+
+        long_main([a for a in sys.argv[1:] if a != "--long"])
+        return
     if not any(a.lstrip("+").startswith("experiment=") for a in sys.argv[1:]):
         sys.argv.insert(1, EXPERIMENT)
 

@@ -1,0 +1,99 @@
+"""``keyformer-bench --long``: batch search, bytes model, measured memory, and a quick end-to-end run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from keyformer import tiny_model
+from keyformer.lab.bench import long as lb
+
+
+def _naive_largest(bytes_of, limit: int, max_batch: int) -> int:
+    """Linear scan: the largest b in [1, max_batch] whose bytes fit (0 if none)."""
+    best = 0
+    for b in range(1, max_batch + 1):
+        if bytes_of(b) <= limit:
+            best = b
+    return best
+
+
+@pytest.mark.parametrize("limit", [50, 100, 420, 455, 1000, 10**6])
+def test_largest_batch_matches_a_linear_scan(limit):
+    bytes_of = lambda b: 100 * b + (60 if b > 3 else 0)  # noqa: E731 - not linear: the first guess overshoots
+    b, probes = lb.largest_batch(bytes_of, limit, max_batch=16)
+    assert b == _naive_largest(bytes_of, limit, 16)
+    measured = dict((x, y) for x, y in probes)
+    if 0 < b < 16:
+        assert measured[b] <= limit < measured[b + 1]  # both sides of the answer were measured
+
+
+def test_parse_errors_name_the_bad_value():
+    assert lb.parse_settings("512+2048, 2048+2048") == [lb.Setting(512, 2048), lb.Setting(2048, 2048)]
+    assert lb.parse_budgets("256,0.5") == [256, 0.5]
+    with pytest.raises(ValueError, match="'512x2048'"):
+        lb.parse_settings("512x2048")
+    with pytest.raises(ValueError, match="'1.5'"):
+        lb.parse_budgets("256,1.5")
+
+
+def test_attended_slots_by_hand():
+    # full, L=4, 4 tokens: the 3 decode steps attend 5, 6, 7 slots
+    assert lb.attended_avg("full", None, 4, 4) == 6
+    # h2o keeping 3 of 4: every step attends the 3 held + the new token
+    assert lb.attended_avg("h2o", 3, 4, 4) == 4
+    # absolute budget 6 above a 4-token prompt: 5, 6, 7 (grows to 6 held + the new one)
+    assert lb.attended_avg("h2o", 6, 4, 4) == 6
+    # SnapKV compresses once: 2 held (budget 0.5 of 4), then every generated token is kept: 3, 4, 5
+    assert lb.attended_avg("snapkv", 0.5, 4, 4) == 4
+
+
+def test_peak_kv_bytes_is_measured_from_the_cache():
+    model = tiny_model("llama", seed=0)
+    c = model.config
+    per_token = c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 2 * 4
+    ids = torch.randint(3, 256, (3, 20), generator=torch.Generator().manual_seed(0))
+    # full preallocates prompt + generation for every sample
+    assert lb.peak_kv_bytes(model, ids, "full", None, 6) == 3 * (20 + 6) * per_token
+    # h2o at 10 of 20: the budget plus the spare slot
+    assert lb.peak_kv_bytes(model, ids, "h2o", 10, 6) == 3 * 11 * per_token
+    # an absolute budget above the prompt grows during the decode: its peak exceeds what the prompt left
+    assert lb.peak_kv_bytes(model, ids, "h2o", 24, 8) >= 3 * 25 * per_token
+
+
+def test_quick_run_writes_only_its_out_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    lb.main(["--quick", "--beams", "0"])
+    out = tmp_path / "bench_out" / "long"
+    assert sorted(p.name for p in out.iterdir()) == ["command.txt", "long.json", "long.txt"]
+    assert not (tmp_path / "results").exists()
+    report = json.loads((out / "long.json").read_text())
+    limit = report["kv_memory_budget_bytes"]
+    rows = {(r["policy"], r["budget"]): r for r in report["rows"]}
+    assert set(rows) == {("full", None), ("h2o", 16), ("h2o", 0.5)}
+    assert rows[("full", None)]["batch"] == 2  # the default budget is full's batch at the longest setting
+    for r in rows.values():
+        fits = dict((b, v) for b, v in r["batch_probes"])
+        assert fits[r["batch"]] <= limit and (r["batch"] + 1 not in fits or fits[r["batch"] + 1] > limit)
+        for key in ("batch_gain", "seq_gain", "decode_gain", "bytes_model_gain", "share_of_bytes_model",
+                    "bound_gain", "e2e_gain", "floor_step_ms"):
+            assert r[key] is not None, key
+        assert r["decode_gain"] == pytest.approx(r["batch_gain"] * r["seq_gain"])
+    assert rows[("h2o", 16)]["agreement"]["rows"] == 2
+    text = (out / "long.txt").read_text()
+    assert "h2o@16" in text and "model" in text
+
+
+def test_quick_run_with_beams_via_keyformer_bench(tmp_path, monkeypatch):
+    import sys
+
+    from keyformer.lab.bench import cpu
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["keyformer-bench", "--long", "--quick", "--out", str(tmp_path / "o")])
+    cpu.main()
+    report = json.loads((tmp_path / "o" / "long.json").read_text())
+    assert report["beams"]["num_beams"] == 2
+    assert all(r["same_sequences"] for r in report["beams"]["rows"])
