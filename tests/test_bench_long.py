@@ -66,7 +66,7 @@ def test_peak_kv_bytes_is_measured_from_the_cache():
 def test_quick_run_writes_only_its_out_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     lb.main(["--quick", "--beams", "0"])
-    out = tmp_path / "bench_out" / "long"
+    out = tmp_path / "outputs" / "bench_long"
     assert sorted(p.name for p in out.iterdir()) == ["command.txt", "long.json", "long.txt"]
     assert not (tmp_path / "results").exists()
     report = json.loads((out / "long.json").read_text())

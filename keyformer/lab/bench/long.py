@@ -25,7 +25,7 @@ long generations ("batch gain x throughput gain"). This module does that for our
 * **Beams** (``--beams nb``): ``generate(num_beams=nb)`` prefill and decode seconds of full and each policy,
   with the prompt run once per sample (default) and once per beam (transformers' way), same sequences.
 
-Outputs go to ``--out`` (default ``bench_out/long``; never ``results/`` unless asked): ``long.json``,
+Outputs go to ``--out`` (default ``outputs/bench_long``, git-ignored; never ``results/`` unless asked): ``long.json``,
 ``long.txt`` (the table) and ``command.txt``.
 """
 
@@ -59,7 +59,7 @@ from .cpu import (
 )
 from .memory import reset_peak_rss, status_mb
 
-DEFAULT_OUT = "bench_out/long"
+DEFAULT_OUT = "outputs/bench_long"
 DEFAULTS = {"settings": "512+2048,512+4096,2048+2048", "budgets": "256,512,1024,0.5",
             "policies": "window,h2o,keyformer", "full_batch": 4, "rounds": 3, "max_batch": 64, "beams": 4}
 # --quick: a tiny random model and short settings, seconds (tests, CI smoke)
