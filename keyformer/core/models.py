@@ -59,7 +59,8 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     supported = f"supported: {', '.join(SUPPORTED_ARCHS)}"
     if arch in SUPPORTED_ARCHS:
         if arch == "gemma3_text" and getattr(cfg, "use_bidirectional_attention", False):
-            return "model_type='gemma3_text' with use_bidirectional_attention=True is an encoder, not a causal LM"
+            return (f"model_type='gemma3_text' with use_bidirectional_attention=True is an encoder, not a causal LM; "
+                    f"{supported}")
         try:
             layer_windows(cfg)
         except ValueError as e:
