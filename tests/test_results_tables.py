@@ -24,9 +24,11 @@ def _sweep(root: Path, points: dict[str, float], metrics: dict | None = None) ->
         d.mkdir(parents=True)
         (d / "config.yaml").write_text(
             "policy:\n  name: h2o\n  budget: 0.5\n  recent: 0.3\nbudget: 0.5\nn_samples: 2\nbatch_size: 2\n"
-            "dataset: {name: cnn_dailymail}\nmodel: {name: m}\ngeneration: {max_new_tokens: 8, num_beams: 1}\n"
+            "dataset: {name: cnn_dailymail}\nmodel: {name: m}\ngeneration: {max_new_tokens: 8, num_beams: "
+            "1}\n"
             "resolved: {device: cpu, dtype: float32, versions: {keyformer: cfghash}}\n")
-        rows = [{"id": f"a{i}", "prompt_tokens": 10, "truncated_tokens": 0, "generated_tokens": 8, "rouge1": 1.0,
+        rows = [{"id": f"a{i}", "prompt_tokens": 10, "truncated_tokens": 0, "generated_tokens": 8,
+                 "rouge1": 1.0,
                  "rouge2": r2, "rougeL": 1.0, "rougeLsum": 1.0, "kv_bytes": 50, "kv_bytes_full": 100,
                  "prediction": "x"} for i in range(2)]
         (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -65,13 +67,14 @@ def test_collect_replace_merges_and_logs_old_and_new_provenance(tmp_path: Path, 
     points = pd.read_csv(out / "points.csv").set_index("point")
     samples = pd.read_csv(out / "samples.csv")
     assert list(points.index) == ["a", "b", "c"]  # replaced in place, new appended, others kept
-    assert points.loc["a", "rouge2"] == 1.0 and points.loc["b", "rouge2"] == 5.0 and points.loc["c", "rouge2"] == 7.0
+    assert list(points["rouge2"]) == [1.0, 5.0, 7.0]
     assert points.loc["a", "git_commit"] == "old" and points.loc["b", "git_commit"] == "new"
     assert sorted(samples.groupby("point")["rouge2"].first().items()) == [("a", 1.0), ("b", 5.0), ("c", 7.0)]
     assert len(samples) == 6
     log = pd.read_csv(out / "replaced.csv")
     b = log.set_index("point").loc["b"]
-    assert (b["action"], b["old_git_commit"], b["new_git_commit"], b["new_device"]) == ("replaced", "old", "new",
+    assert (b["action"], b["old_git_commit"], b["new_git_commit"], b["new_device"]) == ("replaced", "old",
+                                                                                        "new",
                                                                                         "cuda")
     assert log.set_index("point").loc["c", "action"] == "added"
     collect.main([str(new), str(out), "--replace"])  # a second merge appends to the log
@@ -118,26 +121,31 @@ def test_archive_holds_the_superseded_runs_and_its_manifest() -> None:
 
 
 def test_quant_bytes_by_hand(tmp_path: Path, capsys) -> None:
-    """fp32 K+V slot = 2 * d * 4 bytes; int8 slot = 2 * d + fp16 scale and zero per 32 values; + 12 bytes state."""
+    """fp32 K+V slot = 2 * d * 4 bytes; int8 slot = 2 * d + fp16 scale and zero per 32 values; + 12 bytes
+    state."""
     d = tmp_path / "exp7_field" / "cnndm"
     d.mkdir(parents=True)
-    n_tok = 100  # positions written: prompt + generated - 1; 6 layer-heads of head_dim 64 (512 fp32 bytes each)
+    # positions written: prompt + generated - 1; 6 layer-heads of head_dim 64 (512 fp32 bytes each)
+    n_tok = 100
     held = 30 * 6  # an H2O point holding 30 slots in each of the 6 layer-heads
-    int8_slot = 2 * 64 + 2 * 2 * 2 * 2  # head_dim 64: 128 code bytes + (2 groups x K/V) x (scale, zero) x 2 bytes
+    # head_dim 64: 128 code bytes + (2 groups x K/V) x (scale, zero) x 2 bytes
+    int8_slot = 2 * 64 + 2 * 2 * 2 * 2
     rows = [("budget=1.0,policy=full", "full", 1.0, None, n_tok * 6 * 512),
             ("budget=0.3,policy=h2o", "h2o", 0.3, None, held * 512),
             ("budget=0.3,kv_quant=int8,policy=h2o", "h2o", 0.3, 8, held * int8_slot)]  # points.csv: bits
     pd.DataFrame([{"point": p, "policy": pol, "budget": b, "kv_quant": q, "kv_bytes": kv, "rouge2": 1.0,
                    "complete": True} for p, pol, b, q, kv in rows]).to_csv(d / "points.csv", index=False)
     pd.DataFrame([{"point": p, "id": "a", "prompt_tokens": 90, "generated_tokens": 11, "kv_bytes": kv,
-                   "kv_bytes_full": n_tok * 6 * 512} for p, *_, kv in rows]).to_csv(d / "samples.csv", index=False)
+                   "kv_bytes_full": n_tok * 6 * 512} for p, *_, kv in rows]).to_csv(d / "samples.csv",
+                                                                                    index=False)
     report.quant_bytes(tmp_path)
     out = capsys.readouterr().out
     full = n_tok * 6 * 512
     h2o = held * 512
     q8 = held * int8_slot
     state = held * 12
-    assert (f"| budget=0.3,policy=h2o | 1.00 | {h2o / full:.3f} | {h2o / full:.3f} | {(h2o + state) / full:.3f} | "
+    assert (f"| budget=0.3,policy=h2o | 1.00 | {h2o / full:.3f} | {h2o / full:.3f} | "
+            f"{(h2o + state) / full:.3f} | "
             f"{(h2o / 2 + state) / (full / 2):.3f} |") in out
     assert (f"| budget=0.3,kv_quant=int8,policy=h2o | 1.00 | {q8 / full:.3f} | {q8 / (full / 2):.3f} | "
             f"{(q8 + state) / full:.3f} | {(q8 + state) / (full / 2):.3f} |") in out
@@ -145,16 +153,18 @@ def test_quant_bytes_by_hand(tmp_path: Path, capsys) -> None:
 
 
 def test_pareto_front_depends_on_the_kv_dtype(tmp_path: Path, capsys) -> None:
-    """An eviction point at 0.3 holds more bytes than full int8 in fp32 (300 x 512 > 1000 x 144, state aside) and
-    scores less, but in 16 bits its tensors halve while the int8 codes do not: it joins the front."""
+    """An eviction point at 0.3 holds more bytes than full int8 in fp32 (300 x 512 > 1000 x 144, state aside)
+    and scores less, but in 16 bits its tensors halve while the int8 codes do not: it joins the front."""
     d = tmp_path / "exp7_field" / "cnndm"
     d.mkdir(parents=True)
     full = 1000 * 512  # 1000 layer-head slots of fp32 K+V
     rows = [("full", 1.0, None, full, 10.0), ("full8", 1.0, 8, 1000 * 144, 9.0),
             ("h2o", 0.3, None, 300 * 512, 8.5)]
-    pd.DataFrame([{"point": p, "policy": p.rstrip("8"), "budget": b, "kv_quant": q, "kv_bytes": kv, "rouge2": m,
+    pd.DataFrame([{"point": p, "policy": p.rstrip("8"), "budget": b, "kv_quant": q, "kv_bytes": kv,
+                   "rouge2": m,
                    "complete": True} for p, b, q, kv, m in rows]).to_csv(d / "points.csv", index=False)
-    pd.DataFrame([{"point": p, "id": "a", "rouge2": m} for p, *_, m in rows]).to_csv(d / "samples.csv", index=False)
+    pd.DataFrame([{"point": p, "id": "a", "rouge2": m} for p, *_, m in rows]).to_csv(d / "samples.csv",
+                                                                                     index=False)
     report.pareto_bytes(tmp_path)
     out = capsys.readouterr().out
     # fp32: h2o (300 x 524 bytes with state) > full int8 (1000 x 156): dominated; 16-bit: 300 x 268 < 156000
@@ -165,7 +175,8 @@ def test_update_text_rewrites_only_marked_regions(tmp_path: Path, monkeypatch) -
     monkeypatch.setitem(report.SECTIONS, "t", lambda res: print("\n### t\n\n| a |\n|---|\n| 1 |"))
     text = ("intro\n<!-- keyformer-report:t -->\nstale\n<!-- /keyformer-report:t -->\noutro 91.5\n")
     new = report.update_text(text, tmp_path)
-    assert new == "intro\n<!-- keyformer-report:t -->\n### t\n\n| a |\n|---|\n| 1 |\n<!-- /keyformer-report:t -->\noutro 91.5\n"
+    assert new == ("intro\n<!-- keyformer-report:t -->\n### t\n\n| a |\n|---|\n| 1 |\n"
+                   "<!-- /keyformer-report:t -->\noutro 91.5\n")
     f = tmp_path / "R.md"
     f.write_text(text)
     assert report.drift((f,), tmp_path) == [f"{f}: t"]
@@ -187,7 +198,8 @@ def test_readme_tables_equal_keyformer_report(monkeypatch) -> None:
 def test_demo_section_lists_each_policy_with_its_command(tmp_path: Path, capsys) -> None:
     d = tmp_path / "demo"
     d.mkdir()
-    pd.DataFrame([{"point": f"policy={p}", "policy": p, "budget": b, "n_done": 16, "accuracy": a, "rouge2": 1.0,
+    pd.DataFrame([{"point": f"policy={p}", "policy": p, "budget": b, "n_done": 16, "accuracy": a,
+                   "rouge2": 1.0,
                    "rougeL": 2.0, "device": "cpu", "dtype": "float32", "git_commit": "abcdef0123"}
                   for p, b, a in (("window", 0.5, 0.0), ("full", 1.0, 93.75), ("keyformer", 0.5, 62.5))]
                  ).to_csv(d / "points.csv", index=False)

@@ -16,9 +16,9 @@ Every sub-folder of the sweep folder that holds ``config.yaml`` + ``predictions.
   its aggregate metrics. ``n_done`` counts finished samples, ``complete`` is true once all are done; the
   ROUGE means of an unfinished point are over its finished samples. Provenance (:data:`PROVENANCE_COLS`):
   ``code_version`` (hash of the core code), ``git_commit``, ``device``, ``dtype`` (as resolved) and
-  ``batch_size`` from the run's ``metrics.json``/``config.yaml``, and ``provenance = run``; a value the run did
-  not record stays empty. (Rows written before these columns existed were backfilled from committed records:
-  ``provenance = backfilled:<sources>``, ``committed_in`` = the commit that added the row; see
+  ``batch_size`` from the run's ``metrics.json``/``config.yaml``, and ``provenance = run``; a value the run
+  did not record stays empty. (Rows written before these columns existed were backfilled from committed
+  records: ``provenance = backfilled:<sources>``, ``committed_in`` = the commit that added the row; see
   ``results/README.md``.)
 * ``<out>/samples.csv``: one row per (point, sample id): per-sample ROUGE, token counts, KV bytes and the
   generated text (no reference text: the data stays out of the repo). This is what the paired bootstrap
@@ -57,7 +57,8 @@ SAMPLE_COLS = ["id", "prompt_tokens", "truncated_tokens", "generated_tokens", *R
 TASK_COLS = ["token_f1", "exact_match", "rougeL_longbench", "accuracy"]
 NEEDLE_COLS = ["needle_length", "needle_depth"]
 # what a point was produced by: read from its metrics.json (config.yaml's ``resolved`` block as a fallback)
-PROVENANCE_COLS = ["code_version", "git_commit", "device", "dtype", "batch_size", "provenance", "committed_in"]
+PROVENANCE_COLS = ["code_version", "git_commit", "device", "dtype", "batch_size", "provenance",
+                   "committed_in"]
 METRIC_COLS = ["prefill_ms", "decode_ms_per_token", "tokens_per_s", "kv_bytes", "kv_bytes_full", "kv_ratio",
                "wall_s"]
 
@@ -123,8 +124,10 @@ def provenance(cfg: dict, metrics: dict) -> dict:
 
 def point_rows(name: str, cfg: dict, preds: list[dict], metrics: dict) -> tuple[dict, pd.DataFrame]:
     """One point's ``points.csv`` row and ``samples.csv`` rows, from its config, predictions and metrics."""
+    n_samples = cfg.get("n_samples")
     row = {"point": name, **point_config(cfg), "n_done": len(preds),
-           "complete": bool(metrics.get("complete")) and len(preds) >= int(cfg.get("n_samples") or 0)}
+           "complete": bool(metrics.get("complete"))
+           and len(preds) >= (n_samples if isinstance(n_samples, int) else 0)}
     df = pd.DataFrame(preds)
     if "answer_found" in df and "accuracy" not in df:  # retrieval: per sample 100 or 0, as metrics.accuracy
         df["accuracy"] = 100.0 * df["answer_found"].astype(float)
@@ -200,7 +203,8 @@ def collect_wandb(path: str, group: str, api=None) -> tuple[pd.DataFrame, pd.Dat
 
 
 LM_EVAL_COLUMNS = ("model", "task", "policy", "budget", "recent", "loglikelihood", "num_fewshot", "limit",
-                   "n_samples", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "dtype", "batch_size", "seed",
+                   "n_samples", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "dtype", "batch_size",
+                   "seed",
                    "wall_s", "git_commit", "run")
 
 
@@ -226,7 +230,8 @@ def collect_lm_eval(root: Path, out: Path) -> list[dict[str, Any]]:
         points.append({"run": run, "config": {k: cfg.get(k) for k in (
             "model", "policy", "task", "budget", "recent", "seed", "device", "dtype")}, "metrics": m})
         for task, r in m["tasks"].items():
-            rows.append({**{k: m.get(k) for k in LM_EVAL_COLUMNS}, **{k: r.get(k) for k in LM_EVAL_COLUMNS if k in r},
+            rows.append({**{k: m.get(k) for k in LM_EVAL_COLUMNS}, **{k: r.get(k) for k in LM_EVAL_COLUMNS
+                                                                      if k in r},
                          "task": task, "dtype": cfg["dtype"], "run": run})
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=LM_EVAL_COLUMNS, lineterminator="\n")
@@ -273,7 +278,8 @@ def replace_points(points: pd.DataFrame, samples: pd.DataFrame, out: Path, sourc
         log.append(entry)
     out.mkdir(parents=True, exist_ok=True)
     merged.sort_values("point", key=lambda c: c.map(rank)).to_csv(out / "points.csv", index=False)
-    merged_s.sort_values("point", key=lambda c: c.map(rank), kind="stable").to_csv(out / "samples.csv", index=False)
+    merged_s.sort_values("point", key=lambda c: c.map(rank), kind="stable").to_csv(out / "samples.csv",
+                                                                                   index=False)
     path = out / "replaced.csv"
     first = not path.is_file()
     with path.open("a", encoding="utf-8", newline="") as f:
@@ -289,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sweep", help="sweep folder (hydra.sweep.dir of the experiment), or with --wandb the W&B "
                     "group (by default the sweep folder's name, e.g. exp1_cnndm)")
     ap.add_argument("out", type=Path, help="curated results folder, e.g. results/exp1_cnndm")
-    ap.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read the runs from W&B instead of a local folder")
+    ap.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read the runs from W&B instead of a local "
+                                                              "folder")
     ap.add_argument("--replace", action="store_true", help="merge into OUT: the collected points replace its "
                     "same-named points, the others stay; logged to stdout and OUT/replaced.csv")
     args = ap.parse_args(argv)

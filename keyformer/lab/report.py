@@ -7,8 +7,8 @@
     keyformer-report --update-readme    # rewrite every marked table of README.md and results/README.md
     keyformer-report --check-readme     # exit 1 naming each marked table that differs from the data
 
-Every table a README quotes sits between ``<!-- keyformer-report:NAME -->`` and ``<!-- /keyformer-report:NAME -->``,
-where NAME is a section of :data:`SECTIONS`; the text between is that section's output, verbatim
+Every table a README quotes sits between ``<!-- keyformer-report:NAME -->`` and ``<!-- /keyformer-report:NAME
+-->``, where NAME is a section of :data:`SECTIONS`; the text between is that section's output, verbatim
 (``tests/test_results_tables.py`` regenerates each from the committed data and fails when one differs).
 Superseded runs live in ``results/archive/`` (``archive/MANIFEST.md`` says why each was superseded).
 """
@@ -52,11 +52,13 @@ def curve_experiment(res: Path, name: str, pairs: list[tuple[str, str]]) -> None
     print("\n".join(rows))
     evict = points[points["policy"] != "full"]
     full = points.loc[points["policy"] == "full", "point"]
-    print("\nPaired ROUGE-2 differences (95 % bootstrap CI; each pair over the articles both points finished):\n")
+    print("\nPaired ROUGE-2 differences (95 % bootstrap CI; each pair over the articles both points "
+          "finished):\n")
     print("| budget | comparison | n | diff [95 % CI] | P(diff <= 0) |\n|---|---|---|---|---|")
     t = analysis.pairwise_table(samples, evict, pairs, "rouge2", n_boot=5000)
     for r in t.itertuples():
-        print(f"| {r.budget:.1f} | {r.a} - {r.b} | {r.n} | {fmt_ci(r.diff, r.ci_lo, r.ci_hi)} | {r.p_le_0:.3f} |")
+        print(f"| {r.budget:.1f} | {r.a} - {r.b} | {r.n} | {fmt_ci(r.diff, r.ci_lo, r.ci_hi)} | "
+              f"{r.p_le_0:.3f} |")
     for a, b in pairs:
         if {a, b} <= set(evict["policy"]):
             d, used = analysis.pooled_difference(samples, evict, a, b, "rouge2", n_boot=5000)
@@ -84,20 +86,24 @@ def attention(res: Path) -> None:
         return
     layers = pd.read_csv(d / "layers.csv")
     meta = json.loads((d / "meta.json").read_text())
-    print(f"\n### exp4_attention: {meta['n_prompts']} prompts, mean {meta['prompt_tokens_mean']:.0f} tokens\n")
+    print(f"\n### exp4_attention: {meta['n_prompts']} prompts, mean {meta['prompt_tokens_mean']:.0f} "
+          f"tokens\n")
     c = layers[layers["stat"] != "sparsity"].groupby(["stat", "x"])["value"].mean().unstack("stat")
     paper = {}  # the paper's curves as transcribed in paper_numbers.csv (strings: as read off its figure)
     if (res / "paper_numbers.csv").exists():
         pn = pd.read_csv(res / "paper_numbers.csv", dtype={"value": str})
         pn = pn[(pn["experiment"] == "exp4") & (pn["metric"] == "attn_mass")]
-        paper = {m: dict(zip(g["x"].round(3), g["value"], strict=True)) for m, g in pn.groupby("model", sort=False)}
-    print("| top x % of tokens | " + " | ".join(c.columns) + "".join(f" | paper {m}" for m in paper) + " |\n|---|"
+        paper = {m: dict(zip(g["x"].round(3), g["value"], strict=True)) for m,
+                 g in pn.groupby("model", sort=False)}
+    print("| top x % of tokens | " + " | ".join(c.columns) + "".join(f" | paper {m}" for m in paper)
+          + " |\n|---|"
           + "---|" * (len(c.columns) + len(paper)))
     for x, r in c.iterrows():
         print(f"| {100 * x:.0f} | " + " | ".join(f"{v:.3f}" for v in r)
               + "".join(f" | {v.get(round(x, 3), '-')}" for v in paper.values()) + " |")
     sp = layers[layers["stat"] == "sparsity"].set_index("layer")["value"]
-    print(f"\nsparsity per layer: mean {100 * sp.mean():.1f} %, min {100 * sp.min():.1f} % (layer {sp.idxmin()}), "
+    print(f"\nsparsity per layer: mean {100 * sp.mean():.1f} %, min {100 * sp.min():.1f} % (layer "
+          f"{sp.idxmin()}), "
           f"max {100 * sp.max():.1f} % (layer {sp.idxmax()})")
     print("per layer: " + ", ".join(f"{int(i)}: {100 * v:.0f}" for i, v in sp.items()))
 
@@ -119,7 +125,8 @@ def ablations(res: Path) -> None:
         print(f"| {p['point']} | {d.n} | {m:.2f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
 
 
-_CONFIG = ("policy", "budget", "recent", "kv_quant", "num_beams", "beam_scores", "max_prompt_tokens", "max_new_tokens",
+_CONFIG = ("policy", "budget", "recent", "kv_quant", "num_beams", "beam_scores", "max_prompt_tokens",
+           "max_new_tokens",
            "seed", "chat_template", "n_samples")
 
 
@@ -132,20 +139,23 @@ def _same(x: object, y: object) -> bool:
 
 
 def same_config(res: Path, a: str, b: str, title: str) -> None:
-    """Points of two result folders with the same config (policy and its knobs, budget, quantization, prompt and
-    generation settings): identical outputs per point and the paired ROUGE-2 difference (``a`` - ``b``)."""
+    """Points of two result folders with the same config (policy and its knobs, budget, quantization, prompt
+    and generation settings): identical outputs per point and the paired ROUGE-2 difference (``a`` -
+    ``b``)."""
     if not (res / a / "points.csv").exists() or not (res / b / "points.csv").exists():
         return
     p_a, s_a = analysis.load_experiment(res, a)
     p_b, s_b = analysis.load_experiment(res, b)
     print(f"\n### {title} (same config; ROUGE-2)\n")
-    print(f"| policy | budget | identical outputs | {b} | {a} | difference [95 % CI] |\n|---|---|---|---|---|---|")
+    print(f"| policy | budget | identical outputs | {b} | {a} | difference [95 % CI] "
+          f"|\n|---|---|---|---|---|---|")
     def config(p: pd.DataFrame) -> list[str]:
         return [c for c in p.columns if c in _CONFIG or c.startswith("policy.")]
 
     # compared: the config columns both sides record; a knob only ``a`` records (newer code) is matched by
     # preferring its unset or default-looking rows, e.g. the plain point over its quantized twin
-    common, extra = [c for c in config(p_a) if c in p_b.columns], [c for c in config(p_a) if c not in p_b.columns]
+    common, extra = [c for c in config(p_a) if c in p_b.columns], [c for c in config(p_a)
+                                                                   if c not in p_b.columns]
     for _, pb in p_b.sort_values(["policy", "budget"]).iterrows():
         pa = p_a[[all(_same(ra[c], pb[c]) for c in common) for _, ra in p_a.iterrows()]]
         if pa.empty:
@@ -156,7 +166,8 @@ def same_config(res: Path, a: str, b: str, title: str) -> None:
         ids = x.index.intersection(y.index)
         same = int((x.loc[ids, "prediction"] == y.loc[ids, "prediction"]).sum())
         d = analysis.paired_bootstrap(x.loc[ids, "rouge2"], y.loc[ids, "rouge2"], n_boot=5000)
-        print(f"| {pb['policy']} | {pb['budget']:.1f} | {same}/{len(ids)} | {y.loc[ids, 'rouge2'].mean():.2f} | "
+        print(f"| {pb['policy']} | {pb['budget']:.1f} | {same}/{len(ids)} | "
+              f"{y.loc[ids, 'rouge2'].mean():.2f} | "
               f"{x.loc[ids, 'rouge2'].mean():.2f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
 
 
@@ -166,18 +177,21 @@ def realisations(res: Path) -> None:
 
 
 def devices(res: Path) -> None:
-    """Same config on two devices: experiment 1 (CPU) against experiment 7's CNN/DM points (the H200, fp32)."""
+    """Same config on two devices: experiment 1 (CPU) against experiment 7's CNN/DM points (the H200,
+    fp32)."""
     same_config(res, "exp7_field/cnndm", "exp1_cnndm", "exp1 on the CPU vs exp7's CNN/DM points on the H200")
 
 
 def new_stream(res: Path, old: str = "archive/exp1_cnndm_oldstream") -> None:
-    """Experiment 1's Keyformer points (the fast core's noise stream: hash noise, per-sample seeds) against the
-    same points on the previous stream (kept in ``old``) and against H2O, paired over the same articles."""
+    """Experiment 1's Keyformer points (the fast core's noise stream: hash noise, per-sample seeds) against
+    the same points on the previous stream (kept in ``old``) and against H2O, paired over the same
+    articles."""
     if not (res / old / "points.csv").exists() or not (res / "exp1_cnndm" / "points.csv").exists():
         return
     p_old, s_old = analysis.load_experiment(res, old)
     p_ref, s_ref = analysis.load_experiment(res, "exp1_cnndm")
-    print(f"\n### exp1: Keyformer on the current noise stream vs the previous stream ({old}) and H2O (ROUGE-2)\n")
+    print(f"\n### exp1: Keyformer on the current noise stream vs the previous stream ({old}) and H2O "
+          f"(ROUGE-2)\n")
     print("| budget | n | Keyformer now | Keyformer old | H2O | now - H2O [95 % CI] | now - old [95 % CI] |\n"
           "|---|---|---|---|---|---|---|")
     diffs = []
@@ -193,12 +207,15 @@ def new_stream(res: Path, old: str = "archive/exp1_cnndm_oldstream") -> None:
         dh = analysis.paired_bootstrap(a.loc[ids, "rouge2"], h.loc[ids, "rouge2"], n_boot=5000)
         do = analysis.paired_bootstrap(a.loc[ids, "rouge2"], o.loc[ids, "rouge2"], n_boot=5000)
         diffs.append((a.loc[ids, "rouge2"] - o.loc[ids, "rouge2"]).rename(pk["budget"]))
-        print(f"| {pk['budget']:.1f} | {len(ids)} | {a.loc[ids, 'rouge2'].mean():.2f} | {o.loc[ids, 'rouge2'].mean():.2f} | "
-              f"{h.loc[ids, 'rouge2'].mean():.2f} | {fmt_ci(dh.mean, dh.lo, dh.hi)} | {fmt_ci(do.mean, do.lo, do.hi)} |")
+        print(f"| {pk['budget']:.1f} | {len(ids)} | {a.loc[ids, 'rouge2'].mean():.2f} | "
+              f"{o.loc[ids, 'rouge2'].mean():.2f} | "
+              f"{h.loc[ids, 'rouge2'].mean():.2f} | {fmt_ci(dh.mean, dh.lo, dh.hi)} | "
+              f"{fmt_ci(do.mean, do.lo, do.hi)} |")
     if len(diffs) > 1:  # pooled over budgets: per-article mean difference, bootstrapped over articles
         per_article = pd.concat(diffs, axis=1).dropna().mean(axis=1)
         m, lo, hi = analysis.mean_ci(per_article.to_numpy(), n_boot=5000)
-        print(f"\nPooled over {len(diffs)} budgets ({len(per_article)} articles): now - old {fmt_ci(m, lo, hi)}")
+        print(f"\nPooled over {len(diffs)} budgets ({len(per_article)} articles): now - old "
+              f"{fmt_ci(m, lo, hi)}")
 
 
 def powered(res: Path, name: str = "exp8_powered") -> None:
@@ -211,27 +228,34 @@ def powered(res: Path, name: str = "exp8_powered") -> None:
           "finished\n")
     if not r["n"]:
         return
-    print("| budget | H2O | Keyformer | KF - H2O [95 % CI] | SD of d | seed 0 - seed 1 [95 % CI] |\n|---|---|---|---|---|---|")
+    print("| budget | H2O | Keyformer | KF - H2O [95 % CI] | SD of d | seed 0 - seed 1 [95 % CI] "
+          "|\n|---|---|---|---|---|---|")
     for b in r["budgets"]:
         s = b["s0_minus_s1"]
-        print(f"| {b['budget']:.1f} | {b['h2o']:.2f} | {b['keyformer']:.2f} | {fmt_ci(b['diff'], b['ci_lo'], b['ci_hi'])} | "
+        print(f"| {b['budget']:.1f} | {b['h2o']:.2f} | {b['keyformer']:.2f} | "
+              f"{fmt_ci(b['diff'], b['ci_lo'], b['ci_hi'])} | "
               f"{b['sd']:.2f} | {fmt_ci(s['diff'], s['ci_lo'], s['ci_hi'])} |")
     p = r["pooled"]
-    print(f"\nPooled over {len(r['budgets'])} budgets: {fmt_ci(p['diff'], p['ci_lo'], p['ci_hi'])} (half-width "
-          f"{p['half_width']:.3f}, per-article SD {p['sd']:.2f}; half-width 0.25 needs n = {p['n_for_half_width']}). "
-          f"Decision: **{p['decision']}**. If the true gap is the observed one, a CI excluding 0 or +0.3 needs "
+    print(f"\nPooled over {len(r['budgets'])} budgets: {fmt_ci(p['diff'], p['ci_lo'], p['ci_hi'])} "
+          f"(half-width "
+          f"{p['half_width']:.3f}, per-article SD {p['sd']:.2f}; half-width 0.25 needs n = "
+          f"{p['n_for_half_width']}). "
+          f"Decision: **{p['decision']}**. If the true gap is the observed one, a CI excluding 0 or +0.3 "
+          f"needs "
           f"n = {p['n_decisive']}.")
     for e in r["extras"]:
         k = e.get("kf_minus_h2o_same_articles")
-        print(f"\nAt 0.3, {e['variant']} - H2O over {e['n']} articles: {fmt_ci(e['diff'], e['ci_lo'], e['ci_hi'])} "
+        print(f"\nAt 0.3, {e['variant']} - H2O over {e['n']} articles: "
+              f"{fmt_ci(e['diff'], e['ci_lo'], e['ci_hi'])} "
               f"({e['mean']:.2f} vs {e['h2o']:.2f})"
-              + (f"; on the same articles Keyformer (2 seeds) - H2O is {fmt_ci(k['diff'], k['ci_lo'], k['ci_hi'])}"
+              + (f"; on the same articles Keyformer (2 seeds) - H2O is "
+                 f"{fmt_ci(k['diff'], k['ci_lo'], k['ci_hi'])}"
                  if k else ""))
 
 
 def nanfix(res: Path, name: str = "exp8_powered", old: str = "archive/exp8_powered_buggy") -> None:
-    """Experiment 8's Keyformer arms after the zero-noise fix (``name``), against the buggy run (``old``) on the
-    same articles."""
+    """Experiment 8's Keyformer arms after the zero-noise fix (``name``), against the buggy run (``old``) on
+    the same articles."""
     if not (res / name / "points.csv").exists() or not (res / old / "points.csv").exists():
         return
     p_new, s_new = analysis.load_experiment(res, name)
@@ -250,26 +274,32 @@ def nanfix(res: Path, name: str = "exp8_powered", old: str = "archive/exp8_power
         common = a.index.intersection(b.index)
         print(f"| {pt} | {int((a[common] == b[common]).sum())}/{len(common)} |")
     p, q = r["pooled"], r_old["pooled"]
-    print(f"\nPooled Keyformer - H2O, fixed: {fmt_ci(p['diff'], p['ci_lo'], p['ci_hi'])}; buggy, same articles: "
+    print(f"\nPooled Keyformer - H2O, fixed: {fmt_ci(p['diff'], p['ci_lo'], p['ci_hi'])}; buggy, same "
+          f"articles: "
           f"{fmt_ci(q['diff'], q['ci_lo'], q['ci_hi'])}")
 
 
 def authors(res: Path, name: str = "exp8_authors", short: str = "exp8_powered") -> None:
-    """Experiment 8's authors'-setting subset: does the long prompt, the long generation or the beam bring the gap?"""
+    """Experiment 8's authors'-setting subset: does the long prompt, the long generation or the beam bring
+    the gap?"""
     if not (res / name / "points.csv").exists():
         return
     points, samples = analysis.load_experiment(res, name)
     ref = analysis.load_experiment(res, short) if (res / short / "points.csv").exists() else None
     r = analysis.authors_setting(points, samples, short=ref)
     chat = "raw Alpaca prompts" if points["chat_template"].eq(False).all() else "chat template"
-    print(f"\n### {name}: 1920-token prompts ({chat}), 128 new tokens, greedy and beam 4 (shared scores); ROUGE-2\n")
-    print("| decoding | budget | n | H2O | Keyformer | KF - H2O [95 % CI] | n with full | full | H2O - full [95 % CI] | "
+    print(f"\n### {name}: 1920-token prompts ({chat}), 128 new tokens, greedy and beam 4 (shared scores); "
+          f"ROUGE-2\n")
+    print("| decoding | budget | n | H2O | Keyformer | KF - H2O [95 % CI] | n with full | full | H2O - full "
+          "[95 % CI] | "
           "KF - full [95 % CI] |\n|---|---|---|---|---|---|---|---|---|---|")
     for row in r["rows"]:
         ci = {k: fmt_ci(v["diff"], v["ci_lo"], v["ci_hi"]) if k in row else "-"
               for k, v in ((k, row.get(k, {})) for k in ("kf_minus_h2o", "h2o_minus_full", "kf_minus_full"))}
-        print(f"| {'greedy' if row['num_beams'] == 1 else 'beam ' + str(row['num_beams'])} | {row['budget']:.1f} | "
-              f"{row['n']} | {row['h2o']:.2f} | {row['keyformer']:.2f} | {ci['kf_minus_h2o']} | {row.get('n_full', 0)} | "
+        print(f"| {'greedy' if row['num_beams'] == 1 else 'beam ' + str(row['num_beams'])} | "
+              f"{row['budget']:.1f} | "
+              f"{row['n']} | {row['h2o']:.2f} | {row['keyformer']:.2f} | {ci['kf_minus_h2o']} | "
+              f"{row.get('n_full', 0)} | "
               f"{row.get('full', float('nan')):.2f} | {ci['h2o_minus_full']} | {ci['kf_minus_full']} |")
     for p in r["pooled"]:
         print(f"\nPooled KF - H2O, {'greedy' if p['num_beams'] == 1 else 'beam 4'} ({p['n']} articles): "
@@ -279,7 +309,8 @@ def authors(res: Path, name: str = "exp8_authors", short: str = "exp8_powered") 
         print("\nOutputs that loop (over 20 % of their word 4-grams repeat an earlier one): "
               + "; ".join(f"{pt} {v:.0%}" for pt, v in loops.items()))
     for key, what in (("beam_minus_greedy", "gap under beam 4 - gap under greedy"),
-                      ("long_minus_short", "authors' greedy gap - exp8's gap (512-token chat prompt, 48 tokens, seed 0)")):
+                      ("long_minus_short", "authors' greedy gap - exp8's gap (512-token chat prompt, 48 "
+                                           "tokens, seed 0)")):
         d = r[key]
         if d:
             short = f"; exp8's gap on these articles {d['short_gap']:+.2f}" if "short_gap" in d else ""
@@ -287,8 +318,8 @@ def authors(res: Path, name: str = "exp8_authors", short: str = "exp8_powered") 
 
 
 def field(res: Path, name: str = "exp7_field", tasks: tuple[str, ...] | None = None) -> None:
-    """Experiment 7 per task (all, or ``tasks``), complete points only: every policy's mean (rank) per budget, its
-    pooled paired difference from Keyformer, and the quantized points against full."""
+    """Experiment 7 per task (all, or ``tasks``), complete points only: every policy's mean (rank) per
+    budget, its pooled paired difference from Keyformer, and the quantized points against full."""
     for task, metric in analysis.EXP7_METRIC.items():
         if (tasks is not None and task not in tasks) or not (res / name / task / "points.csv").exists():
             continue
@@ -298,13 +329,15 @@ def field(res: Path, name: str = "exp7_field", tasks: tuple[str, ...] | None = N
             continue
         per, pooled = r[r["budget"] != "pooled"], r[r["budget"] == "pooled"].set_index("policy")
         budgets = sorted(per["budget"].unique())
-        full = points[(points["policy"] == "full") & points.get("kv_quant", pd.Series(np.nan, points.index)).isna()]
+        full = points[(points["policy"] == "full") & points.get("kv_quant",
+                                                                pd.Series(np.nan, points.index)).isna()]
         print(f"\n### {name}/{task}: {metric}, mean (rank among the policies at that budget) and n\n")
         if not full.empty:
             x = samples.loc[samples["point"] == full["point"].iloc[0], metric].astype(float)
             m, lo, hi = analysis.mean_ci(x.to_numpy(), n_boot=5000)
             print(f"Full cache: {m:.2f} [{lo:.2f}, {hi:.2f}] (n = {len(x)}).\n")
-        print("| policy | " + " | ".join(f"{b:g}" for b in budgets) + " | n | pooled - Keyformer [95 % CI] | budgets |")
+        print("| policy | " + " | ".join(f"{b:g}" for b in budgets) + " | n | pooled - Keyformer [95 % CI] | "
+                                                                      "budgets |")
         print("|---|" + "---|" * len(budgets) + "---|---|---|")
         for pol in sorted(per["policy"].unique(), key=lambda p: (p != "keyformer", p)):
             cells, ns = [], set()
@@ -315,13 +348,16 @@ def field(res: Path, name: str = "exp7_field", tasks: tuple[str, ...] | None = N
             n = "-".join(str(v) for v in sorted({min(ns), max(ns)}))
             d = pooled.loc[pol] if pol in pooled.index else None
             diff = fmt_ci(d["diff_vs_ref"], d["d_lo"], d["d_hi"]) if d is not None else "-"
-            print(f"| {pol} | " + " | ".join(cells) + f" | {n} | {diff} | {d['budgets_used'] if d is not None else '-'} |")
+            print(f"| {pol} | " + " | ".join(cells) + f" | {n} | {diff} | "
+                                                      f"{d['budgets_used'] if d is not None else '-'} |")
         quant = points[points.get("kv_quant", pd.Series(np.nan, points.index)).notna()]
         if len(quant) and not full.empty:
-            print("\n| quantized point | " + metric + " | KV held / full | - full [95 % CI] |\n|---|---|---|---|")
+            print("\n| quantized point | " + metric + " | KV held / full | - full [95 % CI] "
+                                                      "|\n|---|---|---|---|")
             for _, q in quant.sort_values("point").iterrows():
                 d = analysis.compare_points(samples, q["point"], full["point"].iloc[0], metric, n_boot=5000)
-                print(f"| {q['point']} | {q[metric]:.2f} | {q['kv_ratio']:.3f} | {fmt_ci(d.mean, d.lo, d.hi)} |")
+                print(f"| {q['point']} | {q[metric]:.2f} | {q['kv_ratio']:.3f} | "
+                      f"{fmt_ci(d.mean, d.lo, d.hi)} |")
 
 
 def kvpress(res: Path, name: str = "crosscheck_kvpress") -> None:
@@ -336,14 +372,16 @@ def kvpress(res: Path, name: str = "crosscheck_kvpress") -> None:
 
 def demo(res: Path, name: str = "demo") -> None:
     """The default run (``python run.py``: SmolLM2, the ``sample`` retrieval task) under each policy, from
-    ``results/demo/`` (collected from ``python run.py -m policy=full,keyformer,h2o,window``); nothing if absent."""
+    ``results/demo/`` (collected from ``python run.py -m policy=full,keyformer,h2o,window``); nothing if
+    absent."""
     f = res / name / "points.csv"
     if not f.exists():
         return
     p = pd.read_csv(f)
     order = {"full": 0, "keyformer": 1, "h2o": 2, "window": 3}
     p = p.sort_values("policy", key=lambda c: c.map(lambda x: order.get(x, 9)))
-    where = ", ".join(sorted({f"{d} {t}" for d, t in zip(p.get("device", ["?"] * len(p)), p.get("dtype", ["?"] * len(p)),
+    unknown = ["?"] * len(p)
+    where = ", ".join(sorted({f"{d} {t}" for d, t in zip(p.get("device", unknown), p.get("dtype", unknown),
                                                            strict=True)}))
     commits = sorted({str(c)[:7] for c in p.get("git_commit", pd.Series(dtype=object)).dropna()})
     print(f"\n### {name}: the default run per policy ({int(p['n_done'].max())} samples; {where}"
@@ -369,7 +407,8 @@ def brief(res: Path) -> None:
         r = analysis.powered_study(points, samples)
         if r["n"]:
             q = r["pooled"]
-            lines.append(f"* Experiment 8 (powered, {r['n']} articles, two noise seeds per article): Keyformer - H2O "
+            lines.append(f"* Experiment 8 (powered, {r['n']} articles, two noise seeds per article): "
+                         f"Keyformer - H2O "
                          f"pooled {fmt_ci(q['diff'], q['ci_lo'], q['ci_hi'])} ROUGE-2, {q['decision']}.")
     if lines:
         print("\n".join(lines))
@@ -379,9 +418,10 @@ PROVENANCE = ("device", "dtype", "batch_size", "git_commit", "code_version", "pr
 
 
 def provenance(res: Path) -> None:
-    """Per results folder: how many points ran where (device, dtype, batch size) and how that is known (``run``:
-    the run's own metrics.json; ``backfilled``: a committed note or log, see ``experiments/backfill_provenance.py``),
-    and how many record their code (``git_commit``, ``code_version``)."""
+    """Per results folder: how many points ran where (device, dtype, batch size) and how that is known
+    (``run``: the run's own metrics.json; ``backfilled``: a committed note or log, see
+    ``experiments/backfill_provenance.py``), and how many record their code (``git_commit``,
+    ``code_version``)."""
     rows = []
     for path in sorted(res.glob("**/points.csv")):
         p = pd.read_csv(path)
@@ -392,8 +432,10 @@ def provenance(res: Path) -> None:
         for (dev, dt, bs), g in p.groupby([p["device"].fillna("?"), p["dtype"].fillna("?"),
                                            p["batch_size"].fillna(-1).astype(int)], sort=True):
             kinds = ", ".join(f"{k} {n}" for k, n in how[g.index].value_counts().sort_index().items())
-            rows.append(f"| {path.parent.relative_to(res)} | {len(g)} | {dev} {dt}, batch {bs if bs > 0 else '?'} | "
-                        f"{kinds} | {int(g['git_commit'].notna().sum())} | {int(g['code_version'].notna().sum())} |")
+            rows.append(f"| {path.parent.relative_to(res)} | {len(g)} | {dev} {dt}, batch "
+                        f"{bs if bs > 0 else '?'} | "
+                        f"{kinds} | {int(g['git_commit'].notna().sum())} | "
+                        f"{int(g['code_version'].notna().sum())} |")
     print("\n### provenance: where each folder's points ran and how that is known\n")
     print("| folder | points | device, dtype, batch | provenance | with git_commit | with code_version |\n"
           "|---|---|---|---|---|---|")
@@ -447,7 +489,8 @@ def quant_bytes(res: Path, name: str = "exp7_field/cnndm", head_dim: int = 64) -
     """KV bytes of experiment 7's CNN/DM points at 0.3 and full, against a full fp32 cache and a full 16-bit
     cache, with and without the per-slot state (position int64 + score fp32 per layer, KV head and slot, which
     the evicting cache holds for every point). ``head_dim`` is SmolLM2-135M's (576 hidden / 9 heads); the fp32
-    bytes per token (layers x KV heads x 2 x head_dim x 4) are read off the data and checked to be a multiple."""
+    bytes per token (layers x KV heads x 2 x head_dim x 4) are read off the data and checked to be a
+    multiple."""
     f = res / name / "points.csv"
     if not f.exists():
         return
@@ -464,8 +507,10 @@ def quant_bytes(res: Path, name: str = "exp7_field/cnndm", head_dim: int = 64) -
     full32 = float(samples["kv_bytes_full"].mean())  # mean per sample, as kv_bytes
     full16 = full32 / 2
     print(f"\n### {name}: KV bytes vs a full fp32 and a full 16-bit cache (per-slot state counted)\n")
-    print(f"Per-slot state: {FULL_STATE_BYTES} bytes (position int64 + score fp32) per layer, KV head and slot, "
-          f"against {2 * head_dim * 4} bytes of fp32 K+V ({int(heads_layers)} layer-heads per token); a plain "
+    print(f"Per-slot state: {FULL_STATE_BYTES} bytes (position int64 + score fp32) per layer, KV head and "
+          f"slot, "
+          f"against {2 * head_dim * 4} bytes of fp32 K+V ({int(heads_layers)} layer-heads per token); a "
+          f"plain "
           "full cache holds no such state.\n")
     print("| point | metric | bytes / full fp32 | bytes / full 16-bit | with state / full fp32 | "
           "with state / full 16-bit |\n|---|---|---|---|---|---|")
@@ -477,8 +522,8 @@ def quant_bytes(res: Path, name: str = "exp7_field/cnndm", head_dim: int = 64) -
 
 
 def gemma(res: Path, name: str = "exp9_gemma") -> None:
-    """Experiment 9: each SmolLM2 finding (experiments 1 and 7, pooled paired differences over the budgets Gemma
-    reruns), the same measurement on Gemma 3 270M and whether it holds; complete points only."""
+    """Experiment 9: each SmolLM2 finding (experiments 1 and 7, pooled paired differences over the budgets
+    Gemma reruns), the same measurement on Gemma 3 270M and whether it holds; complete points only."""
     if not (res / name).is_dir():
         return
 
@@ -488,7 +533,8 @@ def gemma(res: Path, name: str = "exp9_gemma") -> None:
 
     t = analysis.replication(lambda f: load(res / f), lambda task: load(res / name / task))
     print(f"\n### {name}: SmolLM2's findings on Gemma 3 270M (pooled paired differences, complete points)\n")
-    print("| source | task | metric | SmolLM2 finding | SmolLM2 [95 % CI] | Gemma 3 [95 % CI] | Gemma 3 reads | "
+    print("| source | task | metric | SmolLM2 finding | SmolLM2 [95 % CI] | Gemma 3 [95 % CI] | Gemma 3 "
+          "reads | "
           "budgets (Gemma) | n (Gemma) | holds |\n|---|---|---|---|---|---|---|---|---|---|")
     for _, r in t.iterrows():
         a, b = r["comparison"].split(" - ")
@@ -497,7 +543,8 @@ def gemma(res: Path, name: str = "exp9_gemma") -> None:
                for w in ("smol", "gemma")}
         said = f"{a} {got['smol'][1]} {b}" if got["smol"][1] else "-"
         reads = f"{a} {got['gemma'][1]} {b}" if got["gemma"][1] else "-"
-        print(f"| {r['source']} | {r['task']} | {r['metric']} | {said} | {got['smol'][0]} | {got['gemma'][0]} | "
+        print(f"| {r['source']} | {r['task']} | {r['metric']} | {said} | {got['smol'][0]} | "
+              f"{got['gemma'][0]} | "
               f"{reads} | {got['gemma'][2]} | {got['gemma'][3]} | {r['holds']} |")
 
 
@@ -511,7 +558,8 @@ def _slot_bytes(q: str, head_dim: int) -> int:
 
 
 def _quant_name(bits: object) -> str:
-    """``fp32`` for an unquantized point (``kv_quant`` empty), else ``int8``/``int4`` (points.csv records bits)."""
+    """``fp32`` for an unquantized point (``kv_quant`` empty), else ``int8``/``int4`` (points.csv records
+    bits)."""
     if bits is None or (isinstance(bits, float) and np.isnan(bits)):
         return "fp32"
     s = str(bits)
@@ -524,8 +572,8 @@ def _as_16bit(kv: float, q: str) -> float:
 
 
 def pareto_bytes(res: Path, name: str = "exp7_field", head_dim: int = 64) -> None:
-    """Experiment 7's accuracy-vs-bytes Pareto fronts (complete points) with the bytes counted two ways: K/V in
-    fp32 (as measured) and in 16 bits, each with the per-slot state; which points are on each front."""
+    """Experiment 7's accuracy-vs-bytes Pareto fronts (complete points) with the bytes counted two ways: K/V
+    in fp32 (as measured) and in 16 bits, each with the per-slot state; which points are on each front."""
     print(f"\n### {name}: Pareto fronts with K/V in fp32 vs in 16 bits (per-slot state counted)\n")
     print("| task | metric | front, fp32 K/V | front, 16-bit K/V |\n|---|---|---|---|")
     for task, metric in analysis.EXP7_METRIC.items():
@@ -533,7 +581,8 @@ def pareto_bytes(res: Path, name: str = "exp7_field", head_dim: int = 64) -> Non
             continue
         p, _ = analysis.load_experiment(res / name, task, complete_only=True)
         q = (p["kv_quant"] if "kv_quant" in p else pd.Series(np.nan, p.index)).map(_quant_name)
-        state = [kv / _slot_bytes(x, head_dim) * FULL_STATE_BYTES for kv, x in zip(p["kv_bytes"], q, strict=True)]
+        state = [kv / _slot_bytes(x, head_dim) * FULL_STATE_BYTES for kv,
+                 x in zip(p["kv_bytes"], q, strict=True)]
         b32 = p["kv_bytes"].to_numpy(float) + np.array(state)
         b16 = np.array([_as_16bit(kv, x) for kv, x in zip(p["kv_bytes"], q, strict=True)]) + np.array(state)
         label = (p["policy"] + "@" + p["budget"].map(lambda b: f"{b:g}")
@@ -576,7 +625,8 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     "kvpress": kvpress,
 }
 README_FILES = (Path("README.md"), Path("results/README.md"))
-MARKED = re.compile(r"(<!-- keyformer-report:(?P<name>[^ >]+) -->\n)(?P<body>.*?)(<!-- /keyformer-report:(?P=name) -->)",
+MARKED = re.compile(r"(<!-- keyformer-report:(?P<name>[^ >]+) -->\n)(?P<body>.*?)(<!-- "
+                    r"/keyformer-report:(?P=name) -->)",
                     re.S)
 
 
@@ -662,7 +712,8 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         return 0
     if not args.section and not any(res.glob("**/*.csv")):
-        print(f"error: --results {res}: nothing to report (no points.csv of keyformer-collect, and none of the "
+        print(f"error: --results {res}: nothing to report (no points.csv of keyformer-collect, and none of "
+              f"the "
               "curated experiment tables)", file=sys.stderr)
         return 2
     for name in args.section or SECTIONS:
