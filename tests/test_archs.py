@@ -194,3 +194,13 @@ def test_unsupported_archs_are_refused_with_the_reason(config, reason):
     with pytest.raises(ValueError, match=reason) as err:
         prepare_model(model)
     assert "\n" not in str(err.value) and "supported:" in str(err.value)
+
+
+def test_every_tiny_arch_has_a_model_config():
+    """``conf/model/tiny_<arch>.yaml`` for every tiny arch, and the config validation knows them all."""
+    from keyformer.run.paths import CONF_DIR
+    from keyformer.run.validate import TINY_ARCHS as VALID_TINY
+
+    assert set(VALID_TINY) == set(TINY_ARCHS)
+    for arch in TINY_ARCHS:
+        assert (CONF_DIR / "model" / f"tiny_{arch}.yaml").is_file(), arch
