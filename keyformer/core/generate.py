@@ -134,3 +134,75 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
         kv_tensor_bytes=cache.tensor_bytes(), cache=cache,
         logits=torch.stack(out.logits, dim=1) if getattr(out, "logits", None) else None,
     )
+
+
+@dataclass
+class QuestionOutput:
+    """One question answered over a compressed context (:func:`generate_from_context`)."""
+
+    tokens: list[int]  # generated tokens (up to and including eos)
+    question_s: float  # reading the question tokens
+    decode_s: float  # generating the answer
+    n_decode_steps: int  # forwards after the question (one per generated token but the last)
+    kv_bytes: int  # live KV bytes held at the end
+    kv_bytes_full: int  # what a full cache would hold for the same tokens
+
+
+@torch.inference_mode()
+def generate_from_context(model: PreTrainedModel, context_ids: torch.Tensor, questions: list[list[int]],
+                          policy: Policy | None, max_new_tokens: int = 64, seed: int = 0, mode: str = "physical",
+                          eos_token_id: int | None = None, kv_quant: KVQuant | None = None
+                          ) -> tuple[float, list[QuestionOutput]]:
+    """Query-agnostic generation: compress the context once, then answer each question from a copy of it.
+
+    ``context_ids`` [1, N]: one unpadded context. Its prefill is the prompt forward of ``policy`` (its prompt
+    cut happens here, without any question). Each question (token ids) then runs on a deep copy of that cache:
+    its tokens are fed one per forward, exactly as decode steps (a step-wise policy keeps evicting one token
+    per token read; a prompt-only policy appends them), then the answer is generated greedily, one token per
+    forward, until ``eos_token_id`` or ``max_new_tokens``. The cache's horizon (Keyformer's tau schedule, the
+    full cache's preallocation) is the longest question plus ``max_new_tokens``; decode steps count from the
+    end of the context. Returns (context prefill seconds, one :class:`QuestionOutput` per question).
+    """
+    import copy
+
+    if context_ids.shape[0] != 1:
+        raise ValueError(f"context_ids has batch {context_ids.shape[0]}; one context at a time (batch 1)")
+    if not questions or any(len(q) == 0 for q in questions):
+        raise ValueError("questions must be a non-empty list of non-empty token lists")
+    horizon = max(len(q) for q in questions) + max_new_tokens
+    cache = make_cache(model, policy, torch.ones_like(context_ids), max_new_tokens=horizon, seed=seed,
+                       seeds=[seed], mode=mode, kv_quant=kv_quant)
+    device = context_ids.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def step(c: KVCache, token: int) -> torch.Tensor:
+        ids = torch.tensor([[token]], dtype=torch.long, device=device)
+        return model(input_ids=ids, cache=c, use_cache=True).logits[0, -1]
+
+    sync()
+    t0 = time.perf_counter()
+    model(input_ids=context_ids, cache=cache, use_cache=True, logits_to_keep=1)
+    sync()
+    prefill_s = time.perf_counter() - t0
+    outs = []
+    for q in questions:
+        c = copy.deepcopy(cache)
+        t1 = time.perf_counter()
+        for tok in q:
+            logits = step(c, tok)
+        sync()
+        t2 = time.perf_counter()
+        gen: list[int] = []
+        steps = 0
+        while True:
+            nxt = int(logits.argmax())
+            gen.append(nxt)
+            if nxt == eos_token_id or len(gen) >= max_new_tokens:
+                break
+            logits = step(c, nxt)
+            steps += 1
+        sync()
+        outs.append(QuestionOutput(tokens=gen, question_s=t2 - t1, decode_s=time.perf_counter() - t2,
+                                   n_decode_steps=steps, kv_bytes=int(c.kv_bytes()[0]),
+                                   kv_bytes_full=int(c.kv_bytes_full()[0])))
+    return prefill_s, outs

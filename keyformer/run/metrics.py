@@ -18,6 +18,8 @@ several reference answers the best one, as LongBench's ``scorer`` takes the max 
   overflows Python's stack and LongBench scores it 0; here it is scored.
 * ``accuracy``: the answer word is in the prediction (``answer_found``; the generated ``sample`` and
   ``needle`` sets, whose records carry an ``answer``, get it whether listed or not).
+* ``string_match_all`` / ``string_match_part`` (RULER, ``docs/ruler.md``): the share of the reference answers
+  found in the prediction as case-insensitive substrings / 1 if any is found (x 100; never the best-of).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from functools import lru_cache
 from typing import Any
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
-METRICS = ("rouge", "rougeL_longbench", "token_f1", "exact_match", "accuracy")
+METRICS = ("rouge", "rougeL_longbench", "token_f1", "exact_match", "accuracy", "string_match_all",
+           "string_match_part")
 _PUNCT = frozenset(string.punctuation)
 _SENT = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
 _ABBREV = re.compile(r"(?:\b(?:Mr|Mrs|Ms|Dr|Prof|St|Jr|Sr|Gen|Sen|Rep|Gov|No|vs|etc)|\b[A-Z])\.$")
@@ -117,7 +120,7 @@ def aggregate(rows: list[Mapping]) -> dict[str, float]:
     * ``n_truncated``: samples whose prompt lost document tokens (``truncated_tokens > 0``).
     """
     out = {k: mean(r[k] for r in rows) for k in ROUGE_KEYS}
-    for k in ("rougeL_longbench", "token_f1"):
+    for k in ("rougeL_longbench", "token_f1", "string_match_all", "string_match_part"):
         if rows and all(k in r for r in rows):
             out[k] = mean(r[k] for r in rows)
     if rows and all("exact_match" in r for r in rows):
@@ -176,6 +179,20 @@ def token_f1(prediction: str, answers: Sequence[str]) -> float:
     """LongBench ``qa_f1_score`` x 100, the best over ``answers``."""
     pred = normalize_answer(prediction).split()
     return 100.0 * max((_f1(pred, normalize_answer(a).split()) for a in answers), default=0.0)
+
+
+def string_match_all(prediction: str, references: Sequence[str]) -> float:
+    """RULER's ``string_match_all`` x 100: the share of ``references`` that occur in ``prediction`` (lower-cased
+    substrings)."""
+    pred = prediction.lower()
+    return 100.0 * sum(r.lower() in pred for r in references) / len(references) if references else 0.0
+
+
+def string_match_part(prediction: str, references: Sequence[str]) -> float:
+    """RULER's ``string_match_part`` x 100: 100 when any of ``references`` occurs in ``prediction`` (lower-cased
+    substrings), else 0."""
+    pred = prediction.lower()
+    return 100.0 * any(r.lower() in pred for r in references)
 
 
 def exact_match(prediction: str, answers: Sequence[str]) -> bool:
@@ -241,6 +258,10 @@ def score(prediction: str, record: Mapping[str, Any], metrics: Sequence[str] = (
         out["token_f1"] = token_f1(prediction, refs)
     if "exact_match" in metrics:
         out["exact_match"] = exact_match(prediction, refs)
+    if "string_match_all" in metrics:
+        out["string_match_all"] = string_match_all(prediction, refs)
+    if "string_match_part" in metrics:
+        out["string_match_part"] = string_match_part(prediction, refs)
     if "answer" in record or "accuracy" in metrics:
         out["answer"] = record["answer"]
         out["answer_found"] = answer_found(prediction, record["answer"])

@@ -25,7 +25,7 @@ from keyformer.run.data.sample import generate_sample
 from keyformer.run.validate import ConfigError, UserError
 
 DATA_DIR_ENV = "KEYFORMER_DATA_DIR"
-GENERATED = ("sample", "needle")  # made in keyformer/run/data/, no files
+GENERATED = ("sample", "needle", "ruler")  # made in keyformer/run/data/ (ruler: essay tasks read a local file)
 
 
 class DataError(UserError, ValueError):
@@ -45,6 +45,9 @@ def local_path(ds: Mapping[str, Any]) -> Path | None:
 def check_source(ds: Mapping[str, Any]) -> None:
     """Raise DataError early when the configured data cannot be available (missing file, offline hub, no
     source at all)."""
+    if ds.get("name") == "ruler":
+        _check_ruler_source(ds)
+        return
     if ds.get("name") in GENERATED:
         return
     path = local_path(ds)
@@ -61,6 +64,34 @@ def check_source(ds: Mapping[str, Any]) -> None:
             f"dataset '{ds.get('name')}': no local file and the hub is offline; set {DATA_DIR_ENV} to a folder "
             f"holding {ds.get('file')} or set dataset.path=/path/to/{ds.get('file')}"
         )
+
+
+def _check_ruler_source(ds: Mapping[str, Any]) -> None:
+    """DataError when a ruler task with an essay haystack has no local essay file."""
+    from keyformer.run.data.ruler import essay_path, needs_essay
+
+    if not needs_essay(str(ds.get("ruler_task"))):
+        return
+    path = essay_path(str(ds.get("essay_file") or "cnn_dailymail.jsonl"), ds.get("essay_path"))
+    if path is None or not path.is_file():
+        raise DataError(f"dataset 'ruler': task {ds.get('ruler_task')} needs the essay haystack, local file {path} "
+                        f"not found; set {DATA_DIR_ENV} to a folder holding {ds.get('essay_file')} or set "
+                        "dataset.essay_path=/path/to/file.jsonl")
+
+
+def load_ruler(ds: Mapping[str, Any], n: int | None) -> list[dict]:
+    """Generate the ``ruler`` records (``keyformer/run/data/ruler.py``) with SmolLM2's tokenizer."""
+    from keyformer.run.data.ruler import essay_path, essay_words, generate_ruler, needs_essay
+    from keyformer.run.loading import smollm2_tokenizer
+
+    task = str(ds["ruler_task"])
+    essay = None
+    if needs_essay(task):
+        _check_ruler_source(ds)
+        path = essay_path(str(ds.get("essay_file") or "cnn_dailymail.jsonl"), ds.get("essay_path"))
+        essay = essay_words(str(path), str(ds.get("essay_field") or "article"))
+    count = max(n or 0, int(ds.get("n", 100)))
+    return generate_ruler(task, int(ds["length"]), count, smollm2_tokenizer(), int(ds.get("seed", 0)), essay)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -154,6 +185,8 @@ def load_records(ds: Mapping[str, Any], n: int | None = None, seed: int = 0) -> 
         count = max(n or 0, int(ds.get("n_records", 16)))
         rows = generate_sample(count, seed=int(ds.get("seed", 0)), n_paragraphs=int(ds.get("n_paragraphs", 8)))
         return _select(rows, n, str(ds.get("selection", "first")), seed)
+    if ds["name"] == "ruler":
+        return _select(load_ruler(ds, n), n, str(ds.get("selection", "first")), seed)
     if ds["name"] == "needle":
         rows = generate_needle(list(ds["lengths"]), list(ds["depths"]), int(ds["n_values"]), int(ds.get("seed", 0)))
         return _select(rows, n, str(ds.get("selection", "first")), seed)
@@ -192,6 +225,15 @@ def check_options(ds: Mapping[str, Any]) -> None:
         raise ConfigError("dataset.metrics", "accuracy",
                           f"needs records with an answer word (the generated datasets: {', '.join(GENERATED)}); "
                           "for QA datasets use token_f1 or exact_match")
+    if ds.get("name") == "ruler":
+        from keyformer.run.data.ruler import TASKS as RULER_TASKS
+
+        if ds.get("ruler_task") not in RULER_TASKS:
+            raise ConfigError("dataset.ruler_task", ds.get("ruler_task"), f"allowed: {', '.join(RULER_TASKS)}")
+        for key, low in (("length", 256), ("n", 1)):
+            v = ds.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ConfigError(f"dataset.{key}", v, f"must be an integer >= {low}")
     if ds.get("name") == "needle":
         from keyformer.run.data.needle import GridError, check_grid
 

@@ -26,15 +26,17 @@ class Backend:
     load: Callable[[Mapping[str, Any]], tuple[Any, Any]]  # cfg -> (model, tokenizer)
     make_policy: Callable[..., Any]  # make_policy(name, **kwargs) -> Policy
     generate: Callable[..., Any]  # keyformer.core.generate.generate
+    generate_from_context: Callable[..., Any] | None = None  # keyformer.core.generate.generate_from_context
 
 
 def core_backend() -> Backend:
     """The real backend: ``keyformer.run.loading.load_model`` + the core's ``make_policy`` and ``generate``."""
-    from keyformer.core.generate import generate
+    from keyformer.core.generate import generate, generate_from_context
     from keyformer.core.policies import make_policy
     from keyformer.run.loading import load_model
 
-    return Backend(load=load_model, make_policy=make_policy, generate=generate)
+    return Backend(load=load_model, make_policy=make_policy, generate=generate,
+                   generate_from_context=generate_from_context)
 
 
 def policy_kwargs(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -123,6 +125,16 @@ def format_table(m: Mapping[str, Any]) -> str:
 
 
 NEEDLE_FIELDS = ("needle_length", "needle_depth")  # copied from ``needle`` records into their rows
+RULER_FIELDS = ("ruler_task", "ruler_length")  # copied from ``ruler`` records into their rows
+
+
+def _with_prefix(tok: Any, rec: Mapping[str, Any], enc: tuple[list[int], int]) -> tuple[list[int], int]:
+    """The prompt ids followed by the record's ``answer_prefix`` (RULER appends it after the prompt, after the
+    chat template's assistant header), tokenized on its own."""
+    prefix = rec.get("answer_prefix")
+    if not prefix:
+        return enc
+    return list(enc[0]) + list(tok(prefix, add_special_tokens=False)["input_ids"]), enc[1]
 
 
 def _unique_ids(records: list[dict]) -> list[dict]:
@@ -163,8 +175,8 @@ class GenerateTask(Task):
         name, kwargs = policy_kwargs(cfg)
         params: dict[str, Any] = {}
         if todo:
-            params = _generate_all(cfg, self.backend or core_backend(), job, todo, len(records), len(done),
-                                   name, kwargs)
+            run_fn = _generate_agnostic if cfg["dataset"].get("query_agnostic") else _generate_all
+            params = run_fn(cfg, self.backend or core_backend(), job, todo, len(records), len(done), name, kwargs)
         rows_by_id = {r["id"]: r for r in job.rows()}
         rows = [rows_by_id[r["id"]] for r in records if r["id"] in rows_by_id]
         m: dict[str, Any] = aggregate(rows) if rows else {"n_samples": 0}
@@ -210,6 +222,7 @@ def _generate_all(
     truncation, metrics = str(ds.get("truncation", "end")), tuple(ds.get("metrics") or ())
     encoded = [encode_prompt(tok, r, ds.get("template", "alpaca"), ds.get("instruction", ""), limit, chat,
                              truncation) for r in todo]
+    encoded = [_with_prefix(tok, r, e) for r, e in zip(todo, encoded, strict=True)]
     device, bs = _device(model), int(cfg["batch_size"])
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     from keyformer.core.quant import kv_quant_from
@@ -245,7 +258,7 @@ def _generate_all(
                     "generated_tokens": len(toks), "prediction": text, "reference": rec["reference"],
                     **({"answers": rec["answers"]} if len(rec.get("answers") or ()) > 1 else {}),
                     **score(text, rec, metrics),
-                    **{k: rec[k] for k in NEEDLE_FIELDS if k in rec},
+                    **{k: rec[k] for k in (*NEEDLE_FIELDS, *RULER_FIELDS) if k in rec},
                     "kv_bytes": int(out.kv_bytes[j]), "kv_bytes_full": int(out.kv_bytes_full[j]),
                     "batch": batch[0]["id"], "batch_size": len(batch), "prefill_ms": 1000.0 * out.prefill_s,
                     "decode_ms": 1000.0 * out.decode_s, "n_decode_steps": int(out.n_decode_steps),
@@ -253,4 +266,117 @@ def _generate_all(
                 job.add(row)
                 bar.update(1)
         bar.close()
+    return _policy_params(policy)
+
+
+def split_question(tok: Any, rec: Mapping[str, Any], template: str, instruction: str, limit: int, chat: bool,
+                   truncation: str) -> tuple[list[int], list[int], int]:
+    """(context ids, question ids, document tokens cut) of one record: the prompt of the question-aware mode
+    (:func:`encode_prompt` + answer prefix), split where the text after the document begins."""
+    from keyformer.run.data.prompts import prompt_parts
+
+    ids, cut = _with_prefix(tok, rec, encode_prompt(tok, rec, template, instruction, limit, chat, truncation))
+    _, after = prompt_parts(rec, template, instruction, tok, chat)
+    n_after = len(tok(after, add_special_tokens=False)["input_ids"]) if after else 0
+    if rec.get("answer_prefix"):
+        n_after += len(tok(rec["answer_prefix"], add_special_tokens=False)["input_ids"])
+    if n_after == 0:
+        raise ConfigError("dataset.template", template, "query_agnostic needs text after {document} (the question)")
+    return list(ids[: len(ids) - n_after]), list(ids[len(ids) - n_after:]), cut
+
+
+def record_queries(rec: Mapping[str, Any]) -> list[dict]:
+    """The records the query-agnostic mode asks over one context: one per entry of ``rec["queries"]``
+    (``question``, ``answer_prefix``, ``answers``), or the record itself."""
+    out = []
+    for q in rec.get("queries") or [{}]:
+        r = {k: v for k, v in rec.items() if k != "queries"}
+        r.update(q)
+        if "answers" in q:
+            r["reference"] = ", ".join(q["answers"])
+        out.append(r)
+    return out
+
+
+def _mean_scores(scores: list[dict]) -> dict[str, Any]:
+    """Per-question score fields averaged over the questions (bools: all true; strings: the first)."""
+    out: dict[str, Any] = {}
+    for k, v in scores[0].items():
+        vals = [s[k] for s in scores]
+        if isinstance(v, bool):
+            out[k] = all(vals)
+        elif isinstance(v, int | float):
+            out[k] = sum(float(x) for x in vals) / len(vals)
+        else:
+            out[k] = v
+    return out
+
+
+def _generate_agnostic(
+    cfg: Mapping[str, Any], backend: Backend, job: Job, todo: list[dict], total: int, n_done: int,
+    name: str, kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    """``dataset.query_agnostic=true``: per record, prefill and compress the context once (no question), then
+    answer each of its questions (:func:`record_queries`) from a copy of the compressed cache
+    (``keyformer.core.generate.generate_from_context``). One row per record: its metrics are the mean over its
+    questions; ``predictions`` lists the answers when there are several. Batch size 1 (one context at a time)."""
+    import torch
+    from tqdm import tqdm
+
+    from keyformer.core.noise import sample_seed
+    from keyformer.core.quant import kv_quant_from
+
+    if backend.generate_from_context is None:
+        raise JobError("this backend has no generate_from_context: query_agnostic needs the core's")
+    torch.manual_seed(int(cfg["seed"]))
+    model, tok = load_model_or_fail(backend, cfg)
+    policy = backend.make_policy(name, **kwargs)
+    ds, gen = cfg["dataset"], cfg["generation"]
+    if int(gen["num_beams"]) != 1:
+        raise ConfigError("generation.num_beams", gen["num_beams"], "query_agnostic decodes greedily: use 1")
+    limit = prompt_limit(cfg, model)
+    chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
+    truncation, metrics = str(ds.get("truncation", "end")), tuple(ds.get("metrics") or ())
+    template, instruction = ds.get("template", "alpaca"), ds.get("instruction", "")
+    device = _device(model)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    kv_quant = kv_quant_from(cfg.get("kv_quant"))
+    job.begin(model)
+    bar = tqdm(total=total, initial=n_done, unit="sample", disable=not cfg.get("progress", True))
+    for rec in todo:
+        queries = record_queries(rec)
+        parts = [split_question(tok, q, template, instruction, limit, chat, truncation) for q in queries]
+        ctx = parts[0][0]
+        if any(p[0] != ctx for p in parts):
+            raise ConfigError("dataset.template", template,
+                              "query_agnostic needs every question after the document (one shared context)")
+        prefill_s, outs = backend.generate_from_context(
+            model, torch.tensor([ctx], dtype=torch.long, device=device), [p[1] for p in parts], policy,
+            max_new_tokens=int(gen["max_new_tokens"]), seed=sample_seed(int(cfg["seed"]), rec["id"]),
+            mode=gen.get("mode", "physical"), eos_token_id=tok.eos_token_id, kv_quant=kv_quant)
+        texts, scores = [], []
+        for q, o in zip(queries, outs, strict=True):
+            toks = _generated(o.tokens, tok.eos_token_id, pad_id)
+            texts.append(_postprocess(tok.decode(toks, skip_special_tokens=True), gen.get("stop") or []))
+            scores.append(score(texts[-1], q, metrics))
+        n = len(outs)
+        row = {
+            "id": rec["id"], "prompt_tokens": len(ctx), "question_tokens": [len(p[1]) for p in parts],
+            "truncated_tokens": parts[0][2], "query_agnostic": True,
+            "generated_tokens": sum(len(_generated(o.tokens, tok.eos_token_id, pad_id)) for o in outs),
+            "prediction": "\n".join(texts), **({"predictions": texts} if n > 1 else {}),
+            "reference": rec["reference"],
+            **({"answers": rec["answers"]} if len(rec.get("answers") or ()) > 1 else {}),
+            **_mean_scores(scores),
+            **{k: rec[k] for k in (*NEEDLE_FIELDS, *RULER_FIELDS) if k in rec},
+            "kv_bytes": int(sum(o.kv_bytes for o in outs) / n),
+            "kv_bytes_full": int(sum(o.kv_bytes_full for o in outs) / n),
+            "batch": rec["id"], "batch_size": 1, "prefill_ms": 1000.0 * prefill_s,
+            "question_ms": 1000.0 * sum(o.question_s for o in outs),
+            "decode_ms": 1000.0 * sum(o.decode_s for o in outs),
+            "n_decode_steps": sum(o.n_decode_steps for o in outs),
+        }
+        job.add(row)
+        bar.update(1)
+    bar.close()
     return _policy_params(policy)
