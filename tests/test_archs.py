@@ -204,3 +204,13 @@ def test_every_tiny_arch_has_a_model_config():
     assert set(VALID_TINY) == set(TINY_ARCHS)
     for arch in TINY_ARCHS:
         assert (CONF_DIR / "model" / f"tiny_{arch}.yaml").is_file(), arch
+
+
+@pytest.mark.parametrize("arch", HYBRID)
+def test_prepared_model_with_an_ordinary_cache_is_the_stock_model(arch):
+    """``prepare_model`` changes nothing outside our cache: with the stock ``DynamicCache`` the prepared model
+    generates what the stock one does (windows from the model's masks; Gemma 2's cap in the eager fallback)."""
+    ids = _prompt(6)
+    ref_tok, ref_logits = _stock_generate(tiny_stock_model(arch), ids)
+    tok, logits = _stock_generate(tiny_model(arch), ids)
+    assert torch.equal(tok, ref_tok) and (logits - ref_logits).abs().max() < 1e-4
