@@ -97,3 +97,26 @@ def test_quick_run_with_beams_via_keyformer_bench(tmp_path, monkeypatch):
     report = json.loads((tmp_path / "o" / "long.json").read_text())
     assert report["beams"]["num_beams"] == 2
     assert all(r["same_sequences"] for r in report["beams"]["rows"])
+
+
+@pytest.mark.slow
+def test_gpu_script_dry_run(tmp_path):
+    """scripts/gpu_bench.sh --dry-run: the prepared GPU run's steps on CPU with tiny shapes (a few minutes)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    subprocess.run(["bash", str(root / "scripts" / "gpu_bench.sh"), "--dry-run"], cwd=root, env=env, check=True,
+                   timeout=1200)
+    for name in ("log.txt", "tests_graphs.txt", "latency/gpu_bench.json", "throughput/gpu_bench.json"):
+        assert (tmp_path / name).is_file(), name
+    cells = json.loads((tmp_path / "latency" / "gpu_bench.json").read_text())["cells"]
+    graphs = [c for c in cells if c.get("kind") == "graphs"]
+    assert {c["model"] for c in graphs} == {"gptj", "llama3"}
+    for c in graphs:  # on CPU every policy falls back to eager, with the reason, and the tokens agree
+        for p, r in c["runs"].items():
+            assert r["same_tokens"] and r["captured"]["captured_steps"] == 0 and r["captured"]["reason"], p
+    assert "passed" in (tmp_path / "tests_graphs.txt").read_text() or "skipped" in (tmp_path / "tests_graphs.txt").read_text()

@@ -15,6 +15,11 @@ after every cell (``gpu_bench.json`` + ``gpu_bench.txt`` in ``--out``, default `
     keyformer-gpu-bench                        # CUDA, the paper's 1k+1k / 2k+2k / 4k+4k
     keyformer-gpu-bench --gen-cap 256          # generate at most 256 tokens per run (shorter)
     keyformer-gpu-bench --tiny                 # CPU smoke test with tiny shapes
+    keyformer-gpu-bench --models gptj llama3 --graphs   # also decode eager vs CUDA-graph captured
+
+``--graphs``: in every latency cell, each policy's decode is also timed step by step, eager and with the
+steady step captured as a CUDA graph (:mod:`keyformer.core.graphs`; eager where it cannot be captured, with
+the reason), and the two token streams are compared. ``scripts/gpu_bench.sh`` is the prepared H200 run.
 """
 
 from __future__ import annotations
@@ -48,13 +53,23 @@ def model_config(name: str, tiny: bool, max_len: int) -> Any:
                               bos_token_id=1, eos_token_id=2)
         return GPTJConfig(vocab_size=50400, n_positions=max(2048, max_len), n_embd=4096, n_layer=28, n_head=16,
                           rotary_dim=64)  # GPT-J-6B
+    if name == "llama3":
+        from transformers import LlamaConfig
+
+        if tiny:
+            return LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_len,
+                               bos_token_id=1, eos_token_id=2)
+        return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                           num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=max(8192, max_len),
+                           rope_theta=500000.0)  # Llama-3-8B (GQA 32/8)
     if name == "mpt":
         if tiny:
             return MptConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, max_seq_len=max_len, use_cache=True,
                              bos_token_id=1, eos_token_id=2)
         return MptConfig(vocab_size=50432, d_model=4096, n_layers=32, n_heads=32, expansion_ratio=4,
                          max_seq_len=max(2048, max_len), no_bias=True, use_cache=True)  # MPT-7B (ALiBi)
-    raise ValueError(f"model {name!r} is unknown; valid: gptj, mpt")
+    raise ValueError(f"model {name!r} is unknown; valid: gptj, llama3, mpt")
 
 
 def build_model(name: str, tiny: bool, max_len: int, device: torch.device, dtype: torch.dtype) -> Any:
@@ -135,6 +150,38 @@ def timed_generate(model: Any, L: int, gen: int, batch: int, pol: Any, device: t
     return r
 
 
+def graph_decode(model: Any, L: int, gen: int, pol: Any, device: torch.device) -> dict[str, Any]:
+    """Batch-1 decode of ``gen`` tokens after an ``L``-token prompt, eager and with the steady step captured as a
+    CUDA graph (same prompt, same first token): ms per step of each and whether the tokens agree."""
+    from keyformer.core.graphs import greedy_decode
+
+    g = torch.Generator(device="cpu").manual_seed(L)
+    ids = torch.randint(10, model.config.vocab_size, (1, L), generator=g).to(device)
+    res: dict[str, Any] = {}
+    toks = {}
+    for mode in ("eager", "captured"):
+        free(device)
+        with torch.inference_mode():
+            cache = make_cache(model, pol, torch.ones_like(ids), max_new_tokens=gen)
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, logits_to_keep=1)
+            tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            sync(device)
+            t0 = time.perf_counter()
+            try:
+                toks[mode], info = greedy_decode(model, cache, tok, gen - 1, capture=mode == "captured")
+            except RuntimeError as e:  # a capture that fails is reported, not fatal: the other cells still run
+                if mode == "eager":
+                    raise
+                toks[mode], info = None, {"captured_steps": 0, "reason": f"capture failed: {str(e)[:300]}"}
+            sync(device)
+            res[mode] = {"ms_per_step": 1000 * (time.perf_counter() - t0) / max(1, gen - 1), **info}
+        del cache, out
+    res["same_tokens"] = toks["captured"] is not None and bool(torch.equal(toks["eager"], toks["captured"]))
+    res["speedup"] = res["eager"]["ms_per_step"] / res["captured"]["ms_per_step"]
+    free(device)
+    return res
+
+
 class Report:
     """Accumulates cells and rewrites the JSON and text outputs after each one."""
 
@@ -168,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policies", nargs="+", default=["keyformer"], help="compared with full")
     ap.add_argument("--max-batch", type=int, default=None)
     ap.add_argument("--no-throughput", action="store_true")
+    ap.add_argument("--graphs", action="store_true", help="latency cells: decode eager vs CUDA-graph captured")
     ap.add_argument("--mem-fraction", type=float, default=0.9, help="fit check: peak <= this x device memory")
     ap.add_argument("--time-budget-s", type=float, default=None, help="skip remaining cells after this")
     ap.add_argument("--out", default=os.environ.get("OUT") or "results/bench/gpu")
@@ -218,6 +266,14 @@ def main(argv: list[str] | None = None) -> None:
                 parts.append(f"{p} {r['total_s']:.2f} s ({r['decode_ms_per_step']:.2f} ms/step): latency speedup "
                              f"{r['speedup_total']:.2f}x, decode {r['speedup_decode']:.2f}x (paper {PAPER_LATENCY.get(L, '-')}x)")
             report.add({"model": name, "L": L, "gen": gen, "kind": "latency", "runs": lat, "line": "; ".join(parts)})
+            if args.graphs:
+                gr = {p: graph_decode(model, L, gen, policy(p, args.budget), device) for p in ["full", *args.policies]}
+                line = f"{name} {L}+{gen} batch 1 decode, eager vs CUDA graph: " + "; ".join(
+                    f"{p} {r['eager']['ms_per_step']:.2f} -> {r['captured']['ms_per_step']:.2f} ms/step "
+                    f"(x{r['speedup']:.2f}, {r['captured']['captured_steps']} captured"
+                    + (f", eager because {r['captured']['reason']}" if r["captured"]["reason"] else "")
+                    + f", same tokens {r['same_tokens']})" for p, r in gr.items())
+                report.add({"model": name, "L": L, "gen": gen, "kind": "graphs", "runs": gr, "line": line})
             if args.no_throughput or out_of_time():
                 continue
             thr: dict[str, Any] = {}

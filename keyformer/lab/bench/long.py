@@ -25,8 +25,8 @@ long generations ("batch gain x throughput gain"). This module does that for our
 * **Beams** (``--beams nb``): ``generate(num_beams=nb)`` prefill and decode seconds of full and each policy,
   with the prompt run once per sample (default) and once per beam (transformers' way), same sequences.
 
-Outputs go to ``--out`` (default ``outputs/bench_long``, git-ignored; never ``results/`` unless asked): ``long.json``,
-``long.txt`` (the table) and ``command.txt``.
+Outputs go to ``--out`` (default ``outputs/bench_long``, git-ignored; never ``results/`` unless asked):
+``long.json``, ``long.txt`` (the table) and ``command.txt``.
 """
 
 from __future__ import annotations
@@ -218,8 +218,9 @@ def agreement(tokens: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 
 
 def attended_avg(name: str, budget: float | int | None, L: int, n_new: int) -> float:
-    """Mean K/V slots a decode step attends, per sample, over the ``n_new - 1`` steps (the new token included).
-    full: L + t; step-evicting policies: min(L + t - 1, k) + 1; prompt-compressing ones: min(L, k) + t."""
+    """Mean K/V slots a decode step attends, per sample, over the ``n_new - 1`` steps (the new token
+    included). full: L + t; step-evicting policies: min(L + t - 1, k) + 1; prompt-compressing ones: min(L, k)
+    + t."""
     steps = range(1, n_new)
     if name == "full":
         return sum(L + t for t in steps) / len(steps)
@@ -272,9 +273,11 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         limit = int(args.memory_mb * 2**20)
         limit_src = f"--memory-mb {args.memory_mb}"
     else:
-        limit = peak_kv_bytes(model, prompts(longest, args.full_batch), "full", None, longest.new_tokens, args.seed)
+        limit = (peak_kv_bytes(model, prompts(longest, args.full_batch), "full", None, longest.new_tokens,
+                               args.seed))
         limit_src = f"full cache at batch {args.full_batch}, {longest.label} (measured)"
-    log(f"[long] KV memory budget {limit / 2**20:.2f} MiB = {limit} B ({limit_src}); bandwidth {bw['read_gbs']:.1f} GB/s read; "
+    log(f"[long] KV memory budget {limit / 2**20:.2f} MiB = {limit} B ({limit_src}); bandwidth "
+        f"{bw['read_gbs']:.1f} GB/s read; "
         f"weights {w_bytes / 2**20:.0f} MiB; K/V {per_token} B/token")
     rows: list[dict[str, Any]] = []
     floors: dict[int, float] = {}
@@ -295,7 +298,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
                 for c in runs:
                     r = timed_run(model, prompts(s, batch[c]), c[0], c[1], s.new_tokens, args.seed)
                     runs[c].append(r)
-                    log(f"  {s.label} round {rnd + 1} {c[0]}{'@' + budget_label(c[1]) if c[1] is not None else ''} "
+                    log(f"  {s.label} round {rnd + 1} "
+                        f"{c[0]}{'@' + budget_label(c[1]) if c[1] is not None else ''} "
                         f"B{batch[c]}: prefill {r['prefill_s']:.2f} s, decode {r['decode_s']:.2f} s")
             for bsz in {batch[c] for c in runs}:
                 if bsz not in floors:
@@ -331,7 +335,8 @@ def summarize(s: Setting, runs: dict, batch: dict, probes: dict, floors: dict[in
         stats[c] = {"e2e": e2e, "dec": dec, "step_ms": median(step_ms), "model_ms": model_ms}
         row = {"setting": s.label, "prompt_len": s.prompt_len, "new_tokens": n, "policy": c[0],
                "budget": c[1], "batch": B, "batch_probes": probes[c], "e2e_tok_s": spread(e2e),
-               "decode_tok_s": spread(dec), "step_ms": median(step_ms), "prefill_s": median([r["prefill_s"] for r in rs]),
+               "decode_tok_s": spread(dec), "step_ms": median(step_ms),
+               "prefill_s": median([r["prefill_s"] for r in rs]),
                "peak_rss_delta_mb": max(r["peak_rss_delta_mb"] for r in rs),
                "kv_tensor_bytes_end": rs[0]["kv_tensor_bytes_end"], "attended_slots_avg": slots,
                "bytes_model_step_ms": model_ms, "floor_step_ms": floors.get(B),
@@ -382,9 +387,11 @@ def beam_section(model: Any, text_ids: list[int] | None, vocab: int, policies: S
             key = "prompt_once" if once else "per_beam_prompt"
             res[key] = {"prefill_s": spread(pre), "decode_s": spread(dec)}
         res["same_sequences"] = bool(torch.equal(seqs[True], seqs[False]))
-        res["prefill_speedup"] = res["per_beam_prompt"]["prefill_s"]["median"] / res["prompt_once"]["prefill_s"]["median"]
+        res["prefill_speedup"] = (res["per_beam_prompt"]["prefill_s"]["median"]
+                                  / res["prompt_once"]["prefill_s"]["median"])
         log(f"[long] beams {nb} {name}: prefill {res['prompt_once']['prefill_s']['median']:.2f} s once vs "
-            f"{res['per_beam_prompt']['prefill_s']['median']:.2f} s per beam; same sequences {res['same_sequences']}")
+            f"{res['per_beam_prompt']['prefill_s']['median']:.2f} s per beam; same sequences "
+            f"{res['same_sequences']}")
         rows.append(res)
     full = rows[0]
     for r in rows:
@@ -401,10 +408,13 @@ def _f(v: Any, fmt: str = ".2f") -> str:
 def format_table(report: dict[str, Any]) -> str:
     """The long-generation table: one line per (setting, policy@budget), gains beside the bytes model's."""
     lines = [f"KV memory budget {report['kv_memory_budget_bytes'] / 2**20:.2f} MiB "
-             f"({report['kv_memory_budget_source']}); read bandwidth {report['bandwidth']['read_gbs']:.1f} GB/s",
-             "tok/s: median [q1, q3] of rounds; gain = batch_gain x seq_gain (decode tok/s vs full at its own "
+             f"({report['kv_memory_budget_source']}); read bandwidth {report['bandwidth']['read_gbs']:.1f} "
+             f"GB/s",
+             "tok/s: median [q1, q3] of rounds; gain = batch_gain x seq_gain (decode tok/s vs full at its "
+             "own "
              "largest batch); model = bytes model's gain; bound = max(bytes model, measured compute floor)",
-             f"{'setting':<10} {'config':<16} {'B':>3} {'e2e tok/s':>22} {'dec tok/s':>8} {'batch':>6} {'seq':>6} "
+             f"{'setting':<10} {'config':<16} {'B':>3} {'e2e tok/s':>22} {'dec tok/s':>8} {'batch':>6} "
+             f"{'seq':>6} "
              f"{'gain':>6} {'model':>6} {'share':>6} {'bound':>6} {'share':>6} {'floor%':>6} {'e2e':>6} "
              f"{'agree':>6} {'rssMB':>7}"]
     for r in report["rows"]:
@@ -413,19 +423,23 @@ def format_table(report: dict[str, Any]) -> str:
         ag = r.get("agreement", {}).get("match")
         fs = r.get("floor_share")
         lines.append(
-            f"{r['setting']:<10} {cfg:<16} {r['batch']:>3} {e['median']:>8.1f} [{e['q1']:.1f}, {e['q3']:.1f}]".ljust(44)
+            f"{r['setting']:<10} {cfg:<16} {r['batch']:>3} {e['median']:>8.1f} [{e['q1']:.1f}, "
+            f"{e['q3']:.1f}]".ljust(44)
             + f" {r['decode_tok_s']['median']:>8.1f} {_f(r.get('batch_gain')):>6} {_f(r.get('seq_gain')):>6} "
-            f"{_f(r.get('decode_gain')):>6} {_f(r.get('bytes_model_gain')):>6} {_f(r.get('share_of_bytes_model')):>6} "
+            f"{_f(r.get('decode_gain')):>6} {_f(r.get('bytes_model_gain')):>6} "
+            f"{_f(r.get('share_of_bytes_model')):>6} "
             f"{_f(r.get('bound_gain')):>6} {_f(r.get('share_of_bound')):>6} "
             f"{'-' if fs is None else format(100 * fs, '.0f'):>6} {_f(r.get('e2e_gain')):>6} "
             f"{'-' if ag is None else format(ag, '.2f'):>6} {r['peak_rss_delta_mb']:>7.0f}")
     if report.get("beams"):
         bm = report["beams"]
-        lines.append(f"\nbeam search, {bm['num_beams']} beams, batch 1, {bm['prompt_len']}+{bm['new_tokens']}: "
+        lines.append(f"\nbeam search, {bm['num_beams']} beams, batch 1, "
+                     f"{bm['prompt_len']}+{bm['new_tokens']}: "
                      "prefill / decode seconds (median), prompt once per sample vs once per beam")
         for r in bm["rows"]:
             o, p = r["prompt_once"], r["per_beam_prompt"]
-            lines.append(f"  {r['policy']:<10} once {o['prefill_s']['median']:.3f} / {o['decode_s']['median']:.3f}"
+            lines.append(f"  {r['policy']:<10} once {o['prefill_s']['median']:.3f} / "
+                         f"{o['decode_s']['median']:.3f}"
                          f" (x{o['prefill_vs_full']:.2f} / x{o['decode_vs_full']:.2f} of full)   per beam "
                          f"{p['prefill_s']['median']:.3f} / {p['decode_s']['median']:.3f}   prefill saved "
                          f"x{r['prefill_speedup']:.2f}   same sequences {r['same_sequences']}")
@@ -442,16 +456,21 @@ def write_outputs(out: Path, report: dict[str, Any], text: str) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="keyformer-bench --long", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny random model, short settings (seconds)")
-    p.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT}; results/ only when given)")
+    p.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT}; results/ only when "
+                                               f"given)")
     p.add_argument("--model", default="smollm2", choices=("smollm2", "tiny"))
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--prompt", default="cnn_dailymail", choices=("cnn_dailymail", "random"))
-    p.add_argument("--data-dir", default=None, help="folder of cnn_dailymail.jsonl (default $KEYFORMER_DATA_DIR)")
+    p.add_argument("--data-dir", default=None, help="folder of cnn_dailymail.jsonl (default "
+                                                    "$KEYFORMER_DATA_DIR)")
     p.add_argument("--settings", default=None, help=f"PROMPT+NEW list (default {DEFAULTS['settings']})")
-    p.add_argument("--budgets", default=None, help=f"token counts or fractions (default {DEFAULTS['budgets']})")
+    p.add_argument("--budgets", default=None, help=f"token counts or fractions (default "
+                                                   f"{DEFAULTS['budgets']})")
     p.add_argument("--policies", default=None, help=f"besides full (default {DEFAULTS['policies']})")
-    p.add_argument("--memory-mb", type=float, default=None, help="KV budget in MiB (default: full at --full-batch)")
-    p.add_argument("--full-batch", type=int, default=None, help="full's batch at the longest setting (default 4)")
+    p.add_argument("--memory-mb", type=float, default=None, help="KV budget in MiB (default: full at "
+                                                                 "--full-batch)")
+    p.add_argument("--full-batch", type=int, default=None, help="full's batch at the longest setting "
+                                                                "(default 4)")
     p.add_argument("--max-batch", type=int, default=None, help="largest batch tried (default 64)")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3)")
     p.add_argument("--beams", type=int, default=None, help="beam section's num_beams; 0 skips it (default 4)")
