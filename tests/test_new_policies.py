@@ -208,8 +208,8 @@ def test_expected_attention_matches_naive_rule():
 
 def test_expected_attention_check_fails_reversed(monkeypatch):
     orig = ExpectedAttentionPolicy.priority
-    monkeypatch.setattr(ExpectedAttentionPolicy, "priority", lambda self, s, ctx: -orig(self, s, ctx).nan_to_num(
-        0.0, posinf=-1e30, neginf=-1e30))
+    monkeypatch.setattr(ExpectedAttentionPolicy, "priority",
+                        lambda self, s, ctx: -orig(self, s, ctx).nan_to_num(0.0, posinf=-1e30, neginf=-1e30))
     assert _check(make_policy("expected_attention", budget=0.5), _ea_ref) > 1e-3
 
 
@@ -224,7 +224,7 @@ def test_expected_attention_refuses_unknown_positions():
         position_info(M())
 
 
-# -- R-KV (the authors' R1KV._compute_scores, cut every `buffer` decode steps) --------------------------------
+# -- R-KV (the authors' R1KV._compute_scores, cut every `buffer` decode steps) -------------------------------
 W_RKV, BUF = 4, 4
 
 
@@ -237,7 +237,8 @@ def _rkv_ref(model, kb, W=W_RKV, buffer=BUF, kernel=7, lam=0.1):
         logits = torch.stack([torch.stack([k[h, past] @ q[h * G + g, r] for r in window_rows])
                               for g in range(G)]) / math.sqrt(D)  # [G, W, past]
         attn = torch.softmax(logits.amax(0), dim=-1).mean(0)  # [past]
-        pooled = [max(float(attn[t]) for t in range(max(0, i - kernel // 2), min(len(past), i + kernel // 2 + 1)))
+        pooled = [max(float(attn[t])
+                      for t in range(max(0, i - kernel // 2), min(len(past), i + kernel // 2 + 1)))
                   for i in range(len(past))]
         kk = k[h, held]
         sim = torch.tensor([[_cos(kk[a], kk[b]) if a != b else 0.0 for b in range(len(held))]
@@ -288,3 +289,53 @@ def test_rkv_cuts_every_buffer_steps():
     assert held == N // 2 + (NEW - 1) % BUF  # NEW - 1 decode forwards ran; the last cut was at step 8
     with pytest.raises(ValueError, match="buffer"):
         make_policy("rkv", window_size=8, buffer=4)
+
+
+# -- KVzip (kvpress KVzipPress, layerwise: each layer keeps its H * k best (head, token) pairs) --------------
+def _kvzip_ref_kept(model, ids: torch.Tensor, kb: int, repeat: list[int],
+                    n_sink: int = 4) -> list[list[set[int]]]:
+    """Kept prompt positions per layer and KV head, from the eager model's own attention probabilities over
+    ``prompt + repeat + prompt`` (output_attentions), written from KVzip's rule."""
+    naive = model.__class__(copy.deepcopy(model.config)).eval()
+    naive.load_state_dict(model.state_dict())
+    if model.config.model_type != "mpt":
+        naive.set_attn_implementation("eager")
+    n = ids.shape[1]
+    seq = torch.cat([ids, torch.tensor([repeat], dtype=ids.dtype), ids], dim=1)
+    with torch.inference_mode():
+        att = naive(input_ids=seq, use_cache=False, output_attentions=True).attentions
+    kept = []
+    for a in att:  # [1, Hq, T, T]
+        hq = a.shape[1]
+        hkv = getattr(model.config, "num_key_value_heads", None) or hq
+        s = a[0, :, n + len(repeat):, :n].amax(1).view(hkv, hq // hkv, n).amax(1)  # [Hkv, n]
+        pairs = [(math.inf if j < n_sink else float(s[h, j]), j, h) for h in range(hkv) for j in range(n)]
+        top = sorted(pairs, key=lambda t: (-t[0], -t[1], t[2]))[: hkv * kb]
+        kept.append([{j for _, j, hh in top if hh == h} for h in range(hkv)])
+    return kept
+
+
+def _kvzip_diff(arch: str, repeat: list[int]) -> int:
+    """Number of (layer, head) kept sets that differ between ours and the reference."""
+    model = tiny_model(arch, seed=0)
+    ids = torch.randint(3, 256, (1, N), generator=torch.Generator().manual_seed(6))
+    pol = make_policy("kvzip", budget=0.5, repeat_ids=repeat or None)
+    out = generate(model, ids, None, pol, max_new_tokens=3)
+    ref = _kvzip_ref_kept(model, ids, N // 2, repeat)
+    ours = [[{p for p in h if p < N} for h in out.cache.kept_positions(li)[0]] for li in range(len(ref))]
+    assert all(sum(len(h) for h in layer) == len(layer) * (N // 2) for layer in ours)
+    return sum(a != b for lo, lr in zip(ours, ref, strict=True) for a, b in zip(lo, lr, strict=True))
+
+
+@pytest.mark.parametrize("arch,repeat", [("llama", [7, 8, 9]), ("gpt2", []), ("mpt", [7, 8])])
+def test_kvzip_matches_reconstruction_rule(arch, repeat):
+    assert _kvzip_diff(arch, repeat) == 0
+
+
+def test_kvzip_check_fails_reversed(monkeypatch):
+    from keyformer.core.policies.kvzip import KVzipPolicy
+
+    orig = KVzipPolicy.priority
+    monkeypatch.setattr(KVzipPolicy, "priority",
+                        lambda self, s, ctx: (-orig(self, s, ctx)).masked_fill(ctx.pos < 4, torch.inf))
+    assert _kvzip_diff("llama", [7, 8, 9]) > 0

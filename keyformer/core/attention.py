@@ -84,7 +84,7 @@ def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor,
     policy = layer.cache.policy
     G = query.shape[1] // key.shape[1]
     q = query.shape[2]
-    scoring = policy.needs_attention and layer.window is None and (layer.length == 0 or policy.compress == "step")
+    scoring = policy.needs_attention and layer.window is None and (layer.length == 0 or policy.compress in ("step", "interval"))
     if scoring and layer.length > 0 and q > 1:
         raise NotImplementedError("multi-token forwards over a non-empty evicting cache (chunked prefill) are "
                                   "not supported by scoring policies")

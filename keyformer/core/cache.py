@@ -83,6 +83,7 @@ class EvictingLayer(CacheLayerMixin):
         self.alive = torch.empty(B, H, 0, dtype=torch.bool, device=self.device)  # mask mode only
         self.count = torch.zeros(B, dtype=torch.long, device=self.device)
         self.k_bh = None
+        self.memo: dict = {}  # the policy's per-layer scratch (needs_context policies), one generation
         self.is_initialized = True
 
     def get_seq_length(self) -> int:
@@ -103,6 +104,9 @@ class EvictingLayer(CacheLayerMixin):
             setattr(self, name, getattr(self, name).index_select(0, idx))
         if self.k_bh is not None:
             self.k_bh = self.k_bh.index_select(0, idx)
+        for key, val in getattr(self, "memo", {}).items():  # batch-major tensors follow their rows
+            if isinstance(val, torch.Tensor):
+                self.memo[key] = val.index_select(0, idx)
 
     def reorder_rows(self, idx: torch.Tensor, rows: torch.Tensor) -> None:
         """Beam reorder (``idx`` [B]: row b becomes a copy of row idx[b]) that copies only the ``rows`` [m] whose
@@ -124,7 +128,7 @@ class EvictingLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.is_initialized, self.seen, self.length, self.dense, self.steady = False, 0, 0, True, False
-        self.ragged, self.k_bh = False, None
+        self.ragged, self.k_bh, self.memo = False, None, {}
         self.keys = self.values = None
 
     # -- storage --------------------------------------------------------------------------------------
@@ -197,9 +201,24 @@ class EvictingLayer(CacheLayerMixin):
     def context_at(self, S: int, **tensors) -> Context:
         """The :class:`Context` over the slots [0, S)."""
         cache = self.cache
+        if cache.policy.needs_context:  # rules on keys and queries (KeyDiff, Expected Attention, R-KV)
+            tensors.setdefault("keys", self.held_keys(S))
+            tensors.update(live=self.held(S), memo=self.memo, model_info=cache.model_info)
         return Context(layer=self.layer_idx, num_layers=len(cache.layers), step=cache.step_of(self),
                        horizon=cache.max_new_tokens, pos=self.pos[:, :, :S], cur=cache.cur_pos(), w=cache.w,
                        **tensors)
+
+    def held(self, S: int) -> torch.Tensor:
+        """[B, H, S] bool: the slots [0, S) that hold a token (mask mode: not yet evicted)."""
+        live = self.pos[:, :, :S] >= 0
+        return live & self.alive[:, :, :S] if self.cache.mode == "mask" else live
+
+    def held_keys(self, S: int) -> torch.Tensor:
+        """[B, H, S, D] the keys of the slots [0, S) in the model's dtype (dequantized when stored quantized)."""
+        if self.slots is KV:
+            return self.keys[:, :, :S]
+        return self.cache.kv_quant.dequantize(self.keys[:, :, :S], self.kscale[:, :, :S], self.kzero[:, :, :S],
+                                              self.dtype)
 
     def live_mask(self) -> torch.Tensor:
         """[B, H or 1, L + q] bool: slots this forward's queries may attend to (before causality)."""
@@ -248,19 +267,21 @@ class EvictingLayer(CacheLayerMixin):
             self._evict_window()
             return
         policy = cache.policy
-        if not policy.evicts or (policy.compress == "prompt" and L > 0):
+        interval = policy.compress == "interval" and L > 0  # a buffer between cuts (R-KV)
+        if not policy.evicts or (policy.compress == "prompt" and L > 0) or (interval and not policy.cuts_at(
+                cache.step_of(self))):
             if cache.mode == "physical" and not (self.dense and cache.fwd_all_real):
                 self.count = torch.full_like(self.count, S)
                 self.dense = False
             self.length = S
             return
-        if self.steady and q == 1:
+        if self.steady and q == 1 and not interval:
             self._evict_steady()  # every sample is at its budget: the common decode step
             return
         live = self.live_mask().expand(-1, self.keys.shape[1], -1)  # [B, H, S]
         n_live = live.sum(-1)  # [B, H]
         k = self.budget()
-        if cache.mode == "physical" and q == 1 and L > 0:
+        if cache.mode == "physical" and q == 1 and L > 0 and not interval:
             self._evict_one(live, n_live > k)
             return
         keep_n = torch.minimum(n_live, k)
@@ -438,6 +459,7 @@ class KVCache(Cache):
         self._step_noise: torch.Tensor | None = None
         self._uniform: bool | None = None  # every layer steady at one length (decided once, after the prompt)
         self.policy = policy if policy is not None else FullPolicy()
+        self.model_info = None  # set by make_cache for needs_context policies (policy.model_info(model))
         self.mode, self.max_new_tokens = mode, max_new_tokens
         self.seed, self._seeds = seed, seeds
         self.prompt_mask = prompt_mask
@@ -591,10 +613,14 @@ class KVCache(Cache):
 
     def capacity_hint(self, needed: int) -> int:
         grows = not self.policy.evicts or self.policy.compress == "prompt"
-        return needed + (self.max_new_tokens if grows else 0)
+        return needed + (self.max_new_tokens if grows else self.interval_room())
 
     def headroom(self) -> int:
-        return 1 + (self.max_new_tokens if self.policy.compress == "prompt" else 0)
+        return 1 + (self.max_new_tokens if self.policy.compress == "prompt" else self.interval_room())
+
+    def interval_room(self) -> int:
+        """Slots a policy that cuts every N steps (``compress = "interval"``) fills between cuts: N - 1."""
+        return self.policy.interval - 1 if self.policy.compress == "interval" else 0
 
     def step_of(self, layer: EvictingLayer) -> int:
         """0 during the prompt forward, t during the t-th decode forward."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -47,9 +48,36 @@ def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: to
                max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None,
                mode: str = "physical", beam_groups: int = 1, kv_quant: KVQuant | None = None) -> KVCache:
     """A :class:`KVCache` for ``model`` (pass it as ``cache=`` to ``model.generate``)."""
-    return KVCache(policy, model.config.num_hidden_layers, prompt_mask=attention_mask,
-                   max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups,
-                   kv_quant=kv_quant, windows=layer_windows(model.config))
+    cache = KVCache(policy, model.config.num_hidden_layers, prompt_mask=attention_mask,
+                    max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups,
+                    kv_quant=kv_quant, windows=layer_windows(model.config))  # sliding layers keep their window
+    if policy is not None and policy.needs_context and hasattr(policy, "model_info"):
+        cache.model_info = policy.model_info(model)  # what a rule needs of the model (RoPE, ALiBi; one line if not)
+    if policy is not None and hasattr(policy, "prepare"):
+        _prepare_at_prompt(model, cache)
+    return cache
+
+
+def _prepare_at_prompt(model: PreTrainedModel, cache: KVCache) -> None:
+    """Run ``policy.prepare(model, input_ids, attention_mask)`` (an extra forward, KVzip's reconstruction) just
+    before the first forward that uses ``cache``, its prompt; its result becomes ``cache.model_info``. A one-shot
+    forward pre-hook (it holds the cache weakly and removes itself), so ``generate()``, ``model.generate`` and a bare
+    forward all run it, inside the prompt's time."""
+    ref = weakref.ref(cache)
+
+    def hook(module, args, kwargs):
+        c = ref()
+        if c is None:
+            handle.remove()
+            return
+        if (kwargs.get("cache") or kwargs.get("past_key_values")) is not c:
+            return
+        handle.remove()
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        mask = kwargs.get("attention_mask")
+        c.model_info = c.policy.prepare(module, ids, torch.ones_like(ids) if mask is None else mask)
+
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 _BATCH_KWARGS = ("attention_mask", "position_ids", "token_type_ids", "inputs_embeds")

@@ -1,0 +1,143 @@
+"""KVzip (Kim et al. 2025, arXiv 2505.23416; kvpress ``KVzipPress``): query-agnostic prompt compression scored by
+how much the model needs each cached token to *reconstruct the context*.
+
+Before generation, one extra forward runs over ``prompt + repeat_ids + prompt`` (the model asked to repeat its
+context; ``repeat_ids`` are the token ids of kvpress's instruction ``"\\n\\nRepeat the previous context
+exactly."`` followed by the chat template's assistant header, or ``"\\n"``; the runner fills them from the
+tokenizer, and ``None`` repeats the prompt with no instruction). The score of prompt token ``j`` in (layer, KV
+head) is the maximum, over the repeated tokens' queries and the query heads of the group, of its softmax
+attention probability (the softmax over the prompt and the repeated tokens so far, causal). The first
+``n_sink`` positions are always kept (kvpress sets their score to 1).
+
+The cut is per layer and head-adaptive: a layer keeps ``H * k`` (head, token) pairs, the highest-scored across its
+``H`` KV heads, with no per-head safeguard (kvpress's ``layerwise=True``; its default, ``layerwise=False``, shares
+one budget across *all* layers, which our per-layer budgets cannot express; see docs/policies_2025.md). Every
+generated token is then kept (prompt compression, as kvpress).
+
+**Cost.** The reconstruction forward covers about twice the prompt (``2 n + r`` tokens, its attention over up to
+``2 n + r`` keys) on top of the normal prefill: roughly one to three extra prefills of compute (kvpress: "2-3
+times the initial prefilling cost"). ``scripts/kvzip_cost.py`` measures it. It runs per sample on the unpadded
+prompt (so a sample's result does not depend on its batchmates) and only through
+:func:`keyformer.core.generate.generate`; a cache made without it refuses with one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .adakv import AdaKVMixin
+from .base import Context, Policy
+
+RECORD_IMPL = "keyformer_kvzip_record"
+_RECORD: dict[str, Any] = {}
+
+
+def _record_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager causal attention (batch 1, no pads) that records, per KV head, the max over the rows at or after
+    ``_RECORD["from"]`` and the group's query heads of their probabilities at keys [0, ``_RECORD["n"]``)."""
+    B, Hq, T, D = query.shape
+    Hkv = key.shape[1]
+    G = Hq // Hkv
+    k, v = key.repeat_interleave(G, dim=1), value.repeat_interleave(G, dim=1)
+    logits = (query.float() @ k.float().transpose(-1, -2)) * (scaling if scaling is not None else D**-0.5)
+    logits = logits.masked_fill(torch.ones(T, T, dtype=torch.bool, device=query.device).triu(1), float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    a, n = _RECORD["from"], _RECORD["n"]
+    _RECORD["scores"][module.layer_idx] = probs[:, :, a:, :n].amax(dim=2).view(B, Hkv, G, n).amax(dim=2)
+    return (probs.to(v.dtype) @ v).transpose(1, 2), None
+
+
+AttentionInterface.register(RECORD_IMPL, _record_attention)
+AttentionMaskInterface.register(RECORD_IMPL, sdpa_mask)
+
+
+@torch.inference_mode()
+def reconstruction_scores(model: Any, ids: torch.Tensor, repeat_ids: list[int] | None) -> list[torch.Tensor]:
+    """Per layer [Hkv, n]: KVzip's scores of one unpadded prompt ``ids`` [n] from one forward over
+    ``ids + repeat_ids + ids``."""
+    n = ids.numel()
+    extra = torch.tensor(list(repeat_ids or []), dtype=ids.dtype, device=ids.device)
+    seq = torch.cat([ids, extra, ids]).view(1, -1)
+    layers = model.config.num_hidden_layers
+    _RECORD.update(scores=[None] * layers, n=n, **{"from": n + extra.numel()})
+    if model.config.model_type == "mpt":  # MPT's own eager attention returns its probabilities: wrap it
+        blocks = model.transformer.blocks
+        saved = [b.attn.forward for b in blocks]
+        for b in blocks:
+            b.attn.forward = _mpt_recorder(b.attn)
+        try:
+            model(input_ids=seq, use_cache=False)
+        finally:
+            for b, f in zip(blocks, saved, strict=True):
+                b.attn.forward = f
+    else:
+        impl = model.config._attn_implementation
+        model.set_attn_implementation(RECORD_IMPL)
+        try:
+            model(input_ids=seq, use_cache=False)
+        finally:
+            model.set_attn_implementation(impl)
+    return [s[0] for s in _RECORD["scores"]]
+
+
+def _mpt_recorder(attn: Any):
+    orig = attn._kf_orig_forward
+
+    def forward(hidden_states, position_bias, cache=None, attention_mask=None, **kwargs):
+        out, probs = orig(hidden_states, position_bias, cache=None, attention_mask=attention_mask, **kwargs)
+        a, n = _RECORD["from"], _RECORD["n"]
+        _RECORD["scores"][attn.layer_idx] = probs.float()[:, :, a:, :n].amax(dim=2)
+        return out, probs
+
+    return forward
+
+
+@dataclass
+class KVzipPolicy(AdaKVMixin, Policy):
+    recent: float = 0.0
+    n_sink: int = 4
+    repeat_ids: list[int] | None = None
+    alpha_safeguard: float = 0.0  # KVzip shares a layer's budget among its heads with no safeguard
+
+    name: ClassVar[str] = "kvzip"
+    compress: ClassVar[str] = "prompt"
+    needs_context: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_ada()
+        if isinstance(self.n_sink, bool) or not isinstance(self.n_sink, int) or self.n_sink < 0:
+            raise ValueError(f"n_sink={self.n_sink!r} must be an int >= 0")
+        if self.repeat_ids is not None:
+            self.repeat_ids = [int(t) for t in self.repeat_ids]
+
+    def prepare(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, Any]:
+        """The reconstruction scores of every sample, per layer [B, Hkv, N] indexed by prompt position (the
+        extra forward; see the module docstring)."""
+        B, N = input_ids.shape
+        out: list[torch.Tensor] | None = None
+        for b in range(B):
+            ids = input_ids[b][attention_mask[b].bool()]
+            per_layer = reconstruction_scores(model, ids, self.repeat_ids)
+            if out is None:
+                out = [s.new_zeros(B, s.shape[0], N) for s in per_layer]
+            for li, s in enumerate(per_layer):
+                out[li][b, :, : s.shape[-1]] = s
+        return {"scores": out}
+
+    def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
+        info = ctx.model_info
+        if not isinstance(info, dict) or "scores" not in info:
+            raise ValueError("policy 'kvzip' scores the prompt in a reconstruction forward that only "
+                             "keyformer.core.generate.generate() runs; valid: generate() (not a bare make_cache)")
+        s = info["scores"][ctx.layer].to(state.device)
+        pos = ctx.pos
+        if s.shape[0] != pos.shape[0]:  # beam rows: sample-major copies of each sample
+            s = s.repeat_interleave(pos.shape[0] // s.shape[0], dim=0)
+        prio = s.gather(-1, pos.clamp(min=0, max=s.shape[-1] - 1)).double()
+        return prio.masked_fill(pos < self.n_sink, torch.inf)
