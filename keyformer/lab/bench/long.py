@@ -257,8 +257,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     model, tok = load_bench_model(cfg)
     vocab = model.config.vocab_size
     dtype = next(model.parameters()).dtype
-    longest = max(settings, key=lambda s: s.prompt_len + s.new_tokens)
-    text_ids = prompt_tokens(cfg, tok, max(s.prompt_len for s in settings) * (args.max_batch + 1))
+    longest = (parse_settings(args.memory_ref)[0] if args.memory_ref
+               else max(settings, key=lambda s: s.prompt_len + s.new_tokens))
+    text_ids = prompt_tokens(cfg, tok, max(s.prompt_len for s in [*settings, longest]) * (args.max_batch + 1))
     bw = measure_bandwidth(args.bandwidth_mb)
     w_bytes, per_token = weight_bytes(model), kv_bytes_per_token(model, dtype)
     pool: dict[Setting, torch.Tensor] = {}
@@ -471,6 +472,8 @@ def parser() -> argparse.ArgumentParser:
                                                                  "--full-batch)")
     p.add_argument("--full-batch", type=int, default=None, help="full's batch at the longest setting "
                                                                 "(default 4)")
+    p.add_argument("--memory-ref", default=None,
+                   help="PROMPT+NEW whose full cache at --full-batch sets the budget (default: the longest setting)")
     p.add_argument("--max-batch", type=int, default=None, help="largest batch tried (default 64)")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3)")
     p.add_argument("--beams", type=int, default=None, help="beam section's num_beams; 0 skips it (default 4)")
