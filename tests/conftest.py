@@ -29,14 +29,16 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
     # Tests run the eager noise kernels (no compile time in the suite); tests/test_noise.py checks that the
-    # compiled ones, which real runs use on CPU, agree with them. KEYFORMER_COMPILE=1 runs everything compiled.
+    # compiled ones, which real runs use on CPU, agree with them. KEYFORMER_COMPILE=1 runs everything
+    # compiled.
     os.environ.setdefault("KEYFORMER_COMPILE", "0")
     name = device_name()
     if name != "cpu":
         import torch
 
         dev = torch.device(name)
-        if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        if dev.type == "cuda" and (not torch.cuda.is_available()
+                                   or (dev.index or 0) >= torch.cuda.device_count()):
             raise pytest.UsageError(f"{DEVICE_ENV}={name}, but that CUDA device is not available here")
 
 

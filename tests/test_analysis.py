@@ -102,7 +102,8 @@ def test_attention_stats_uniform_and_one_hot():
 
 def test_layer_stats_rows():
     st = LayerStats(fractions=(0.5,), min_row=2)
-    p = torch.softmax(torch.randn(1, 3, 8, 8).masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), -1e9), -1)
+    p = (torch.softmax(torch.randn(1, 3, 8, 8).masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), -1e9),
+                       -1))
     st.add(0, p)
     st.add(0, p)
     rows = list(st.rows())
@@ -159,9 +160,11 @@ def test_collect_results_from_wandb(tmp_path):
                            "dataset": {"name": "cnn_dailymail"}, "model": {"name": "m"}, "seed": 0}
             self.summary = {"complete": True, "prefill_ms": 2.0, "kv_ratio": 0.5}
             if with_table:
-                self.summary["samples"] = {"_type": "table-file", "path": "media/table/samples_0_ab.table.json"}
+                self.summary["samples"] = {"_type": "table-file",
+                                           "path": "media/table/samples_0_ab.table.json"}
             cols = ["id", "prompt_tokens", "generated_tokens", "rouge1", "rouge2", "rougeL", "rougeLsum"]
-            self.table = {"columns": cols, "data": [[f"a{i}", 10, 8, 1.0, r2 + i, 1.0, 1.0] for i in range(2)]}
+            self.table = {"columns": cols,
+                          "data": [[f"a{i}", 10, 8, 1.0, r2 + i, 1.0, 1.0] for i in range(2)]}
 
         def file(self, path):
             assert path == self.summary["samples"]["path"]
@@ -183,11 +186,13 @@ def test_collect_results_from_wandb(tmp_path):
 def test_pooled_difference_averages_budgets_per_sample():
     from keyformer.lab.analysis import pooled_difference
 
-    points = pd.DataFrame({"point": ["k2", "h2", "k5", "h5", "w5"], "policy": ["kf", "h2o", "kf", "h2o", "win"],
+    points = pd.DataFrame({"point": ["k2", "h2", "k5", "h5", "w5"],
+                           "policy": ["kf", "h2o", "kf", "h2o", "win"],
                            "budget": [0.2, 0.2, 0.5, 0.5, 0.5]})
     rows = []
     for i in range(4):  # kf - h2o = +1 at 0.2 and +3 at 0.5 for every sample: pooled +2, no spread
-        rows += [{"point": "k2", "id": str(i), "rouge2": 5.0 + i}, {"point": "h2", "id": str(i), "rouge2": 4.0 + i},
+        rows += [{"point": "k2", "id": str(i), "rouge2": 5.0 + i},
+                 {"point": "h2", "id": str(i), "rouge2": 4.0 + i},
                  {"point": "k5", "id": str(i), "rouge2": 9.0}, {"point": "h5", "id": str(i), "rouge2": 6.0},
                  {"point": "w5", "id": str(i), "rouge2": 0.0}]
     d, used = pooled_difference(pd.DataFrame(rows), points, "kf", "h2o", n_boot=200)
@@ -239,7 +244,8 @@ def test_attention_stats_entry_point(tmp_path):
 
 
 def test_report_new_stream_table(tmp_path: Path, capsys) -> None:
-    """keyformer-report pairs exp1's Keyformer points with its H2O points and the previous stream's Keyformer."""
+    """keyformer-report pairs exp1's Keyformer points with its H2O points and the previous stream's
+    Keyformer."""
     from keyformer.lab import report
 
     rng = np.random.default_rng(3)
@@ -249,14 +255,16 @@ def test_report_new_stream_table(tmp_path: Path, capsys) -> None:
     def write(name: str, pts: dict[str, tuple[str, float, np.ndarray]]) -> None:
         d = tmp_path / name
         d.mkdir(parents=True)
-        pd.DataFrame([{"point": p, "policy": pol, "budget": b, "complete": True} for p, (pol, b, _) in pts.items()]
+        pd.DataFrame([{"point": p, "policy": pol, "budget": b, "complete": True} for p,
+                      (pol, b, _) in pts.items()]
                      ).to_csv(d / "points.csv", index=False)
         pd.DataFrame([{"point": p, "id": i, "rouge2": v} for p, (_, _, vals) in pts.items()
                       for i, v in zip(ids, vals, strict=True)]).to_csv(d / "samples.csv", index=False)
 
     write("exp1_cnndm", {"h": ("h2o", 0.2, base), "n": ("keyformer", 0.2, base + 1.0),
                          "h5": ("h2o", 0.5, base), "n5": ("keyformer", 0.5, base + 1.0)})
-    write("archive/exp1_cnndm_oldstream", {"k": ("keyformer", 0.2, base + 0.5), "k5": ("keyformer", 0.5, base)})
+    write("archive/exp1_cnndm_oldstream",
+          {"k": ("keyformer", 0.2, base + 0.5), "k5": ("keyformer", 0.5, base)})
     report.new_stream(tmp_path)
     out = capsys.readouterr().out
     assert "| 0.2 | 40 |" in out and "+1.00 [+1.00, +1.00] | +0.50 [+0.50, +0.50] |" in out
@@ -270,18 +278,21 @@ def _exp8_frames(shift: float, n: int = 400, noise: float = 1.0):
     points, samples = [], []
     for b in (0.2, 0.3, 0.5):
         base = rng.normal(10, 3, n)
-        for v, add in (("h2o", 0.0), ("keyformer_s0", shift), ("keyformer_s1", shift), ("h2o_recent05", -1.0)):
+        for v, add in (("h2o", 0.0), ("keyformer_s0", shift), ("keyformer_s1", shift),
+                       ("h2o_recent05", -1.0)):
             if v == "h2o_recent05" and b != 0.3:
                 continue
             point = f"budget={b},{v}"
             points.append({"point": point, "variant": v, "budget": b})
             x = base + add + (rng.normal(0, noise, n) if v.startswith("keyformer") else 0)
-            samples += [{"point": point, "id": i, "rouge2": float(val)} for i, val in zip(ids, x, strict=True)]
+            samples += [{"point": point, "id": i, "rouge2": float(val)} for i,
+                        val in zip(ids, x, strict=True)]
     return pd.DataFrame(points), pd.DataFrame(samples)
 
 
 @pytest.mark.parametrize("shift, noise, decision", [(0.0, 1.0, "does not transfer"), (1.0, 1.0, "transfers"),
-                                                    (0.3, 1.0, "Keyformer beats H2O"), (0.4, 10.0, "inconclusive")])
+                                                    (0.3, 1.0, "Keyformer beats H2O"),
+                                                    (0.4, 10.0, "inconclusive")])
 def test_powered_study_decision_and_estimates(shift, noise, decision):
     points, samples = _exp8_frames(shift, noise=noise)
     r = analysis.powered_study(points, samples, n_boot=2000)
@@ -295,7 +306,8 @@ def test_powered_study_decision_and_estimates(shift, noise, decision):
     assert extra["kf_minus_h2o_same_articles"]["diff"] == pytest.approx(shift, abs=0.15 * noise + 0.05)
     # the n that the observed SD needs for a half-width of 0.25
     assert p["n_for_half_width"] == int(np.ceil((1.96 * p["sd"] / 0.25) ** 2))
-    # the n at which a CI of that SD around the observed mean would exclude 0 or +0.3: more than n when undecided
+    # the n at which a CI of that SD around the observed mean would exclude 0 or +0.3: more than n when
+    # undecided
     margin = max(abs(p["diff"]), abs(p["diff"] - 0.3))
     assert p["n_decisive"] == int(np.ceil((1.96 * p["sd"] / margin) ** 2))
     assert (p["n_decisive"] > r["n"]) == decision.startswith("inconclusive")
@@ -319,7 +331,8 @@ def test_collect_task_metrics_needle_fields_and_kv_quant():
               "prediction": "x"} for i in range(2)]
     row, s = point_rows("p", cfg, preds, {"complete": True})
     # the runner's retrieval rows carry answer_found; accuracy is its % per sample, as metrics.accuracy
-    assert row["accuracy"] == 50.0 and list(s["accuracy"]) == [0.0, 100.0] and row["n_truncated"] == 1 and row["kv_quant"] == 4 and row["complete"]
+    assert (row["accuracy"] == 50.0 and list(s["accuracy"]) == [0.0, 100.0] and row["n_truncated"] == 1
+            and row["kv_quant"] == 4 and row["complete"])
     assert list(s.columns[-4:]) == ["accuracy", "needle_length", "needle_depth", "prediction"]
 
 
@@ -354,11 +367,14 @@ def test_authors_setting_gaps_beam_effect_and_short_reference():
     lms = r["long_minus_short"]
     assert lms["n"] == 300 and lms["diff"] == pytest.approx(pooled[1]["diff"] - lms["short_gap"], abs=1e-9)
     # a missing Keyformer point at one budget drops that row and the pooled gap of its decoding
-    r2 = analysis.authors_setting(points[points["point"] != "budget=0.3,generation=4,policy=keyformer"], samples,
+    r2 = analysis.authors_setting(points[points["point"] != "budget=0.3,generation=4,policy=keyformer"],
+                                  samples,
                                   n_boot=200)
-    assert len(r2["rows"]) == 3 and [p["num_beams"] for p in r2["pooled"]] == [1] and r2["beam_minus_greedy"] is None
+    assert (len(r2["rows"]) == 3 and [p["num_beams"] for p in r2["pooled"]] == [1]
+            and r2["beam_minus_greedy"] is None)
     # a full reference that finished fewer articles limits only the comparisons with full
-    fewer = samples[~((samples["point"] == "budget=1.0,generation=4,policy=full") & samples["id"].isin(ids_of(100)))]
+    fewer = samples[~((samples["point"] == "budget=1.0,generation=4,policy=full")
+                      & samples["id"].isin(ids_of(100)))]
     r3 = analysis.authors_setting(points, fewer, n_boot=200)
     beam = [x for x in r3["rows"] if x["num_beams"] == 4]
     assert all(x["n"] == 300 and x["n_full"] == 200 for x in beam)
@@ -385,12 +401,15 @@ def test_field_ranking_ranks_policies_and_pairs_them_with_keyformer():
             for q in ((None, 8) if pol == "h2o" and b == 0.2 else (None,)):
                 point = f"{pol},{b},{q}"
                 points.append({"point": point, "policy": pol, "budget": b, "kv_quant": q})
-                x = base + add + (5.0 if q else 0.0) + rng.normal(0, 0.3, 200)  # the quantized point must be left out
-                samples += [{"point": point, "id": i, "rouge2": float(v)} for i, v in zip(ids, x, strict=True)]
+                # the quantized point must be left out
+                x = base + add + (5.0 if q else 0.0) + rng.normal(0, 0.3, 200)
+                samples += [{"point": point, "id": i, "rouge2": float(v)} for i,
+                            v in zip(ids, x, strict=True)]
     t = analysis.field_ranking(pd.DataFrame(points), pd.DataFrame(samples), "rouge2", n_boot=500)
     at = t[t["budget"] == 0.2].set_index("policy")
     assert list(at.sort_values("rank").index) == ["snapkv", "keyformer", "h2o"]
-    assert at.loc["h2o", "diff_vs_ref"] == pytest.approx(-1.0, abs=0.1) and np.isnan(at.loc["keyformer", "diff_vs_ref"])
+    assert (at.loc["h2o", "diff_vs_ref"] == pytest.approx(-1.0, abs=0.1)
+            and np.isnan(at.loc["keyformer", "diff_vs_ref"]))
     pooled = t[t["budget"] == "pooled"].set_index("policy")
     assert set(pooled.index) == {"h2o", "snapkv"} and pooled.loc["snapkv", "budgets_used"] == "0.2,0.5"
     assert pooled.loc["snapkv", "d_lo"] < 1.0 < pooled.loc["snapkv", "d_hi"]
@@ -418,8 +437,8 @@ def test_report_nanfix_pairs_the_rerun_with_the_buggy_run(tmp_path: Path, capsys
 
 
 def test_report_same_config_pairs_points_of_equal_config_only(tmp_path: Path, capsys) -> None:
-    """keyformer-report's device/realisation tables pair points with the same config: a quantized point with the
-    same policy and budget is not the plain point's twin, and a column one side lacks counts as unset."""
+    """keyformer-report's device/realisation tables pair points with the same config: a quantized point with
+    the same policy and budget is not the plain point's twin, and a column one side lacks counts as unset."""
     from keyformer.lab import report
 
     ids = [f"a{i}" for i in range(10)]
@@ -428,7 +447,8 @@ def test_report_same_config_pairs_points_of_equal_config_only(tmp_path: Path, ca
              "gpu": [("q8", {**plain, "kv_quant": 8.0}, "y"), ("p", {**plain, "kv_quant": np.nan}, "x")]}
     for name, pts in sides.items():
         rows = [{"point": pt, **cfg, "variant": ""} for pt, cfg, _ in pts]
-        samples = [{"point": pt, "id": i, "rouge2": 1.0, "prediction": text} for pt, _, text in pts for i in ids]
+        samples = [{"point": pt, "id": i, "rouge2": 1.0, "prediction": text} for pt, _, text in pts
+                   for i in ids]
         (tmp_path / name).mkdir()
         pd.DataFrame(rows).to_csv(tmp_path / name / "points.csv", index=False)
         pd.DataFrame(samples).to_csv(tmp_path / name / "samples.csv", index=False)
@@ -447,7 +467,8 @@ def test_report_field_ranks_policies_and_prices_quantization(tmp_path: Path, cap
     base = rng.normal(0, 2, 50)
     base += 10 - base.mean()  # point means 10 + add
     arms = [("full", 1.0, None, 3.0), ("keyformer", 0.2, None, 1.0), ("h2o", 0.2, None, 0.0),
-            ("keyformer", 0.5, None, 2.0), ("h2o", 0.5, None, 2.0), ("full", 1.0, 4.0, 2.5), ("tova", 0.5, None, 9.0)]
+            ("keyformer", 0.5, None, 2.0), ("h2o", 0.5, None, 2.0), ("full", 1.0, 4.0, 2.5),
+            ("tova", 0.5, None, 9.0)]
     points, samples = [], []
     for pol, b, q, add in arms:
         pt = f"{pol},{b},{q}"

@@ -84,7 +84,8 @@ def test_prompt_once_in_mask_mode(model):
     once = generate(model, ids, mask, pol, **kw)
     ref = generate(model, ids, mask, pol, prompt_once=False, **kw)
     assert torch.equal(once.sequences, ref.sequences)
-    assert [once.cache.kept_positions(li) for li in range(2)] == [ref.cache.kept_positions(li) for li in range(2)]
+    assert [once.cache.kept_positions(li) for li in range(2)] == [ref.cache.kept_positions(li)
+                                                                  for li in range(2)]
 
 
 @torch.inference_mode()  # as inside generate(): the cache's tensors are inference tensors
@@ -92,7 +93,8 @@ def test_reorder_copies_only_the_rows_that_changed(model):
     """The cache's reorder equals plain indexing of every per-row tensor, and leaves unchanged rows' storage
     in place (no whole-tensor copy)."""
     ids, mask = _batch(3, b=1)
-    out = generate(model, ids.repeat(NB, 1), mask.repeat(NB, 1), make_policy("h2o", budget=0.5), max_new_tokens=3)
+    out = (generate(model, ids.repeat(NB, 1), mask.repeat(NB, 1), make_policy("h2o", budget=0.5),
+                    max_new_tokens=3))
     cache = out.cache
     layer = cache.layers[0]
     names = ("keys", "values", "pos", "score", "count")
@@ -117,7 +119,8 @@ def test_reorder_copies_only_the_rows_that_changed(model):
 
 
 class _BlockRows:
-    """Records the first query row of every scored prompt block (the blocked pass calls ``_upper`` per block)."""
+    """Records the first query row of every scored prompt block (the blocked pass calls ``_upper`` per
+    block)."""
 
     def __init__(self, monkeypatch):
         self.starts: list[int] = []

@@ -38,7 +38,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
     for name in ("bench.json", "bench.csv", "table.txt", "command.txt"):
         assert (tmp_path / name).is_file()
     labels = {(r["group"], r["label"]) for r in report["rows"]}
-    assert ("L48xB1", "hf") in labels and ("L48xB1", "hf_static") in labels and ("L32xB2", "keyformer@0.5") in labels
+    assert ("L48xB1", "hf") in labels and ("L48xB1", "hf_static") in labels and ("L32xB2",
+                                                                                 "keyformer@0.5") in labels
     assert ("L32xB2", "h2o@0.5") not in labels  # per-group policies
     assert [t["id"] for t in report["targets"]] == [1, 2, 3, 4, 5, 6, 7]
     assert all(t["met"] is not None for t in report["targets"])  # every target measured
@@ -50,7 +51,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
     full = next(r for r in report["rows"] if r["group"] == "L48xB1" and r["policy"] == "full")
     half = next(r for r in report["rows"] if r["group"] == "L48xB1" and r["label"] == "keyformer@0.5")
     assert half["kv_live_bytes"] < full["kv_live_bytes"] and half["predicted_speedup"] > 1.0
-    # target 7 on the tiny model: the transformers DynamicCache concatenates the whole cache (positive control)
+    # target 7 on the tiny model: the transformers DynamicCache concatenates the whole cache (positive
+    # control)
     ops = report["ops"]
     assert ops["hf"]["whole_cache_cat"]
     assert not any(v["whole_cache_cat"] for k, v in ops.items() if not k.startswith("hf"))
@@ -78,7 +80,8 @@ def test_peak_rss_reset() -> None:
 def test_gpu_bench_tiny(tmp_path: Path) -> None:
     from keyformer.lab.bench import gpu as gpu_bench
 
-    gpu_bench.main(["--tiny", "--models", "mpt", "--lengths", "8", "--max-batch", "2", "--gen-cap", "4", "--out", str(tmp_path)])
+    gpu_bench.main(["--tiny", "--models", "mpt", "--lengths", "8", "--max-batch", "2", "--gen-cap", "4",
+                    "--out", str(tmp_path)])
     cells = json.loads((tmp_path / "gpu_bench.json").read_text())["cells"]
     thr = next(c for c in cells if c.get("kind") == "throughput")
     assert thr["runs"]["full"]["max_batch"] == 2 and thr["runs"]["keyformer"]["tokens_per_s"] > 0

@@ -13,7 +13,8 @@ from keyformer.core.models import tiny_config
 
 POLICY_NAMES = ("window", "streaming", "h2o", "keyformer")
 N_PROMPT, NEW = 40, 12
-ARCHS = ("gptj", "gpt2", "mpt", "llama")  # the other tiny archs (sliding layers, soft-capping): tests/test_archs.py
+# the other tiny archs (sliding layers, soft-capping): tests/test_archs.py
+ARCHS = ("gptj", "gpt2", "mpt", "llama")
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -67,7 +68,8 @@ def test_window_matches_hf_masked_forward(model):
     (prompt rows causal; decode row i sees the k cached tokens plus itself: positions i - k .. i)."""
     ids = _prompt(4)
     n, k = ids.shape[1], int(ids.shape[1] * 0.5)
-    out = generate(model, ids, None, make_policy("window", budget=0.5), max_new_tokens=NEW, output_logits=True)
+    out = (generate(model, ids, None, make_policy("window", budget=0.5), max_new_tokens=NEW,
+                    output_logits=True))
     seq = torch.cat([ids, out.sequences[:, :-1]], dim=1)
     T = seq.shape[1]
     i, j = torch.arange(T).view(-1, 1), torch.arange(T).view(1, -1)
@@ -184,7 +186,8 @@ def _key_sets(model, policy, ids, steps, seed=0):
         history.append([frozenset(p for p in head if p <= cur - w) for head in cache.kept_positions(0)[0]])
 
     model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, max_new_tokens=steps,
-                   do_sample=False, pad_token_id=0, logits_processor=LogitsProcessorList([_Inspect(cache, record)]))
+                   do_sample=False, pad_token_id=0,
+                   logits_processor=LogitsProcessorList([_Inspect(cache, record)]))
     return history
 
 
@@ -196,7 +199,8 @@ def test_reference_candidates_freeze_key_set(model):
         return  # tiny random Llama attends ~uniformly: accumulated scores of old tokens always win
     # paper rule: a token leaving the window can displace a key token (a low tau makes the noise decisive)
     paper = make_policy("keyformer", budget=0.5, recent=0.1, candidates="paper", tau_init=0.3, tau_end=0.3)
-    changed = [any(h != hs[0] for h in hs) for hs in (_key_sets(model, paper, ids, 24, seed) for seed in range(6))]
+    changed = [any(h != hs[0] for h in hs)
+               for hs in (_key_sets(model, paper, ids, 24, seed) for seed in range(6))]
     assert any(changed)
 
 
@@ -226,12 +230,14 @@ def test_beam_search_runs_with_eviction(model):
                        mode=mode)
         assert out.sequences.shape == (1, 8)
     phys = generate(model, ids, None, make_policy("h2o", budget=0.5), max_new_tokens=8, num_beams=4)
-    sim = generate(model, ids, None, make_policy("h2o", budget=0.5), max_new_tokens=8, num_beams=4, mode="mask")
+    sim = (generate(model, ids, None, make_policy("h2o", budget=0.5), max_new_tokens=8, num_beams=4,
+                    mode="mask"))
     assert torch.equal(phys.sequences, sim.sequences)
 
 
 def test_sdpa_backends_drop_cudnn_and_keep_the_callers_choice():
-    """On CUDA our SDPA calls exclude cuDNN (a graph per decode length) but honour backends the caller chose."""
+    """On CUDA our SDPA calls exclude cuDNN (a graph per decode length) but honour backends the caller
+    chose."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from keyformer.core.attention import _sdpa_backends

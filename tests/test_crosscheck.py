@@ -1,5 +1,5 @@
-"""The kvpress cross-check's pure-Python parts (kept-set encoding, Jaccard, agreement, merge and tables); kvpress
-is not needed."""
+"""The kvpress cross-check's pure-Python parts (kept-set encoding, Jaccard, agreement, merge and tables);
+kvpress is not needed."""
 
 from __future__ import annotations
 
@@ -69,8 +69,10 @@ def _write(tmp: Path, ours_methods: list[dict[str, Any]], kv_methods: list[dict[
                                                   "prompts": [{"id": "a", "input_ids": list(range(6))}]}))
     full = [_run("a", [1, 2])]
     meta_o = {"transformers": "x", "torch": "t", "threads": 1, "git": {"commit": "abcdef0123", "dirty": []}}
-    xc.dump_json(tmp / "ours.json.gz", {"side": "ours", "meta": meta_o, "full": full, "methods": ours_methods})
-    xc.dump_json(tmp / "kvpress.json.gz", {"side": "kvpress", "meta": {"kvpress": "0.5.5", "transformers": "y"},
+    xc.dump_json(tmp / "ours.json.gz", {"side": "ours", "meta": meta_o, "full": full,
+                                        "methods": ours_methods})
+    xc.dump_json(tmp / "kvpress.json.gz",
+                 {"side": "kvpress", "meta": {"kvpress": "0.5.5", "transformers": "y"},
                                            "full": full, "methods": kv_methods})
 
 

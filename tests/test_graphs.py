@@ -38,8 +38,10 @@ def test_capture_reasons(model):
     ids = _ids()
     mask = torch.ones_like(ids)
     assert "every token" in graphs.capture_reason(_prefill(model, ids, mask, make_policy("full"), 4)[0])
-    assert "compress" in graphs.capture_reason(_prefill(model, ids, mask, make_policy("snapkv", budget=0.5), 4)[0])
-    grow = _prefill(model, ids, mask, make_policy("h2o", budget=N + 5), 4)[0]  # absolute budget above the prompt
+    assert ("compress" in graphs.capture_reason(_prefill(model, ids, mask, make_policy("snapkv", budget=0.5),
+                                                         4)[0]))
+    # absolute budget above the prompt
+    grow = _prefill(model, ids, mask, make_policy("h2o", budget=N + 5), 4)[0]
     assert "budget yet" in graphs.capture_reason(grow)
     assert "CUDA" in graphs.capture_reason(_prefill(model, ids, mask, make_policy("h2o", budget=0.5), 4)[0])
 
@@ -62,7 +64,8 @@ def test_eager_step_equals_generate(model, name):
 
 
 def test_device_tau_matches_the_float_schedule(model):
-    """While capturing, Keyformer's annealed tau is a device scalar; eager with it gives the float's results."""
+    """While capturing, Keyformer's annealed tau is a device scalar; eager with it gives the float's
+    results."""
     ids = _ids(seed=2)
     mask = torch.ones_like(ids)
     pol = make_policy("keyformer", budget=0.5, tau_init=1.0, tau_end=2.0)

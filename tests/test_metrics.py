@@ -62,9 +62,11 @@ def test_aggregate():
 
 def test_answer_found_whole_words_and_accuracy():
     assert answer_found("The code name of the project is Cobalt.", "cobalt")
-    assert answer_found("It is in Kestrel\nBay.", "Kestrel Bay") and not answer_found("in Kestrel", "Kestrel Bay")
+    assert (answer_found("It is in Kestrel\nBay.", "Kestrel Bay")
+            and not answer_found("in Kestrel", "Kestrel Bay"))
     assert not answer_found("Lemonade Day", "lemon") and not answer_found("", "lemon")
-    row = dict(rouge1=1.0, rouge2=1.0, rougeL=1.0, rougeLsum=1.0, prompt_tokens=1, generated_tokens=1, kv_bytes=1,
+    row = dict(rouge1=1.0, rouge2=1.0, rougeL=1.0, rougeLsum=1.0, prompt_tokens=1, generated_tokens=1,
+               kv_bytes=1,
                kv_bytes_full=1, prefill_ms=1.0, decode_ms=1.0, n_decode_steps=1)
     rows = [{**row, "id": str(i), "batch": str(i), "answer_found": i < 3} for i in range(4)]
     assert aggregate(rows)["accuracy"] == 75.0

@@ -1,4 +1,5 @@
-"""Keyformer's counter-based noise: distribution, independence, coordinates, compiled == eager, per-sample seeds."""
+"""Keyformer's counter-based noise: distribution, independence, coordinates, compiled == eager, per-sample
+seeds."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def test_decode_noise_is_the_prompt_noise_at_the_held_positions():
 
 def test_compiled_kernels_agree_with_eager(monkeypatch):
     monkeypatch.setenv("KEYFORMER_COMPILE", "1")
-    rk = nz.row_keys(nz.seeds_tensor([3, 4], "cpu"), 5, torch.arange(6), torch.arange(40).view(1, -1).repeat(2, 1))
+    rk = (nz.row_keys(nz.seeds_tensor([3, 4], "cpu"), 5, torch.arange(6),
+                      torch.arange(40).view(1, -1).repeat(2, 1)))
     ck = nz.col_keys(torch.arange(40)).view(1, 1, -1).expand(2, 1, -1)
     eager = nz.exp_noise(rk.unsqueeze(-1), ck.unsqueeze(2))
     fast = nz.exp_noise_fast(rk.unsqueeze(-1), ck.unsqueeze(2))
@@ -50,9 +52,11 @@ def test_compiled_kernels_agree_with_eager(monkeypatch):
     full = nz.noise_at(nz.seeds_tensor([3, 4], "cpu"), 5, torch.tensor([39, 39]), pos, 3)
     part = nz.noise_at(nz.seeds_tensor([3, 4], "cpu"), 5, torch.tensor([39, 39]), pos[..., :7], 3)
     assert torch.equal(full[..., :7], part)  # the value of an entry does not depend on the tensor's shape
-    assert nz._COMPILED.get("ok", True) and "at" in nz._COMPILED and "block" in nz._COMPILED  # really compiled
+    # really compiled
+    assert nz._COMPILED.get("ok", True) and "at" in nz._COMPILED and "block" in nz._COMPILED
     monkeypatch.setenv("KEYFORMER_COMPILE", "0")
-    assert torch.allclose(nz.noise_at(nz.seeds_tensor([3, 4], "cpu"), 5, torch.tensor([39, 39]), pos, 3), full,
+    assert torch.allclose(nz.noise_at(nz.seeds_tensor([3, 4], "cpu"), 5, torch.tensor([39, 39]), pos, 3),
+                          full,
                           rtol=2e-6)
 
 
@@ -69,7 +73,8 @@ def test_per_sample_seeds():
     swapped = generate(model, ids.repeat(2, 1), None, pol, max_new_tokens=6, seeds=[b, a])
     for li in range(2):
         kept = both.cache.kept_positions(li)
-        assert kept[0] == alone[0].cache.kept_positions(li)[0] and kept[1] == alone[1].cache.kept_positions(li)[0]
+        assert (kept[0] == alone[0].cache.kept_positions(li)[0]
+                and kept[1] == alone[1].cache.kept_positions(li)[0])
         assert swapped.cache.kept_positions(li) == kept[::-1]
     assert any(both.cache.kept_positions(li)[0] != both.cache.kept_positions(li)[1] for li in range(2))
 
@@ -84,8 +89,11 @@ def test_noise_samples_average_fields():
     """m = 2 averages two independent fields: it differs from either field alone, and m = 1 is the default."""
     model = tiny_model("llama")
     ids = torch.randint(3, 256, (1, 48), generator=torch.Generator().manual_seed(1))
-    kept = lambda m: [generate(model, ids, None, make_policy("keyformer", budget=0.3, noise_samples=m),  # noqa: E731
-                               max_new_tokens=4, seed=9).cache.kept_positions(li) for li in range(2)]
+
+    def kept(m: int) -> list:
+        return [generate(model, ids, None, make_policy("keyformer", budget=0.3, noise_samples=m),
+                         max_new_tokens=4, seed=9).cache.kept_positions(li) for li in range(2)]
+
     assert kept(1) == [generate(model, ids, None, make_policy("keyformer", budget=0.3), max_new_tokens=4,
                                 seed=9).cache.kept_positions(li) for li in range(2)]
     assert kept(4) != kept(1)
@@ -94,7 +102,8 @@ def test_noise_samples_average_fields():
 def test_compiled_gumbel_score_agrees_with_eager(monkeypatch):
     from keyformer.core.policies.keyformer import gumbel_score
 
-    p = torch.softmax(torch.randn(2, 3, 2, 64, 400, generator=torch.Generator().manual_seed(0)), -1)  # >= FUSE_MIN
+    # >= FUSE_MIN
+    p = torch.softmax(torch.randn(2, 3, 2, 64, 400, generator=torch.Generator().manual_seed(0)), -1)
     e = -torch.rand(p.shape, generator=torch.Generator().manual_seed(1)).clamp(min=1e-7).log()
     from keyformer.core.policies.keyformer import FUSE_MIN
 

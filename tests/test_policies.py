@@ -101,8 +101,8 @@ def test_cache_refuses_a_model_that_bypasses_it():
 
 
 def test_snapkv_pools_only_the_keys_before_the_observation_window():
-    """As the authors' ``avg_pool1d(attn[..., -window:, :-window])``: the window is cut off before pooling (it is
-    kept regardless), so the keys just before it do not average in the window's own local attention."""
+    """As the authors' ``avg_pool1d(attn[..., -window:, :-window])``: the window is cut off before pooling
+    (it is kept regardless), so the keys just before it do not average in the window's own local attention."""
     import torch
 
     from keyformer.core.policies import make_policy

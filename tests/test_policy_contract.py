@@ -3,11 +3,11 @@
 * physical eviction == mask simulation (tokens, logits, kept positions);
 * the budget holds after the prompt and at every decode step;
 * a left-padded batch gives each prompt's output alone;
-* a hand-written naive reference: one eager forward over prompt + generated tokens whose per-layer, per-KV-head
-  masks come from a row-by-row Python simulation of the budget rules (full prompt attention, cut to k with the
-  recent window, then at each step: attend to the kept set + itself, fold in its scores with the policy's
-  accumulation rule, evict the lowest-priority non-recent token, oldest first). H2O's and Keyformer's scores are
-  written out as plain softmax math there.
+* a hand-written naive reference: one eager forward over prompt + generated tokens whose per-layer,
+  per-KV-head masks come from a row-by-row Python simulation of the budget rules (full prompt attention, cut
+  to k with the recent window, then at each step: attend to the kept set + itself, fold in its scores with
+  the policy's accumulation rule, evict the lowest-priority non-recent token, oldest first). H2O's and
+  Keyformer's scores are written out as plain softmax math there.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from keyformer.core.policies import POLICIES
 from keyformer.core.policies.base import Context
 
 N, NEW = 36, 10
-# the naive forward needs the AttentionInterface (MPT: physical == mask only); gemma3_text: hybrid sliding/global
+# the naive forward needs the AttentionInterface (MPT: physical == mask only); gemma3_text: hybrid
+# sliding/global
 # layers, QK-norm, query_pre_attn_scalar; gemma2: sliding layers and logit soft-capping (tests/test_archs.py)
 ARCHS = ("llama", "gptj", "gpt2", "gemma3_text", "gemma2")
 MODEL_ARCHS = ("llama", "gptj", "gpt2", "mpt", "gemma3_text", pytest.param("gemma2", marks=pytest.mark.slow))
@@ -57,8 +58,9 @@ def arch(request):
 
 @pytest.fixture(autouse=True)
 def _skip_where_the_policy_refuses_the_arch(request):
-    """A policy may refuse an architecture in one line (Expected Attention reads the model's RoPE and knows one
-    RoPE per model, not Gemma 3's per-layer-type RoPE): its tests on that arch are skipped with that line."""
+    """A policy may refuse an architecture in one line (Expected Attention reads the model's RoPE and knows
+    one RoPE per model, not Gemma 3's per-layer-type RoPE): its tests on that arch are skipped with that
+    line."""
     name = getattr(getattr(request.node, "callspec", None), "params", {}).get("name")
     if name is None or "model" not in request.fixturenames or not hasattr(POLICIES[name], "model_info"):
         return
@@ -116,7 +118,8 @@ def test_budget_holds(model, name):
         for li, layer in enumerate(cache.layers):
             heads = [len(h) for h in cache.kept_positions(li)[0]]
             if windows[li] is not None:  # a sliding layer keeps the model's window (W - 1 + the spare slot)
-                assert heads == [windows[li] - 1] * len(heads) and layer.keys.shape[2] == windows[li], (li, step)
+                assert heads == [windows[li] - 1] * len(heads) and layer.keys.shape[2] == windows[li], (li,
+                                                                                                        step)
                 continue
             assert sum(heads) == len(heads) * (kl[li] + grow), (li, step)  # the layer's budget
             share = first.setdefault(li, [h - grow for h in heads])
@@ -143,9 +146,11 @@ def test_padded_batch_equals_alone(model, name):
     for i, p in enumerate(prompts):
         ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
     pol, dev = _policy(name), model.device
-    batch = generate(model, ids.to(dev), mask.to(dev), pol, max_new_tokens=NEW, pad_token_id=0, seeds=[7, 8, 9])
+    batch = (generate(model, ids.to(dev), mask.to(dev), pol, max_new_tokens=NEW, pad_token_id=0,
+                      seeds=[7, 8, 9]))
     for i, p in enumerate(prompts):
-        alone = generate(model, p.view(1, -1).to(dev), None, pol, max_new_tokens=NEW, pad_token_id=0, seeds=[7 + i])
+        alone = (generate(model, p.view(1, -1).to(dev), None, pol, max_new_tokens=NEW, pad_token_id=0,
+                          seeds=[7 + i]))
         a = alone.sequences[0]
         assert torch.equal(batch.sequences[i, : len(a)], a), f"sample {i}"
         if len(a) == NEW:
@@ -181,7 +186,8 @@ def _row_score(policy, probs: torch.Tensor, noise: torch.Tensor, step: int, hori
     if policy.name == "h2o":
         return probs
     if policy.name == "keyformer":
-        x = probs.log() - noise.log() if policy.noise else probs.log()  # logits + Gumbel, up to a row constant
+        # logits + Gumbel, up to a row constant
+        x = probs.log() - noise.log() if policy.noise else probs.log()
         return torch.softmax(x / policy.tau(step, horizon), -1)
     ctx = Context(step=step, horizon=horizon, noise=lambda draw=0: noise.view(1, 1, 1, 1, -1))
     return policy.score(probs.view(1, 1, 1, 1, -1).clone(), ctx).view(-1)
@@ -227,14 +233,16 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
                 boosted += [(torch.inf if j in top else p, j, h) for j, p in pr[h].items()]
             chosen = ranked(boosted)[: kl * len(prios)]
             quota = [sum(1 for _, _, hh in chosen if hh == h) for h in heads]
-        return [sorted(j for _, j, _ in ranked([(p, j, h) for j, p in pr[h].items()])[: quota[h]]) for h in heads]
+        return [sorted(j for _, j, _ in ranked([(p, j, h) for j, p in pr[h].items()])[: quota[h]])
+                for h in heads]
 
     def fn(logits, layer):  # logits [Hq, S, S] -> [Hkv, S, S]
         Hq, S, _ = logits.shape
         G = Hq // hkv
         kl = layer_k(layer)
         masks, states, prios, accs = [], [], [], []
-        layer_mean = getattr(policy, "head_reduction", None) == "layer"  # one set per layer (TOVA): mean of heads
+        # one set per layer (TOVA): mean of heads
+        layer_mean = getattr(policy, "head_reduction", None) == "layer"
         for h in range(hkv):  # the prompt: full attention, scores of the observed rows
             m = torch.zeros(S, S, dtype=torch.bool)
             acc = torch.zeros(n)
@@ -252,7 +260,8 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
         for h in range(hkv):  # folded into the state, pooled, prioritised
             state = torch.zeros(S)
             if policy.needs_attention:
-                ctx = Context(step=0, horizon=horizon, pos=torch.arange(n).view(1, 1, -1), cur=torch.tensor([n - 1]))
+                ctx = (Context(step=0, horizon=horizon, pos=torch.arange(n).view(1, 1, -1),
+                               cur=torch.tensor([n - 1])))
                 fold(state, list(range(n)), accs[h], ctx)
                 state[:n] = policy.after_prompt(state[:n].view(1, 1, -1).clone(), ctx).view(-1)
             states.append(state)
@@ -271,7 +280,8 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
                 if policy.needs_attention:
                     pn = prompt_noise(seed, layer, i, i + 1, Hq, "cpu")[:, 0]
                     row = torch.zeros(len(vis))
-                    for hh in (range(hkv) if layer_mean else [h]):  # layer mean: every head holds this same set
+                    # layer mean: every head holds this same set
+                    for hh in (range(hkv) if layer_mean else [h]):
                         for g in range(G):
                             probs = torch.softmax(logits[hh * G + g, i, vis], -1)
                             row += _row_score(policy, probs, pn[hh * G + g, vis], t, horizon)
@@ -292,7 +302,8 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_matches_naive_reference(arch_name, name):
     if POLICIES[name].needs_context:
-        pytest.skip("rules on keys and queries (not attention rows): naive references in tests/test_new_policies.py")
+        pytest.skip("rules on keys and queries (not attention rows): naive references in "
+                    "tests/test_new_policies.py")
     model = tiny_model(arch_name, seed=0)
     pol, ids = _policy(name), _prompt(4)
     if name in ("keyformer", "adakv_keyformer"):
@@ -320,7 +331,8 @@ def test_prefill_only_matches_naive_reference(name):
     assert pol.compress == "prompt" and make_policy(name, budget=0.5).compress == "step"
     out = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, seed=3)
     k = int(pol.budget_tokens(torch.tensor([N]))[0])
-    assert all(len(s) == k + NEW - 1 for s in out.cache.kept_positions(0)[0])  # the last token is not cached yet
+    # the last token is not cached yet
+    assert all(len(s) == k + NEW - 1 for s in out.cache.kept_positions(0)[0])
     seq = torch.cat([ids, out.sequences[:, :-1]], dim=1)
     naive = model.__class__(copy.deepcopy(model.config)).eval()
     naive.load_state_dict(model.state_dict())
@@ -384,7 +396,8 @@ def test_host_sync_counter_sees_the_growing_path():
 
 @pytest.mark.parametrize("name", ("h2o", "keyformer"))
 def test_shared_beam_scores(model, name):
-    """The authors' beam semantics: beam copies noised independently, scores summed, one kept set per sample."""
+    """The authors' beam semantics: beam copies noised independently, scores summed, one kept set per
+    sample."""
     ids = torch.cat([_prompt(20), _prompt(21)]).to(model.device)
     pol = _policy(name)
     kw = dict(max_new_tokens=6, num_beams=3, beam_scores="shared", seed=4)
@@ -397,7 +410,8 @@ def test_shared_beam_scores(model, name):
         assert kept[0] == kept[1] == kept[2] and kept[3] == kept[4] == kept[5]  # one set per sample
     if name == "keyformer":  # the beams' noise fields differ: the summed score is not one beam's score
         per_beam = generate(model, ids, None, pol, max_new_tokens=6, num_beams=3, seed=4)
-        assert [per_beam.cache.kept_positions(li) for li in range(2)] != [phys.cache.kept_positions(li) for li in range(2)]
+        assert [per_beam.cache.kept_positions(li) for li in range(2)] != [phys.cache.kept_positions(li)
+                                                                          for li in range(2)]
 
 
 def test_right_padding_is_refused():
@@ -423,7 +437,8 @@ def test_pyramid_and_adakv_budgets_act():
     for li in range(len(out.cache.layers)):
         heads = [len(h) for h in out.cache.kept_positions(li)[0]]
         assert sum(heads) == k * len(heads) and min(heads) >= int(k * ada.alpha_safeguard)
-    assert any(len({len(h) for h in out.cache.kept_positions(li)[0]}) > 1 for li in range(len(out.cache.layers)))
+    assert (any(len({len(h) for h in out.cache.kept_positions(li)[0]}) > 1
+                for li in range(len(out.cache.layers))))
     with pytest.raises(ValueError, match="fractional budget"):
         make_policy("adakv_snapkv", budget=16)
     with pytest.raises(ValueError, match="head_reduction"):

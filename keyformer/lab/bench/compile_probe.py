@@ -1,5 +1,5 @@
-"""Does ``torch.compile`` help the steady decode step on this CPU? One layer's eviction step (priority, victim,
-scatter of the new token) at SmolLM2's shape (3 KV heads, head dim 64) and a 1025-slot cache, eager vs
+"""Does ``torch.compile`` help the steady decode step on this CPU? One layer's eviction step (priority,
+victim, scatter of the new token) at SmolLM2's shape (3 KV heads, head dim 64) and a 1025-slot cache, eager vs
 compiled, single thread, 2000 calls each after a warm-up. ``python -m keyformer.lab.bench.compile_probe``."""
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def main(B: int = 1, H: int = 3, S: int = 1025, D: int = 64) -> dict[str, float]
     k, v = torch.randn(B, H, 1, D, generator=g), torch.randn(B, H, 1, D, generator=g)
     floor, cur = torch.tensor([4000]).view(-1, 1, 1), torch.tensor([4999])
     args = (score, pos, floor, keys, values, k, v, cur)
-    out = {"eager_step_us": _time(step, *args), "compiled_step_us": _time(torch.compile(step, dynamic=True), *args),
+    out = {"eager_step_us": _time(step, *args),
+           "compiled_step_us": _time(torch.compile(step, dynamic=True), *args),
            "eager_select_us": _time(select, score, pos, floor),
            "compiled_select_us": _time(torch.compile(select, dynamic=True), score, pos, floor)}
     for key, val in out.items():

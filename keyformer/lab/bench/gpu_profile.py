@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def plain(n):
         with torch.inference_mode():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False,
                            pad_token_id=0)
 
     def ours(pol):
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     # plain HF: its attention is our registered one, which falls back to SDPA without our cache
     print(f"plain transformers generate (DynamicCache): {ms_per_step(plain, dev, a.steps):.2f} ms/step "
           "(prefill included, amortised)", flush=True)
-    backends = {"default": None, "flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    backends = {"default": None, "flash": SDPBackend.FLASH_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "math": SDPBackend.MATH}
     for name, be in backends.items():
         try:
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     for p in ("window", "h2o", "keyformer"):
         v = ms_per_step(ours(make_policy(p, budget=0.5)), dev, a.steps)
         print(f"ours {p}@0.5: {v:.2f} ms/step", flush=True)
-    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
+                                                    if dev.type == "cuda" else [])
     for p in ("full", "keyformer"):
         pol = make_policy(p) if p == "full" else make_policy(p, budget=0.5)
         ours(pol)(2)

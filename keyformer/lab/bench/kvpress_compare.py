@@ -9,16 +9,16 @@ tokens with the same side's full cache.
 Sides (each writes JSON; ``all`` runs every side and merges):
 
 * ``prompts``: tokenize prompts (chat template) from ``cnn_dailymail.jsonl`` -> ``prompts.json``.
-* ``kvpress``: run with ``.venv-kvpress/bin/python -m keyformer.lab.bench.kvpress_compare`` from the checkout's
-  root (kvpress pins transformers < 5.3, so keyformer is not installed there; ``-m`` finds the package in
-  the current folder). Imports only the standard library and :mod:`keyformer.lab.bench.memory` at module level,
-  then torch, transformers and kvpress; the model is read from the converted safetensors folder
+* ``kvpress``: run with ``.venv-kvpress/bin/python -m keyformer.lab.bench.kvpress_compare`` from the
+  checkout's root (kvpress pins transformers < 5.3, so keyformer is not installed there; ``-m`` finds the package in
+  the current folder). Imports only the standard library and :mod:`keyformer.lab.bench.memory` at module
+  level, then torch, transformers and kvpress; the model is read from the converted safetensors folder
   (``--model-dir``).
 * ``ours``: run with the main venv (imports ``keyformer``).
 * ``merge``: one table from the JSON files.
 
-    bash scripts/setup_kvpress_venv.sh                            # once
-    KEYFORMER_DATA_DIR=../shared/data keyformer-bench-kvpress     # = --side all, writes results/bench/kvpress/
+    bash scripts/setup_kvpress_venv.sh                        # once
+    KEYFORMER_DATA_DIR=../shared/data keyformer-bench-kvpress # = --side all, writes results/bench/kvpress/
 """
 
 from __future__ import annotations
@@ -126,7 +126,8 @@ def side_kvpress(args: argparse.Namespace) -> None:
                                                          ("kvpress full (eager)", "eager", None, None)]
     for b in spec["budgets"]:
         methods.append((f"StreamingLLMPress@{b:g}", "sdpa", StreamingLLMPress(compression_ratio=1 - b), b))
-        methods.append((f"ObservedAttentionPress@{b:g}", "eager", ObservedAttentionPress(compression_ratio=1 - b), b))
+        methods.append((f"ObservedAttentionPress@{b:g}", "eager",
+                        ObservedAttentionPress(compression_ratio=1 - b), b))
 
     def run(impl: str, press: Any, ids: list[int], n: int) -> dict[str, Any]:
         model = models[impl]
@@ -146,7 +147,8 @@ def side_kvpress(args: argparse.Namespace) -> None:
 
         r = timed_generate(gen, clock)
         r["tokens"] = r.pop("out")[0, len(ids):].tolist()
-        r["kv_bytes_end"] = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+        r["kv_bytes_end"] = (sum(t.numel() * t.element_size() for layer in cache.layers
+                                 for t in (layer.keys, layer.values)))
         r["kv_tokens_end"] = int(cache.layers[0].keys.shape[-2])
         return r
 
@@ -157,7 +159,8 @@ def side_kvpress(args: argparse.Namespace) -> None:
         for name, impl, press, _ in methods:
             results[name].append(run(impl, press, p["input_ids"], n_new))
         print(f"[kvpress] prompt {p['id']} done", flush=True)
-    meta = {"kvpress": version("kvpress"), "transformers": transformers.__version__, "torch": torch.__version__,
+    meta = {"kvpress": version("kvpress"), "transformers": transformers.__version__,
+            "torch": torch.__version__,
             "threads": torch.get_num_threads()}
     out = {"side": "kvpress", "meta": meta, "methods": [
         {"name": name, "impl": impl, "budget": b, "runs": results[name]} for name, impl, _, b in methods]}
@@ -204,9 +207,11 @@ def side_ours(args: argparse.Namespace) -> None:
         for name, policy, _ in methods:
             results[name].append(run(policy, p["input_ids"], n_new))
         print(f"[ours] prompt {p['id']} done", flush=True)
-    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "threads": torch.get_num_threads()}
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
     out = {"side": "ours", "meta": meta, "methods": [
-        {"name": name, "impl": "keyformer (sdpa)", "budget": b, "runs": results[name]} for name, _, b in methods]}
+        {"name": name, "impl": "keyformer (sdpa)", "budget": b, "runs": results[name]} for name, _,
+                                                     b in methods]}
     Path(args.out).write_text(json.dumps(out) + "\n")
 
 
@@ -236,22 +241,28 @@ def side_merge(args: argparse.Namespace) -> None:
     for side in sides:
         ref = refs[side["side"]]
         for m in side["methods"]:
-            agree = [_agreement(r["tokens"], q["tokens"]) for r, q in zip(m["runs"], ref["runs"], strict=True)]
+            agree = [_agreement(r["tokens"], q["tokens"]) for r,
+                     q in zip(m["runs"], ref["runs"], strict=True)]
             rows.append({
                 "side": side["side"], "method": m["name"], "budget": m["budget"],
-                "prefill_s": med(r["prefill_s"] for r in m["runs"]), "decode_ms": med(r["decode_ms"] for r in m["runs"]),
+                "prefill_s": med(r["prefill_s"] for r in m["runs"]),
+                         "decode_ms": med(r["decode_ms"] for r in m["runs"]),
                 "peak_rss_delta_mb": med(r["peak_rss_delta_mb"] for r in m["runs"]),
                 "kv_mib_end": med(r["kv_bytes_end"] for r in m["runs"]) / 2**20,
                 "kv_tokens_end": med(r["kv_tokens_end"] for r in m["runs"]),
-                "match_rate": statistics.fmean(a for a, _ in agree), "prefix": statistics.fmean(p for _, p in agree),
+                "match_rate": statistics.fmean(a for a, _ in agree),
+                         "prefix": statistics.fmean(p for _, p in agree),
             })
-    cross = [_agreement(a["tokens"], b["tokens"]) for a, b in zip(refs["ours"]["runs"], refs["kvpress"]["runs"], strict=True)]
+    cross = [_agreement(a["tokens"], b["tokens"]) for a,
+             b in zip(refs["ours"]["runs"], refs["kvpress"]["runs"], strict=True)]
     head = (f"{'method':<32} {'prefill s':>9} {'decode ms/tok':>13} {'peakΔ MiB':>9} {'KV MiB end':>10} "
             f"{'KV tok end':>10} {'match':>6} {'prefix':>6}")
     lines = [
         f"kvpress side-by-side: SmolLM2-135M-Instruct fp32, {len(lens)} CNN/DailyMail prompts "
-        f"({min(lens)}-{max(lens)} tokens, chat template), {spec['new_tokens']} greedy tokens, batch 1, medians over prompts.",
-        f"kvpress {sides[1]['meta'].get('kvpress')} with transformers {sides[1]['meta']['transformers']}; ours with "
+        f"({min(lens)}-{max(lens)} tokens, chat template), {spec['new_tokens']} greedy tokens, batch 1, "
+        f"medians over prompts.",
+        f"kvpress {sides[1]['meta'].get('kvpress')} with transformers {sides[1]['meta']['transformers']}; "
+        f"ours with "
         f"transformers {sides[0]['meta']['transformers']}; torch {sides[0]['meta']['torch']}, "
         f"{sides[0]['meta']['threads']} threads.",
         "match = position-wise agreement with the same side's full cache; prefix = fraction before the first "
@@ -261,11 +272,14 @@ def side_merge(args: argparse.Namespace) -> None:
         "", head, "-" * len(head),
     ]
     for r in rows:
-        lines.append(f"{r['method']:<32} {r['prefill_s']:9.2f} {r['decode_ms']:13.1f} {r['peak_rss_delta_mb']:9.1f} "
-                     f"{r['kv_mib_end']:10.1f} {r['kv_tokens_end']:10.0f} {r['match_rate']:6.3f} {r['prefix']:6.3f}")
+        lines.append(f"{r['method']:<32} {r['prefill_s']:9.2f} {r['decode_ms']:13.1f} "
+                     f"{r['peak_rss_delta_mb']:9.1f} "
+                     f"{r['kv_mib_end']:10.1f} {r['kv_tokens_end']:10.0f} {r['match_rate']:6.3f} "
+                     f"{r['prefix']:6.3f}")
     text = "\n".join(lines)
     (out_dir / "table.txt").write_text(text + "\n")
-    (out_dir / "merged.json").write_text(json.dumps({"rows": rows, "cross_full_match": cross}, indent=1) + "\n")
+    (out_dir / "merged.json").write_text(json.dumps({"rows": rows, "cross_full_match": cross}, indent=1)
+                                         + "\n")
     print(text)
 
 
@@ -274,8 +288,9 @@ def side_merge(args: argparse.Namespace) -> None:
 
 def run_sides(args: argparse.Namespace, module: str, tool: str, merge, ext: str = "json",
               extra: Sequence[str] = ()) -> None:
-    """A kvpress comparison's three sides, each in its own process from the checkout's root (prompts and ours in
-    this environment, kvpress in its own venv), then ``merge(args)``; ``tool`` is recorded in command.txt."""
+    """A kvpress comparison's three sides, each in its own process from the checkout's root (prompts and ours
+    in this environment, kvpress in its own venv), then ``merge(args)``; ``tool`` is recorded in
+    command.txt."""
     root = Path(__file__).resolve().parents[3]  # the sides run from the checkout's root (see the docstring)
     out_dir = Path(args.out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -290,10 +305,13 @@ def run_sides(args: argparse.Namespace, module: str, tool: str, merge, ext: str 
     steps = [
         [sys.executable, *me, "--side", "prompts", *common, "--data", str(Path(args.data).resolve()),
          "--n-prompts", str(args.n_prompts), "--new-tokens", str(args.new_tokens), "--budgets",
-         *[str(b) for b in args.budgets], "--min-tokens", str(args.min_tokens), "--max-tokens", str(args.max_tokens),
+         *[str(b) for b in args.budgets], "--min-tokens", str(args.min_tokens), "--max-tokens",
+         str(args.max_tokens),
          "--out", prompts],
-        [sys.executable, *me, "--side", "ours", *common, "--prompts", prompts, "--out", str(out_dir / f"ours.{ext}")],
-        [str(kv_py), *me, "--side", "kvpress", *common, "--prompts", prompts, "--out", str(out_dir / f"kvpress.{ext}")],
+        [sys.executable, *me, "--side", "ours", *common, "--prompts", prompts, "--out",
+         str(out_dir / f"ours.{ext}")],
+        [str(kv_py), *me, "--side", "kvpress", *common, "--prompts", prompts, "--out",
+         str(out_dir / f"kvpress.{ext}")],
     ]
     for cmd in steps:
         print("$", " ".join(cmd), flush=True)
@@ -322,7 +340,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", help="output JSON (sides prompts/ours/kvpress)")
     ap.add_argument("--out-dir", default=str(DEFAULT_OUT), help="folder of all/merge")
     args = ap.parse_args(argv)
-    {"all": side_all, "prompts": side_prompts, "kvpress": side_kvpress, "ours": side_ours, "merge": side_merge}[args.side](args)
+    {"all": side_all, "prompts": side_prompts, "kvpress": side_kvpress, "ours": side_ours,
+     "merge": side_merge}[args.side](args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Generated ``needle`` dataset: a pass key hidden at a controlled depth of a filler text of controlled length.
+"""Generated ``needle`` dataset: a pass key hidden at a controlled depth of a filler text of controlled
+length.
 
 The classic pass-key retrieval task (filler sentences, one "needle" sentence holding a number, a question
 asking for it), generated here from small word lists, deterministically from a seed; no files, no network.
@@ -20,11 +21,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-NOUNS = ["grass", "sky", "sun", "sea", "river", "road", "tree", "hill", "field", "lake", "wind", "sand", "stone",
+NOUNS = ["grass", "sky", "sun", "sea", "river", "road", "tree", "hill", "field", "lake", "wind", "sand",
+         "stone",
          "cloud", "moon", "garden", "forest", "bridge", "house", "door", "wall", "boat", "bird", "flower",
          "valley", "meadow", "village", "harbor", "mountain", "street"]
-ADJECTIVES = ["green", "blue", "yellow", "red", "white", "black", "bright", "dark", "quiet", "calm", "warm", "cold",
-              "soft", "wide", "tall", "old", "clear", "still", "grey", "golden", "silver", "gentle", "peaceful"]
+ADJECTIVES = ["green", "blue", "yellow", "red", "white", "black", "bright", "dark", "quiet", "calm", "warm",
+              "cold",
+              "soft", "wide", "tall", "old", "clear", "still", "grey", "golden", "silver", "gentle",
+              "peaceful"]
 # Filler sentence forms by their token count (SmolLM2: one token per word and one for the period).
 FORMS: dict[int, list[str]] = {
     4: ["It is {a}.", "Here we go."],
@@ -79,7 +83,8 @@ def haystack(length: int, depth: float, value: str, rng: random.Random) -> tuple
     for _, size in sentences:
         offsets.append(offsets[-1] + size)
     target = depth * offsets[-1]
-    at = min(range(len(offsets)), key=lambda i: (abs(offsets[i] - target), i))  # nearest boundary, earlier on ties
+    # nearest boundary, earlier on ties
+    at = min(range(len(offsets)), key=lambda i: (abs(offsets[i] - target), i))
     texts = [s for s, _ in sentences]
     texts.insert(at, NEEDLE.format(value=value))
     return " ".join(texts), offsets[at]

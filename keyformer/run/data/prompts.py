@@ -1,10 +1,11 @@
-"""Prompt templates (as in the Keyformer paper's code and LongBench) and token-level truncation of the document.
+"""Prompt templates (as in the Keyformer paper's code and LongBench) and token-level truncation of the
+document.
 
 Templates contain a ``{document}`` slot; when a prompt exceeds the token limit, only the document is cut, at
 token level, so the instruction, the question and the ``### Response:`` suffix (or the chat template's
 assistant header) survive. ``truncation="end"`` (the default, and the rule of every dataset before the
-long-context ones) cuts the *document's tail*; ``truncation="middle"`` cuts its *middle*, keeping its first and
-last halves of the room left, as LongBench does (``pred.py``: "truncate in the middle, since the left and
+long-context ones) cuts the *document's tail*; ``truncation="middle"`` cuts its *middle*, keeping its first
+and last halves of the room left, as LongBench does (``pred.py``: "truncate in the middle, since the left and
 right side may contain crucial instructions"). The authors' code truncated the whole prompt, cutting the
 suffix off.
 """
@@ -21,12 +22,14 @@ ALPACA = (
     "### Instruction:\n{instruction}\n\n### Input:\n{document}\n\n### Response:"
 )
 # SODA conversation prompt from keyformer-llm conversation/dialogue.py: narrative <sep> role <sep> history.
-SODA = "{document} <sep> Generate a dialogue between {speaker_a} and {speaker_b} given above narrative. <sep> {history}"
+SODA = ("{document} <sep> Generate a dialogue between {speaker_a} and {speaker_b} given above narrative. "
+        "<sep> {history}")
 # User message used with a tokenizer's chat template (instruct models): no Alpaca scaffolding needed.
 CHAT = "{instruction}\n\n{document}"
 # Retrieval (the embedded ``sample`` data): the question comes after the document, so truncating the
 # document's tail never cuts it.
-ALPACA_QA = ALPACA.replace("{document}\n\n### Response:", "{document}\n\nQuestion: {question}\n\n### Response:")
+ALPACA_QA = (ALPACA.replace("{document}\n\n### Response:", "{document}\n\nQuestion: {question}\n\n### "
+                                                           "Response:"))
 CHAT_QA = "{instruction}\n\n{document}\n\nQuestion: {question}"
 
 # LongBench v1 prompts (THUDM/LongBench config/dataset2prompt.json; {context} -> {document}, {input} ->
@@ -36,7 +39,8 @@ LONGBENCH_MULTI_NEWS = (
     "Now, write a one-page summary of all the news.\n\nSummary:"
 )
 _QASPER_RULES = (
-    "as concisely as you can, using a single phrase or sentence if possible. If the question cannot be answered "
+    "as concisely as you can, using a single phrase or sentence if possible. If the question cannot be "
+    "answered "
     "based on the information in the article, write \"unanswerable\". If the question is a yes/no question, "
     "answer \"yes\", \"no\", or \"unanswerable\". Do not provide any explanation."
 )
@@ -46,8 +50,10 @@ LONGBENCH_QASPER = (
     "Question: {question}\n\nAnswer:"
 )
 LONGBENCH_MULTIFIELDQA_EN = (
-    "Read the following text and answer briefly.\n\n{document}\n\nNow, answer the following question based on "
-    "the above text, only give me the answer and do not output any other words.\n\nQuestion: {question}\nAnswer:"
+    "Read the following text and answer briefly.\n\n{document}\n\nNow, answer the following question based "
+    "on "
+    "the above text, only give me the answer and do not output any other words.\n\nQuestion: "
+    "{question}\nAnswer:"
 )
 
 TEMPLATES = {"alpaca": ALPACA, "soda": SODA, "chat": CHAT, "alpaca_qa": ALPACA_QA, "chat_qa": CHAT_QA,

@@ -18,7 +18,8 @@ FIRST = ["Amara", "Bruno", "Celia", "Dmitri", "Elena", "Farid", "Greta", "Hiro",
          "Lorenzo", "Mireille", "Nadia", "Oskar", "Priya", "Quentin", "Rosa", "Soren", "Tamsin"]
 LAST = ["Okafor", "Lindqvist", "Moreau", "Vasquez", "Tanaka", "Brennan", "Haddad", "Kowalski", "Ferreira",
         "Nakamura", "Osei", "Petrov", "Quist", "Ramirez", "Stavros", "Thorne", "Umeh", "Varga", "Whitlock"]
-PLACES = ["Port Alderny", "Kestrel Bay", "Marrowfield", "Lowen Falls", "Quarry Hill", "Saltmere", "Brightwater",
+PLACES = ["Port Alderny", "Kestrel Bay", "Marrowfield", "Lowen Falls", "Quarry Hill", "Saltmere",
+          "Brightwater",
           "Eastholm", "Fernhollow", "Greyhaven", "Harrowgate Vale", "Ironbridge Cross", "Juniper Point"]
 ORGS = ["the Northgate Water Authority", "the Coastal Rail Company", "the Meridian Health Trust",
         "the Silverline Energy Cooperative", "the Harbor Schools Board", "the Tidewater Housing Fund",
@@ -32,10 +33,14 @@ MONTHS = ["January", "February", "March", "April", "May", "June", "July", "Augus
 TOPICS = ["the weather", "local history", "a football season", "the farmers' market", "a museum exhibit",
           "road maintenance", "a choir competition", "the autumn festival", "birdwatching", "a bakery"]
 ADJ = ["quiet", "busy", "pleasant", "unremarkable", "familiar", "lively", "grey", "windy", "ordinary"]
-# One-token words (with a leading space) in SmolLM2's vocabulary, unlike any place, organisation or name above.
-CODE_NAMES = ["falcon", "copper", "lantern", "violet", "thunder", "orchid", "canyon", "comet", "walnut", "saffron",
-              "marble", "anchor", "barley", "cobalt", "crystal", "glacier", "hazel", "ivory", "kettle", "lemon",
-              "mango", "nectar", "olive", "pepper", "quartz", "ribbon", "sparrow", "timber", "velvet", "wagon",
+# One-token words (with a leading space) in SmolLM2's vocabulary, unlike any place, organisation or name
+# above.
+CODE_NAMES = ["falcon", "copper", "lantern", "violet", "thunder", "orchid", "canyon", "comet", "walnut",
+              "saffron",
+              "marble", "anchor", "barley", "cobalt", "crystal", "glacier", "hazel", "ivory", "kettle",
+              "lemon",
+              "mango", "nectar", "olive", "pepper", "quartz", "ribbon", "sparrow", "timber", "velvet",
+              "wagon",
               "cedar", "tiger", "rocket", "pillow", "candle", "dragon", "eagle", "hammer", "mirror", "needle"]
 QUESTION = "What is the code name of the project?"
 INSTRUCTION = "Answer the question at the end of the report."
@@ -96,6 +101,7 @@ def generate_sample(n_records: int = 16, seed: int = 0, n_paragraphs: int = 8) -
         lede = " ".join([facts[0], f"The project's code name is {code}.", *facts[1:]])
         paragraphs = [_distractor(rng) for _ in range(n_paragraphs - 1)]
         paragraphs.insert(rng.randint(0, (n_paragraphs - 1) // 2), lede)
-        records.append({"id": f"sample-{seed}-{i:04d}", "document": "\n\n".join(paragraphs), "question": QUESTION,
+        records.append({"id": f"sample-{seed}-{i:04d}", "document": "\n\n".join(paragraphs),
+                        "question": QUESTION,
                         "answer": code, "reference": f"The code name of the project is {code}."})
     return records

@@ -8,7 +8,8 @@ Log-likelihood semantics (``semantics=``):
   generation. The log-probability of continuation token ``t`` comes from the forward that fed token
   ``t - 1`` (token 0 from the prompt forward). Requests are left-padded into batches of ``batch_size``.
 * ``per_row`` (the authors' / H2O harness): one forward over context + continuation with per-row masks,
-  ``k`` computed from the whole length; see :mod:`keyformer.run.tasks.lm_eval.per_row`. One request per forward.
+  ``k`` computed from the whole length; see :mod:`keyformer.run.tasks.lm_eval.per_row`. One request per
+  forward.
 
 With the full policy both reduce to one plain causal forward (right-padded batches), as lm-eval's
 ``HFLM`` does. Keyformer's tau schedule spans the policy's ``max_new_tokens``, or 128 when it is null (not
@@ -166,7 +167,8 @@ class KeyformerLM(TemplateLM):
             ids[b, :len(s)] = torch.tensor(s)
         lo = min(len(c) - 1 for c, _ in batch)  # logits only where some row has a continuation token
         keep = torch.arange(lo, width, device=self.device)
-        logits = self.model(input_ids=ids.to(self.device), use_cache=False, logits_to_keep=keep).logits.float()
+        logits = (self.model(input_ids=ids.to(self.device), use_cache=False,
+                             logits_to_keep=keep).logits.float())
         out = []
         for b, (c, t) in enumerate(batch):
             n = len(c) + len(t) - 1 - lo
@@ -223,7 +225,8 @@ class KeyformerLM(TemplateLM):
             windows = map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
                 token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
                 max_seq_len=self.max_length, context_len=1))
-            res = self._loglikelihood_tokens([(None, c, t) for c, t in windows], disable_tqdm=True)  # type: ignore[misc]
+            requests = [(None, c, t) for c, t in windows]
+            res = self._loglikelihood_tokens(requests, disable_tqdm=True)  # type: ignore[misc]
             total = sum(r[0] for r in res)
             self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
             out.append(total)

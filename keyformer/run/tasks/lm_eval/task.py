@@ -6,7 +6,7 @@
 * ``predictions.jsonl``: one row per (task, doc): ``id, task, doc_id, target, loglikelihoods, is_greedy``
   and the per-doc metrics (``acc``, ``acc_norm``...); written when the run finishes;
 * ``metrics.json``: ``tasks: {name: {acc, acc_stderr, acc_norm, acc_norm_stderr, n_samples, lm_eval_task}}``
-  plus flat ``<task>/<metric>`` keys (for W&B), ``model, policy, budget, recent, policy_params,
+  plus flat ``<task>/<metric>`` keys (for W&B), ``model, policy, budget, recent, policy_params, policy_spec,
   loglikelihood, num_fewshot, limit, seed, versions, git_commit, wall_s`` and ``complete: true``.
 
 Resume: a complete ``output_dir`` is skipped; an incomplete one is recomputed (lm-eval runs are short;
@@ -45,7 +45,8 @@ def lm_eval_name(name: str, local: bool) -> str:
 
 def validate_lm_eval(cfg: Mapping[str, Any]) -> None:
     """Cheap checks of the ``task`` node (ConfigError naming the key), of the shared keys (budget, device,
-    dtype, model, policy) and of the task names: unknown to lm-eval, or needing the hub while it is offline."""
+    dtype, model, policy) and of the task names: unknown to lm-eval, or needing the hub while it is
+    offline."""
     from keyformer.run.tasks.lm_eval.adapter import SEMANTICS
     from keyformer.run.validate import ConfigError, validate_common
 
@@ -110,14 +111,17 @@ def check_task_names(names: list[str], local: bool) -> None:
     for n in builtin:
         if n not in index:
             raise ConfigError("task.tasks", n, f"unknown lm-eval task; offline copies (task.local=true): "
-                                               f"{', '.join(LOCAL_TASKS)}; lm-eval's own: `lm_eval --tasks list`")
+                                               f"{', '.join(LOCAL_TASKS)}; lm-eval's own: `lm_eval --tasks "
+                                               f"list`")
         entry_cfg = getattr(index[n], "cfg", None) or {}
         path = entry_cfg.get("dataset_path") if isinstance(entry_cfg, Mapping) else None
         if _offline() and isinstance(path, str) and not Path(path).exists() and not _dataset_cached(path):
             hint = "use task.local=true (offline copy in $KEYFORMER_DATA_DIR)" if n in LOCAL_TASKS else \
                 "run it once with network access"
-            raise ConfigError("task.tasks", n, f"lm-eval's {n} reads the hub dataset {path}, which is not cached "
-                                               f"and the hub is offline (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE); {hint}")
+            raise ConfigError("task.tasks", n, f"lm-eval's {n} reads the hub dataset {path}, which is not "
+                                               f"cached "
+                                               f"and the hub is offline "
+                                               f"(HF_DATASETS_OFFLINE/HF_HUB_OFFLINE); {hint}")
 
 
 def _num(v: Any) -> float | None:
@@ -177,9 +181,6 @@ class LmEvalTask(Task):
         import lm_eval
         import torch
 
-        from keyformer.core.policies import make_policy
-        from keyformer.run.tasks.generate import policy_kwargs
-
         from .adapter import KeyformerLM
 
         cfg, t = job.cfg, job.cfg["task"]
@@ -196,10 +197,11 @@ class LmEvalTask(Task):
             try:
                 model, tokenizer = load_model(cfg)
             except OSError as e:
-                raise JobError(f"model {cfg['model']['name']!r} could not be loaded: {first_line(e)}") from None
-        pname, pkw = policy_kwargs(cfg)
-        policy = make_policy(pname, **pkw)
-        lm = KeyformerLM(model, tokenizer, policy, semantics=t["loglikelihood"], batch_size=int(t["batch_size"]),
+                raise JobError(f"model {cfg['model']['name']!r} could not be loaded: "
+                               f"{first_line(e)}") from None
+        policy = job.policy  # built once by the scaffold
+        lm = KeyformerLM(model, tokenizer, policy, semantics=t["loglikelihood"],
+                         batch_size=int(t["batch_size"]),
                          seed=seed)
         builtin = any(lt == n for lt, n in zip(lm_tasks, names, strict=True))
         tm = _task_manager(builtin)
@@ -207,14 +209,17 @@ class LmEvalTask(Task):
         try:
             res = lm_eval.simple_evaluate(
                 model=lm, tasks=lm_tasks, num_fewshot=int(t["num_fewshot"]), limit=t.get("limit"),
-                task_manager=tm, bootstrap_iters=int(t["bootstrap_iters"]), log_samples=True, random_seed=seed,
-                numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=int(t.get("fewshot_seed", 1234)),
+                task_manager=tm, bootstrap_iters=int(t["bootstrap_iters"]), log_samples=True,
+                                          random_seed=seed,
+                numpy_random_seed=seed, torch_random_seed=seed,
+                                          fewshot_random_seed=int(t.get("fewshot_seed", 1234)),
                 verbosity="ERROR",
             )
         except (ConnectionError, FileNotFoundError) as e:  # the data of a task cannot be fetched
             from keyformer.run.validate import JobError, first_line
 
-            raise JobError(f"lm-eval could not load the data of task.tasks={names}: {first_line(e)}") from None
+            raise JobError(f"lm-eval could not load the data of task.tasks={names}: "
+                           f"{first_line(e)}") from None
         if res is None:
             raise RuntimeError("lm_eval.simple_evaluate returned no results")
         per_task = {n: task_metrics(res, n, lt) for n, lt in zip(names, lm_tasks, strict=True)}
@@ -224,8 +229,9 @@ class LmEvalTask(Task):
         return {
             "tasks": per_task, "dataset": ",".join(names),
             **{f"{n}/{k}": v for n, m in per_task.items() for k, v in m.items() if k != "lm_eval_task"},
-            **policy_fields(cfg, pname, _params(policy)),
-            "loglikelihood": t["loglikelihood"], "num_fewshot": int(t["num_fewshot"]), "limit": t.get("limit"),
+            **policy_fields(policy),
+            "loglikelihood": t["loglikelihood"], "num_fewshot": int(t["num_fewshot"]),
+                "limit": t.get("limit"),
             "batch_size": int(t["batch_size"]), "complete": True,
         }
 
@@ -235,7 +241,8 @@ class LmEvalTask(Task):
 
 def run_lm_eval(cfg: Mapping[str, Any], model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Run ``cfg['task']`` (``name: lm_eval``) under the configured policy through the job scaffold; return
-    and write metrics. ``model``/``tokenizer`` skip loading (tests); otherwise ``keyformer.run.loading.load_model``.
+    and write metrics. ``model``/``tokenizer`` skip loading (tests); otherwise
+    ``keyformer.run.loading.load_model``.
     """
     return run_job(cfg, LmEvalTask(model, tokenizer))
 
@@ -249,15 +256,10 @@ def _pkg_version(name: str) -> str | None:
         return None
 
 
-def _params(policy: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(policy) if dataclasses.is_dataclass(policy) else {}
-
-
 def format_table(m: Mapping[str, Any]) -> str:
     """One line per task: acc (± stderr) and acc_norm."""
-    head = f"{m['model']} | {m['policy']} budget={m['budget']} | {m['loglikelihood']} | {m['num_fewshot']}-shot"
+    head = (f"{m['model']} | {m['policy']} budget={m['budget']} | {m['loglikelihood']} | "
+            f"{m['num_fewshot']}-shot")
     lines = [head]
     for n, r in m["tasks"].items():
         def f(k: str, r: Mapping[str, Any] = r) -> str:

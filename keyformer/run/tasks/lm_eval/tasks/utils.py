@@ -1,4 +1,5 @@
-"""Offline data for the local task YAMLs: ``$KEYFORMER_DATA_DIR/<file>.jsonl`` (see ../../shared/data/README.md).
+"""Offline data for the local task YAMLs: ``$KEYFORMER_DATA_DIR/<file>.jsonl`` (see
+../../shared/data/README.md).
 
 Prompt functions come from lm-eval's own task modules, so prompts and targets are the built-in ones.
 """
@@ -15,7 +16,8 @@ DATA_ENV = "KEYFORMER_DATA_DIR"
 def data_dir() -> Path:
     d = os.environ.get(DATA_ENV)
     if not d:
-        raise FileNotFoundError(f"set {DATA_ENV} to the folder holding the lm-eval JSONL files (piqa.jsonl, ...)")
+        raise FileNotFoundError(f"set {DATA_ENV} to the folder holding the lm-eval JSONL files (piqa.jsonl, "
+                                f"...)")
     return Path(d).expanduser()
 
 
@@ -69,4 +71,5 @@ from lm_eval.tasks.winogrande.preprocess_winogrande import (  # noqa: E402
 )
 
 __all__ = ["load_jsonl", "hellaswag_process_docs", "copa_doc_to_choice", "copa_doc_to_target",
-           "copa_doc_to_text", "winogrande_doc_to_choice", "winogrande_doc_to_target", "winogrande_doc_to_text"]
+           "copa_doc_to_text", "winogrande_doc_to_choice", "winogrande_doc_to_target",
+           "winogrande_doc_to_text"]
