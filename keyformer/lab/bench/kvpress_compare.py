@@ -10,9 +10,9 @@ Sides (each writes JSON; ``all`` runs every side and merges):
 
 * ``prompts``: tokenize prompts (chat template) from ``cnn_dailymail.jsonl`` -> ``prompts.json``.
 * ``kvpress``: run with ``.venv-kvpress/bin/python -m keyformer.lab.bench.kvpress_compare`` from the
-  checkout's root (kvpress pins transformers < 5.3, so keyformer is not installed there; ``-m`` finds the package in
-  the current folder). Imports only the standard library and :mod:`keyformer.lab.bench.memory` at module
-  level, then torch, transformers and kvpress; the model is read from the converted safetensors folder
+  checkout's root (kvpress pins transformers < 5.3, so keyformer is not installed there; ``-m`` finds the
+  package in the current folder). Imports only the standard library and :mod:`keyformer.lab.bench.memory` at
+  module level, then torch, transformers and kvpress; the model is read from the converted safetensors folder
   (``--model-dir``).
 * ``ours``: run with the main venv (imports ``keyformer``).
 * ``merge``: one table from the JSON files.

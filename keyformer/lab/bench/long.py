@@ -473,7 +473,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--full-batch", type=int, default=None, help="full's batch at the longest setting "
                                                                 "(default 4)")
     p.add_argument("--memory-ref", default=None,
-                   help="PROMPT+NEW whose full cache at --full-batch sets the budget (default: the longest setting)")
+                   help="PROMPT+NEW whose full cache at --full-batch sets the budget (default: the longest "
+                        "setting)")
     p.add_argument("--max-batch", type=int, default=None, help="largest batch tried (default 64)")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3)")
     p.add_argument("--beams", type=int, default=None, help="beam section's num_beams; 0 skips it (default 4)")

@@ -53,13 +53,15 @@ VT_HEAD = "Memorize and track the chain(s) of variable assignment hidden in the 
 VT_QUESTION = "Question: Find all variables that are assigned the value {query} in the text above."
 VT_PREFIX = (" Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables "
              "are assigned the value {query}, they are: ")
-CWE_HEAD = ("Below is a numbered list of words. In these words, some appear more often than others. Memorize the "
+CWE_HEAD = ("Below is a numbered list of words. In these words, some appear more often than others. Memorize "
+            "the "
             "ones that appear most often.")
 CWE_QUESTION = "Question: What are the 10 most common words in the above list?"
 CWE_PREFIX = " Answer: The top 10 words that appear most often in the list are:"
 FWE_HEAD = ("Read the following coded text and track the frequency of each coded word. Find the three most "
             "frequently appeared coded words.")
-FWE_QUESTION = ("Question: Do not provide any explanation. Please ignore the dots '....'. What are the three most "
+FWE_QUESTION = ("Question: Do not provide any explanation. Please ignore the dots '....'. What are the three "
+                "most "
                 "frequently appeared words in the above coded text?")
 FWE_PREFIX = " Answer: According to the coded text above, the three most frequently appeared words are:"
 DEPTHS = [round(100 * i / 39) for i in range(40)]  # RULER: np.round(np.linspace(0, 100, 40))
@@ -69,7 +71,8 @@ ESSAY_FILE, ESSAY_FIELD = "cnn_dailymail.jsonl", "article"
 
 @dataclass(frozen=True)
 class Niah:
-    """One NIAH variant: haystack (noise | essay | needle), key and value types, numbers of keys/values/queries."""
+    """One NIAH variant: haystack (noise | essay | needle), key and value types, numbers of
+    keys/values/queries."""
 
     haystack: str
     type_k: str
@@ -93,7 +96,8 @@ TASKS = (*NIAH, "vt", "cwe", "fwe")
 
 
 class RulerError(ValueError):
-    """A ruler setting that cannot be generated; ``key`` names the dataset key (``ruler_task``, ``length``...)."""
+    """A ruler setting that cannot be generated; ``key`` names the dataset key (``ruler_task``,
+    ``length``...)."""
 
     def __init__(self, key: str, message: str):
         self.key = key
@@ -116,23 +120,26 @@ def check_task(task: Any) -> None:
         raise RulerError("ruler_task", f"ruler_task {task!r} is unknown; valid: {', '.join(TASKS)}")
 
 
-# -- word lists ------------------------------------------------------------------------------------------------
+# -- word lists ----------------------------------------------------------------------------------------------
 @lru_cache(maxsize=8)
 def wonder_list(name: str) -> tuple[str, ...]:
-    """A word list of ``wonderwords`` (``nounlist.txt``, ``adjectivelist.txt``, ``verblist.txt``), as RULER reads it."""
+    """A word list of ``wonderwords`` (``nounlist.txt``, ``adjectivelist.txt``, ``verblist.txt``), as RULER
+    reads it."""
     try:
         from importlib.resources import files
 
         text = (files("wonderwords") / "assets" / name).read_text(encoding="utf-8")
     except ModuleNotFoundError:
-        raise RulerError("ruler_task", "the ruler dataset needs the `wonderwords` package: pip install wonderwords"
+        raise RulerError("ruler_task", "the ruler dataset needs the `wonderwords` package: pip install "
+                                       "wonderwords"
                          ) from None
     return tuple(w.strip() for w in text.splitlines() if w.strip())
 
 
 @lru_cache(maxsize=1)
 def _key_parts() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    return tuple(sorted(set(wonder_list("adjectivelist.txt")))), tuple(sorted(set(wonder_list("nounlist.txt"))))
+    adjectives, nouns = wonder_list("adjectivelist.txt"), wonder_list("nounlist.txt")
+    return tuple(sorted(set(adjectives))), tuple(sorted(set(nouns)))
 
 
 def key_word(rng: random.Random) -> str:
@@ -278,7 +285,8 @@ def _vt(seed_key: str, num_hops: int = 4) -> Callable[[int], Sample]:
             if name not in names:
                 names.append(name)
         value = str(rng.randint(10000, 99999))
-        chain = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]}" for j in range(num_hops)]
+        chain = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]}"
+                                                 for j in range(num_hops)]
         lines = [NOISE] * n
         place = random.Random(f"{seed_key}-{n}")
         for j, at in enumerate(sorted(place.sample(range(n + 1), len(chain)))):
@@ -328,12 +336,15 @@ def _fwe(seed_key: str, vocab_size: int = 2000, alpha: float = 2.0) -> Callable[
     return make
 
 
-def _fit(make: Callable[[int], Sample], count: Callable[[str], int], target: int, lo: int, hi: int) -> tuple[Sample, int]:
-    """The sample of the largest ``n`` in [lo, hi] whose text has at most ``target`` tokens, and its tokens."""
+def _fit(make: Callable[[int], Sample], count: Callable[[str], int], target: int, lo: int,
+         hi: int) -> tuple[Sample, int]:
+    """The sample of the largest ``n`` in [lo, hi] whose text has at most ``target`` tokens, and its
+    tokens."""
     best = make(lo)
     best_n = count(best.text())
     if best_n > target:
-        raise RulerError("length", f"length leaves {target} tokens for the input, less than the smallest sample "
+        raise RulerError("length", f"length leaves {target} tokens for the input, less than the smallest "
+                                   f"sample "
                          f"({best_n} tokens); use a larger length")
     while lo < hi:  # invariant: make(lo) fits
         mid = (lo + hi + 1) // 2
@@ -358,7 +369,8 @@ def generate_ruler(task: str, length: int, n: int, tokenizer: Any, seed: int = 0
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise RulerError("n", f"n {n!r}: an integer >= 1 (samples)")
     if needs_essay(task) and not essay:
-        raise RulerError("essay_file", f"ruler task {task} needs the essay haystack: set KEYFORMER_DATA_DIR to a "
+        raise RulerError("essay_file", f"ruler task {task} needs the essay haystack: set KEYFORMER_DATA_DIR "
+                                       f"to a "
                          f"folder holding {ESSAY_FILE} (or dataset.essay_path)")
     target = length - tokens_to_generate(task)
 
