@@ -149,3 +149,18 @@ def test_observed_rows_prefill_uses_flash(model, monkeypatch, name, kw):
     assert (fast.logits - ref.logits).abs().max() < 1e-4
     for li in range(len(ref.cache.layers)):
         assert fast.cache.kept_positions(li) == ref.cache.kept_positions(li)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "mpt", "gemma3_text"])
+def test_prompt_once_other_architectures(arch):
+    """Learned positions (GPT-2), ALiBi (MPT) and sliding-window layers (Gemma 3): same results both ways."""
+    model = tiny_model(arch, seed=0)
+    ids, mask = _batch(5)
+    pol = make_policy("keyformer", budget=0.5)
+    kw = dict(max_new_tokens=6, num_beams=3, beam_scores="shared", seed=2, output_logits=True)
+    once = generate(model, ids, mask, pol, **kw)
+    ref = generate(model, ids, mask, pol, prompt_once=False, **kw)
+    assert torch.equal(once.sequences, ref.sequences)
+    assert (once.logits - ref.logits).abs().max() < 1e-5
+    for li in range(len(ref.cache.layers)):
+        assert once.cache.kept_positions(li) == ref.cache.kept_positions(li)
