@@ -190,9 +190,9 @@ def test_readme_tables_equal_keyformer_report(monkeypatch) -> None:
     """Every table README.md and results/README.md quote between keyformer-report markers is regenerated from
     the committed data and must equal it (fix: ``keyformer-report --update-readme``)."""
     monkeypatch.chdir(ROOT)
-    quoted = {n for f in report.README_FILES for n, _ in report.marked(f.read_text())}
-    assert {"provenance", "exp1_cnndm", "powered", "exp7_devices", "quant_bytes"} <= quoted
-    assert report.drift(report.README_FILES, Path("results")) == []
+    quoted = {n for f in report.readme_files() for n, _ in report.marked(f.read_text())}
+    assert {"provenance", "exp1_cnndm", "powered", "exp7_devices", "quant_bytes", "brief"} <= quoted
+    assert report.drift(report.readme_files(), Path("results")) == []
 
 
 def test_demo_section_lists_each_policy_with_its_command(tmp_path: Path, capsys) -> None:

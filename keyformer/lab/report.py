@@ -4,7 +4,7 @@
     keyformer-report --results DIR      # another curated results folder
     keyformer-report --list             # the section names
     keyformer-report --section exp1_cnndm --section provenance
-    keyformer-report --update-readme    # rewrite every marked table of README.md and results/README.md
+    keyformer-report --update-readme    # rewrite the marked tables of README.md, results/README.md, docs/
     keyformer-report --check-readme     # exit 1 naming each marked table that differs from the data
 
 Every table a README quotes sits between ``<!-- keyformer-report:NAME -->`` and ``<!-- /keyformer-report:NAME
@@ -414,6 +414,19 @@ def brief(res: Path) -> None:
         print("\n".join(lines))
 
 
+def bench_targets(res: Path, name: str = "bench") -> None:
+    """The performance targets and whether the committed benchmark met each (its ``table.txt`` verdict)."""
+    f = res / name / "table.txt"
+    if not f.exists():
+        return
+    text = f.read_text(encoding="utf-8")
+    head = text.splitlines()[0] if text else ""
+    print(f"\n### {name}: targets, as judged by the committed run (`{name}/table.txt`)\n\n{head}\n")
+    print("| # | target | verdict | value |\n|---|---|---|---|")
+    for m in re.finditer(r"^Target (\d+): (.*): (MET|NOT MET) \(value ([^)]*)\)$", text, re.M):
+        print(f"| {m[1]} | {m[2]} | {m[3].lower()} | {m[4]} |")
+
+
 PROVENANCE = ("device", "dtype", "batch_size", "git_commit", "code_version", "provenance")
 
 
@@ -623,8 +636,16 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     "attention": attention,
     "ablations": ablations,
     "kvpress": kvpress,
+    "bench_targets": bench_targets,
 }
 README_FILES = (Path("README.md"), Path("results/README.md"))
+
+
+def readme_files() -> tuple[Path, ...]:
+    """The files whose marked tables ``--update-readme``/``--check-readme`` handle: READMEs and docs/*.md."""
+    return (*README_FILES, *sorted(Path("docs").glob("*.md")))
+
+
 MARKED = re.compile(r"(<!-- keyformer-report:(?P<name>[^ >]+) -->\n)(?P<body>.*?)(<!-- "
                     r"/keyformer-report:(?P=name) -->)",
                     re.S)
@@ -686,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.update_readme is not None:
         cache: dict[str, str] = {}
-        for path in args.update_readme or README_FILES:
+        for path in args.update_readme or readme_files():
             old = path.read_text(encoding="utf-8")
             new = update_text(old, res, cache)
             if new != old:
@@ -694,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path}: {len(marked(new))} marked tables, {'updated' if new != old else 'unchanged'}")
         return 0
     if args.check_readme is not None:
-        bad = drift(tuple(args.check_readme or README_FILES), res)
+        bad = drift(tuple(args.check_readme or readme_files()), res)
         for b in bad:
             print(f"differs from keyformer-report: {b}", file=sys.stderr)
         return 1 if bad else 0
