@@ -106,7 +106,7 @@ def test_every_experiment_composes(experiment):
                 assert c["policy"]["_target_"] == OmegaConf.load(CONF / "policy" / f"{value}.yaml")["_target_"]
             elif key in ("+experiment/ablation", "+experiment/exp8_arm"):
                 assert c["variant"] == value
-            elif key == "+experiment/exp7_task":
+            elif key in ("+experiment/exp7_task", "+experiment/exp9_task"):
                 assert c["task_tag"] == value
             elif key == "generation":
                 assert c["generation"]["name"] == value

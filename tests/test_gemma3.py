@@ -126,11 +126,13 @@ def test_architecture(stock):
 @pytest.mark.slow
 @needs_model
 def test_greedy_completion_knows_paris(stock):
-    """A base-model completion (no chat template): greedy continuation of "The capital of France is"."""
+    """A base-model completion (no chat template), greedy. The bare "The capital of France is" continues with
+    " the capital of the country of France." on this Q4_K_M base model, so the question is asked as a
+    completion that a base model answers."""
     import torch
 
     model, tok = stock
-    enc = tok("The capital of France is", return_tensors="pt")
+    enc = tok("Q: What is the capital of France?\nA:", return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=8, do_sample=False)
     assert "Paris" in tok.decode(out[0, enc["input_ids"].shape[1]:])
