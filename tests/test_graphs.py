@@ -108,3 +108,27 @@ def test_captured_step_equals_eager(device, name, dtype):
         torch.testing.assert_close(eager.layers[li].score, captured.layers[li].score, rtol=1e-4, atol=1e-6)
     assert torch.equal(eager.next_pos, captured.next_pos)
     assert [lay.seen for lay in eager.layers] == [lay.seen for lay in captured.layers]
+
+
+@pytest.mark.parametrize("name", ["h2o", "keyformer"])
+def test_steady_step_changes_only_what_a_replay_carries(model, name):
+    """What a graph replay relies on, checked on CPU: a steady step re-binds only per-forward bookkeeping
+    tensors of the cache (carried from one replay to the next), updates the layers' tensors in place, and
+    changes no Python number but each layer's ``seen`` (advanced by hand)."""
+    ids = _ids(seed=3)
+    cache, tok = _prefill(model, ids, torch.ones_like(ids), make_policy(name, budget=0.5), STEPS)
+    scalar = (int, float, bool)
+    with torch.inference_mode():
+        tok = graphs.eager_step(model, cache, tok)  # the first step sets up per-step buffers
+        objs = [cache, *cache.layers]
+        before = graphs._tensor_attrs(cache)
+        nums = [{k: v for k, v in vars(o).items() if isinstance(v, scalar)} for o in objs]
+        graphs.eager_step(model, cache, tok)
+    after = graphs._tensor_attrs(cache)
+    rebound = {k for k in before.keys() & after.keys() if after[k] is not before[k]}  # (object index, name)
+    assert {name for _, name in rebound} <= {"next_pos", "cur", "recent_floor", "fwd_pos", "_step_noise"}
+    assert all(i == 0 for i, _ in rebound)  # layers: every tensor updated in place
+    assert after.keys() == before.keys()
+    for o, n0 in zip(objs, nums, strict=True):
+        changed = {k for k, v in n0.items() if vars(o).get(k) != v}
+        assert changed <= {"seen"}, changed

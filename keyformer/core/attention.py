@@ -202,8 +202,9 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
     seeds = cache.beam_seed_t if nb > 1 else cache.seed_t
     acc = torch.zeros(Bs, Hkv, 1, N, dtype=f32, device=dev)
     ctx = layer.context(query=query, keys=key, values=value, group=G)
+    batched = ("pos", "cur", "w", "query", "keys", "values")
     sctx = ctx if nb == 1 else dataclasses.replace(
-        ctx, **{f: getattr(ctx, f).repeat_interleave(nb, dim=0) for f in ("pos", "cur", "w", "query", "keys", "values")
+        ctx, **{f: getattr(ctx, f).repeat_interleave(nb, dim=0) for f in batched
                 if getattr(ctx, f) is not None})
     heads = torch.arange(Hq, device=dev)
     slope = None if slopes is None else slopes.to(dev, f32).view(1, Hkv, G, 1, 1)

@@ -109,8 +109,9 @@ class EvictingLayer(CacheLayerMixin):
                 self.memo[key] = val.index_select(0, idx)
 
     def reorder_rows(self, idx: torch.Tensor, rows: torch.Tensor) -> None:
-        """Beam reorder (``idx`` [B]: row b becomes a copy of row idx[b]) that copies only the ``rows`` [m] whose
-        source differs (idx[b] != b): in place, gathered before written, so equal to :meth:`reorder_cache`."""
+        """Beam reorder (``idx`` [B]: row b becomes a copy of row idx[b]) that copies only the ``rows`` [m]
+        whose source differs (idx[b] != b): in place, gathered before written, so equal to
+        :meth:`reorder_cache`."""
         if not self.is_initialized or rows.numel() == 0:
             return
         if 2 * rows.numel() > idx.numel():  # most rows move: one gather per tensor is cheaper
@@ -578,21 +579,21 @@ class KVCache(Cache):
 
     def expand_prompt_rows(self) -> None:
         """After a prompt forward over the B samples (``prompt_expand`` = nb beams), make the B * nb beam rows
-        (sample-major, beam r of sample b at row b * nb + r): cache, positions, budgets and per-beam noise seeds
-        become what the prompt forward over B * nb rows would have left."""
+        (sample-major, beam r of sample b at row b * nb + r): cache, positions, budgets and per-beam noise
+        seeds become what the prompt forward over B * nb rows would have left."""
         nb, seeds = self.prompt_expand, self.beam_seed_t
         self.select_rows(torch.arange(self.n.numel(), device=self.n.device).repeat_interleave(nb))
         self.seed_t, self.prompt_expand = seeds, 1
 
     def prompt_beam_rows(self) -> int:
-        """Rows per sample the prompt scores need: nb when prompt-once beams share scores (``beam_groups`` > 1)
-        and the policy's noise differs per beam, else 1 (every beam's score equals the sample's)."""
+        """Rows per sample the prompt scores need: nb when prompt-once beams share scores (``beam_groups``
+        > 1) and the policy's noise differs per beam, else 1 (every beam's score equals the sample's)."""
         nb = self.prompt_expand
         return nb if nb > 1 and self.beam_groups > 1 and self.policy.uses_noise else 1
 
     def pool_prompt(self, s: torch.Tensor) -> torch.Tensor:
-        """The prompt's scores, pooled over beams as :meth:`pool_beams` does: ``s`` [B * prompt_beam_rows(), H, N]
-        -> [B, H, N] for the prompt rows (prompt-once beams), or [B, H, N] -> [B, H, N] otherwise."""
+        """The prompt's scores, pooled over beams as :meth:`pool_beams` does: ``s`` [B * prompt_beam_rows(),
+        H, N] -> [B, H, N] for the prompt rows (prompt-once beams), or [B, H, N] -> [B, H, N] otherwise."""
         nb = self.prompt_expand
         if nb == 1:
             return self.pool_beams(s)

@@ -85,9 +85,9 @@ _BATCH_KWARGS = ("attention_mask", "position_ids", "token_type_ids", "inputs_emb
 
 @contextlib.contextmanager
 def _prefill_once(model: PreTrainedModel, cache: KVCache):
-    """While active, transformers' prefill (its prompt forward, batch ``B * nb`` rows with beam ``r`` of sample
-    ``b`` at row ``b * nb + r``) runs on the ``B`` distinct rows only; the cache is then expanded to the beams
-    and the logits repeated. A no-op unless ``cache.prompt_expand`` > 1."""
+    """While active, transformers' prefill (its prompt forward over ``B * nb`` rows, beam ``r`` of sample
+    ``b`` at row ``b * nb + r``) runs on the ``B`` distinct rows only; the cache is then expanded to the
+    beams and the logits repeated. A no-op unless ``cache.prompt_expand`` > 1."""
     nb = cache.prompt_expand
     if nb == 1:
         yield
@@ -127,9 +127,9 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
     ``mode`` is ``physical`` or ``mask`` (simulation); ``beam_scores`` is ``per_beam`` (each beam row its own
     scores and kept set) or ``shared`` (the authors' code: beam copies noised independently, scores summed,
     one kept set per sample); ``kv_quant`` stores the held K/V quantized (:mod:`keyformer.core.quant`).
-    ``prompt_once`` (default): with beams, the prompt forward runs once per sample and the cache is then expanded
-    to the beams (transformers would run it once per beam); ``False`` keeps transformers' way (the reference the
-    tests compare with: same sequences). Extra ``kwargs`` go to ``model.generate``.
+    ``prompt_once`` (default): with beams, the prompt forward runs once per sample and the cache is then
+    expanded to the beams (transformers would run it once per beam); ``False`` keeps transformers' way (the
+    reference the tests compare with: same sequences). Extra ``kwargs`` go to ``model.generate``.
     """
     if beam_scores not in BEAM_SCORES:
         raise ValueError(f"beam_scores={beam_scores!r} is unknown; valid: {', '.join(BEAM_SCORES)}")
@@ -149,7 +149,8 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
     with _prefill_once(model, cache):
         out = model.generate(
             input_ids=input_ids, attention_mask=attention_mask, cache=cache, max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens, num_beams=num_beams, do_sample=False, pad_token_id=pad, logits_processor=LogitsProcessorList([clock]), return_dict_in_generate=True, **kwargs,
+            min_new_tokens=min_new_tokens, num_beams=num_beams, do_sample=False, pad_token_id=pad,
+            logits_processor=LogitsProcessorList([clock]), return_dict_in_generate=True, **kwargs,
         )
     sync()
     t_end = time.perf_counter()

@@ -85,7 +85,7 @@ def eager_step(model: Any, cache: KVCache, tok: torch.Tensor) -> torch.Tensor:
     captured one (explicit positions: the token's real position, ``next_pos``)."""
     seen = cache.layers[0].seen
     out = model(input_ids=tok, position_ids=cache.next_pos.view(-1, 1).clone(),
-                cache_position=torch.tensor([seen], device=tok.device), cache=cache, logits_to_keep=1)
+                cache_position=torch.full((1,), seen, device=tok.device), cache=cache, logits_to_keep=1)
     return out.logits[:, -1].argmax(-1, keepdim=True)
 
 
@@ -112,7 +112,7 @@ class DecodeGraph:
         seen = [lay.seen for lay in cache.layers]
         self.graph = torch.cuda.CUDAGraph()
         if self.inv_tau is not None:
-            pol.tau = lambda step, horizon=None: DeviceTau(self.inv_tau)  # instance attribute, for the capture
+            pol.tau = lambda step, horizon=None: DeviceTau(self.inv_tau)  # instance attribute while capturing
         try:
             with torch.cuda.graph(self.graph):
                 out = model(input_ids=self.tok, position_ids=cache.next_pos.view(-1, 1).clone(),
@@ -126,8 +126,8 @@ class DecodeGraph:
         self.rebound = [(before[k], after[k]) for k in before if k in after and after[k] is not before[k]]
         for t_in, t_out in self.rebound:
             if t_in.shape != t_out.shape or t_in.dtype != t_out.dtype:
-                raise RuntimeError(f"a cache tensor changed shape in the captured step: {tuple(t_in.shape)} -> "
-                                   f"{tuple(t_out.shape)}; the step is not static")
+                raise RuntimeError(f"a cache tensor changed shape in the captured step: {tuple(t_in.shape)} "
+                                   f"-> {tuple(t_out.shape)}; the step is not static")
         self.seen = seen  # each layer's counter before the first replay (the capture advanced them once)
         self.first = True
 
