@@ -307,3 +307,65 @@ def _essay(tmp_path: Path) -> Path:
     p = tmp_path / "essay.jsonl"
     p.write_text("\n".join(json.dumps({"article": " ".join(ESSAY[i: i + 50])}) for i in range(0, 2000, 50)))
     return p
+
+
+# -- experiment 10's leaderboard --------------------------------------------------------------------------------
+def _fake_results(root: Path, folder: str, scores: dict) -> None:
+    """points.csv / samples.csv as keyformer-collect writes them; ``scores[(policy, budget)][task]`` = list."""
+    import pandas as pd
+
+    pts, smp = [], []
+    for (pol, budget), per_task in scores.items():
+        for task, vals in per_task.items():
+            point = f"task={task},budget={budget},policy={pol}"
+            pts.append({"point": point, "policy": pol, "budget": budget, "complete": True})
+            smp += [{"point": point, "id": f"ruler-{task}-L4096-{i:04d}", "string_match_all": v}
+                    for i, v in enumerate(vals)]
+    pts.append({"point": "partial", "policy": "tova", "budget": 0.5, "complete": False})
+    smp.append({"point": "partial", "id": "ruler-vt-L4096-0000", "string_match_all": 100.0})
+    (root / folder).mkdir(parents=True)
+    pd.DataFrame(pts).to_csv(root / folder / "points.csv", index=False)
+    pd.DataFrame(smp).to_csv(root / folder / "samples.csv", index=False)
+
+
+SCORES = {
+    ("full", 1.0): {"vt": [100, 100, 0], "cwe": [50, 50, 100]},
+    ("keyformer", 0.5): {"vt": [100, 0, 0], "cwe": [50, 50, 50]},
+    ("h2o", 0.5): {"vt": [100, 100, 0], "cwe": [0, 50, 50]},
+    ("window", 0.5): {"vt": [0, 0, 0]},  # one task only: no average, no rank
+}
+
+
+def test_ruler_leaderboard_by_hand(tmp_path):
+    from keyformer.lab.analysis import load_experiment, ruler_leaderboard
+
+    _fake_results(tmp_path / "exp10_ruler", "aware", SCORES)
+    pts, smp = load_experiment(str(tmp_path / "exp10_ruler"), "aware", complete_only=True)
+    t = ruler_leaderboard(pts, smp, n_boot=200).set_index(["policy", "task"])
+    # hand-computed: average = mean of the task means
+    assert t.loc[("keyformer", "average"), "mean"] == pytest.approx((100 / 3 + 50) / 2)
+    assert t.loc[("h2o", "average"), "mean"] == pytest.approx((200 / 3 + 100 / 3) / 2)
+    assert t.loc[("full", "average"), "mean"] == pytest.approx((200 / 3 + 200 / 3) / 2)
+    # paired differences: h2o - keyformer per task (vt: 0,+100,0; cwe: -50,0,0), then their mean over tasks
+    assert t.loc[("h2o", "vt"), "vs_keyformer"] == pytest.approx(100 / 3)
+    assert t.loc[("h2o", "average"), "vs_keyformer"] == pytest.approx((100 / 3 - 50 / 3) / 2)
+    assert t.loc[("keyformer", "average"), "vs_full"] == pytest.approx((-100 / 3 - 50 / 3) / 2)
+    lo, hi = t.loc[("h2o", "average"), ["vs_keyformer_lo", "vs_keyformer_hi"]]
+    assert lo <= t.loc[("h2o", "average"), "vs_keyformer"] <= hi
+    assert ("window", "average") not in t.index and t.loc[("window", "vt"), "mean"] == 0.0
+    assert t.loc[("h2o", "average"), "rank"] == 1 and t.loc[("keyformer", "average"), "rank"] == 2
+    assert ("tova", "vt") not in t.index  # the partial point is left out
+    assert t.loc[("h2o", "average"), "ratio"] == 0.5
+
+
+def test_ruler_report_section(tmp_path, capsys):
+    from keyformer.lab.report import ruler
+
+    ruler(tmp_path)
+    assert "no complete points" in capsys.readouterr().out
+    _fake_results(tmp_path / "exp10_ruler", "aware", SCORES)
+    _fake_results(tmp_path / "exp10_ruler", "agnostic", SCORES)
+    ruler(tmp_path)
+    out = capsys.readouterr().out
+    assert "**question-aware**" in out and "**query-agnostic**" in out and "| h2o | 0.5 | 0.5 | 50.0 [" in out
+    assert "Question-aware vs query-agnostic" in out and "| keyformer | 0.5 | 41.7 | 41.7 | +0.0 |" in out

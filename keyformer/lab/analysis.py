@@ -511,3 +511,88 @@ def replication(load_smol, load_gemma, findings: Sequence[Finding] = EXP9_FINDIN
             row["holds"] = "yes" if row["gemma_budgets"] == row["smol_budgets"] else "partial"
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# -- experiment 10: RULER leaderboard ------------------------------------------------------------------------
+RULER_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+               "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe")
+RULER_RATIO = {0.75: 0.25, 0.5: 0.5, 0.25: 0.75, 0.125: 0.875}  # budget -> kvpress's compression ratio
+
+
+def ruler_task_of(sample_id: str) -> str:
+    """The task of a ``ruler`` sample id (``ruler-<task>-L<length>-<index>``)."""
+    return str(sample_id).split("-")[1]
+
+
+def _ruler_series(points: pd.DataFrame, samples: pd.DataFrame, metric: str, policy: str,
+                  budget: float | None) -> dict[str, pd.Series]:
+    """``{task: per-sample metric indexed by id}`` of one policy (at ``budget``; any budget when None)."""
+    sel = points[points["policy"] == policy]
+    if budget is not None:
+        sel = sel[np.isclose(sel["budget"].astype(float), budget)]
+    rows = samples[samples["point"].isin(sel["point"])]
+    out: dict[str, pd.Series] = {}
+    for task, g in rows.groupby(rows["id"].map(ruler_task_of)):
+        out[str(task)] = g.set_index("id")[metric].astype(float)
+    return out
+
+
+def stratified_mean_ci(per_task: Sequence[np.ndarray], n_boot: int = 2000, seed: int = 0,
+                       ci: float = 0.95) -> tuple[float, float, float]:
+    """Mean over tasks of each task's mean, with a bootstrap CI that resamples samples within each task."""
+    if not per_task:
+        raise ValueError("need at least one task")
+    boots = np.zeros(n_boot)
+    for t, x in enumerate(per_task):
+        x = np.asarray(x, dtype=float)
+        boots += x[bootstrap_indices(len(x), n_boot, seed + t)].mean(axis=1)
+    boots /= len(per_task)
+    alpha = (1.0 - ci) / 2.0
+    lo, hi = np.quantile(boots, [alpha, 1.0 - alpha])
+    return float(np.mean([np.mean(x) for x in per_task])), float(lo), float(hi)
+
+
+def ruler_leaderboard(points: pd.DataFrame, samples: pd.DataFrame, metric: str = "string_match_all",
+                      refs: Sequence[str] = ("keyformer", "full"), n_boot: int = 2000,
+                      seed: int = 0) -> pd.DataFrame:
+    """Experiment 10's table: per (policy, budget) and per task (plus ``average``, the mean over tasks), the
+    mean ``metric`` with a bootstrap CI and the paired difference from each of ``refs`` with its CI
+    (``vs_<ref>``, ``vs_<ref>_lo``, ``vs_<ref>_hi``; ``full`` is compared at its only budget, the others at
+    the same budget; ``full``'s own rows have no differences; the average's CI resamples within each task:
+    :func:`stratified_mean_ci`). ``n_tasks`` counts the tasks a point has; the ``average`` of a policy is
+    given only when it has every task of the experiment, and ``rank`` (1 = best average at that budget) ranks
+    those. Pass complete points only (:func:`load_experiment` with ``complete_only=True``)."""
+    if points.empty:
+        return pd.DataFrame()
+    tasks = [t for t in RULER_TASKS if t in set(samples["id"].map(ruler_task_of))]
+    rows = []
+    for (policy, budget), _ in points.groupby(["policy", "budget"]):
+        b = None if policy == "full" else float(budget)
+        mine = _ruler_series(points, samples, metric, policy, b)
+        ref_series = {} if policy == "full" else {
+            r: _ruler_series(points, samples, metric, r, None if r == "full" else b) for r in refs}
+        for task in [*tasks, "average"]:
+            use = [t for t in tasks if t in mine] if task == "average" else [task] if task in mine else []
+            if not use:
+                continue
+            if task == "average" and len(use) < len(tasks):
+                continue
+            m, lo, hi = stratified_mean_ci([mine[t].to_numpy() for t in use], n_boot, seed)
+            row = {"policy": policy, "budget": float(budget), "ratio": RULER_RATIO.get(float(budget), 0.0)
+                   if policy != "full" else 0.0, "task": task, "n": sum(len(mine[t]) for t in use),
+                   "n_tasks": len(use), "mean": m, "ci_lo": lo, "ci_hi": hi}
+            for r, other in ref_series.items():
+                if r == policy or not all(t in other for t in use):
+                    continue
+                pairs = [(mine[t].align(other[t], join="inner")) for t in use]
+                if any(len(a) == 0 for a, _ in pairs):
+                    continue
+                d, dlo, dhi = stratified_mean_ci([(a - o).to_numpy() for a, o in pairs], n_boot, seed)
+                row.update({f"vs_{r}": d, f"vs_{r}_lo": dlo, f"vs_{r}_hi": dhi})
+            rows.append(row)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    avg = out["task"] == "average"
+    out.loc[avg, "rank"] = out[avg].groupby("budget")["mean"].rank(ascending=False, method="min")
+    return out

@@ -54,7 +54,8 @@ SAMPLE_COLS = ["id", "prompt_tokens", "truncated_tokens", "generated_tokens", *R
                "kv_bytes_full", "prefill_ms", "decode_ms", "batch_size", "prediction"]
 # task metrics of some datasets (long-context QA, LongBench, the needle and sample retrieval tasks) and the
 # needle's coordinates: collected per sample and averaged per point when the runs have them
-TASK_COLS = ["token_f1", "exact_match", "rougeL_longbench", "accuracy"]
+TASK_COLS = ["token_f1", "exact_match", "rougeL_longbench", "accuracy", "string_match_all",
+             "string_match_part"]
 NEEDLE_COLS = ["needle_length", "needle_depth"]
 # what a point was produced by: read from its metrics.json (config.yaml's ``resolved`` block as a fallback)
 PROVENANCE_COLS = ["code_version", "git_commit", "device", "dtype", "batch_size", "provenance",

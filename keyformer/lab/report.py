@@ -608,6 +608,61 @@ def pareto_bytes(res: Path, name: str = "exp7_field", head_dim: int = 64) -> Non
         print(f"| {task} | {metric} | {fronts[0]} | {fronts[1]} |")
 
 
+RULER_SETTINGS = (("aware", "question-aware"), ("agnostic", "query-agnostic"))
+
+
+def _ci_cell(r: pd.Series, key: str) -> str:
+    v = r.get(key)
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return ""
+    return fmt_ci(float(v), float(r[f"{key}_lo"]), float(r[f"{key}_hi"]))
+
+
+def ruler(res: Path, name: str = "exp10_ruler") -> None:
+    """Experiment 10: the RULER 4k leaderboard (string_match_all, mean over tasks) per setting, from complete
+    points only: policy x compression ratio with CIs, differences from Keyformer and from full, the ranking,
+    and the question-aware and query-agnostic averages side by side (``analysis.ruler_leaderboard``)."""
+    tables = {}
+    for folder, label in RULER_SETTINGS:
+        if (res / name / folder / "points.csv").is_file():
+            pts, smp = analysis.load_experiment(str(res / name), folder, complete_only=True)
+            tables[label] = analysis.ruler_leaderboard(pts, smp)
+    if not any(len(t) for t in tables.values()):
+        print(f"(no complete points of {name} yet)")
+        return
+    for label, t in tables.items():
+        avg = t[t["task"] == "average"] if len(t) else t
+        print(f"\n**{label}** (RULER 4k, string_match_all x 100, mean over "
+              f"{int(avg['n_tasks'].max()) if len(avg) else 0} tasks; 95 % CIs)\n")
+        if avg.empty:
+            print("(no policy has every task yet)")
+            continue
+        print("| policy | ratio | budget | average [CI] | vs Keyformer [CI] | vs full [CI] | rank | n |")
+        print("|---|---|---|---|---|---|---|---|")
+        for _, r in avg.sort_values(["ratio", "rank", "policy"]).iterrows():
+            print(f"| {r['policy']} | {r['ratio']:g} | {r['budget']:g} | {r['mean']:.1f} [{r['ci_lo']:.1f}, "
+                  f"{r['ci_hi']:.1f}] | {_ci_cell(r, 'vs_keyformer')} | {_ci_cell(r, 'vs_full')} | "
+                  f"{'' if np.isnan(r.get('rank', np.nan)) else int(r['rank'])} | {int(r['n'])} |")
+        tasks = [x for x in analysis.RULER_TASKS if x in set(t["task"])]
+        print("\nPer task (mean):\n")
+        print("| policy | ratio | " + " | ".join(tasks) + " |")
+        print("|---|---|" + "---|" * len(tasks))
+        per = t[t["task"] != "average"].pivot_table(index=["ratio", "policy"], columns="task", values="mean")
+        for (ratio, pol), r in per.iterrows():
+            cells = " | ".join("" if np.isnan(r.get(x, np.nan)) else f"{r[x]:.0f}" for x in tasks)
+            print(f"| {pol} | {ratio:g} | {cells} |")
+    if len(tables) == 2 and all(len(t) for t in tables.values()):
+        a, g = (t[t["task"] == "average"].set_index(["policy", "ratio"])["mean"] for t in tables.values())
+        both = pd.concat([a.rename("aware"), g.rename("agnostic")], axis=1).dropna()
+        if len(both):
+            print("\nQuestion-aware vs query-agnostic (average):\n")
+            print("| policy | ratio | question-aware | query-agnostic | agnostic - aware |")
+            print("|---|---|---|---|---|")
+            for (pol, ratio), r in both.sort_index(level=1).iterrows():
+                print(f"| {pol} | {ratio:g} | {r['aware']:.1f} | {r['agnostic']:.1f} | "
+                      f"{r['agnostic'] - r['aware']:+.1f} |")
+
+
 def _field_task(task: str) -> Callable[[Path], None]:
     return lambda res: field(res, tasks=(task,))
 
@@ -637,6 +692,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     "ablations": ablations,
     "kvpress": kvpress,
     "bench_targets": bench_targets,
+    "exp10_ruler": ruler,
 }
 README_FILES = (Path("README.md"), Path("results/README.md"))
 
