@@ -1,15 +1,16 @@
 """Architectures beyond Llama/GPT-J/GPT-2/MPT (issue 20): Mistral, Qwen2 (hybrid), Qwen3 (QK-norm), Phi-3,
 Gemma 2 (logit soft-capping, alternating sliding/global layers), Gemma 3 text (hybrid, QK-norm,
-``query_pre_attn_scalar``). Every tiny arch runs here against the stock transformers model it wraps:
+``query_pre_attn_scalar``) and multimodal Gemma 3 (text-only). Every tiny arch runs here against the stock
+transformers model it wraps:
 
-* ``full`` == stock ``generate()`` token for token, logits within 1e-4, at prompts longer than the sliding window
-  (and a left-padded batch on the hybrid models); positive controls show that the window and the cap change
-  the stock model's outputs at these lengths, so ignoring them would fail;
+* ``full`` == stock ``generate()`` token for token, logits within 1e-4, at prompts longer than the sliding
+  window (and a left-padded batch on the hybrid models); positive controls show that the window and the cap
+  change the stock model's outputs at these lengths, so ignoring them would fail;
 * sliding layers hold exactly the model's window (positions (cur - W + 1, cur], W - 1 tokens, tensors of W - 1
   slots + the spare) at every step, whatever the policy; global layers hold the policy's budget;
 * ``kv_bytes_full`` equals the bytes the stock ``DynamicCache`` really holds (sliding layers capped);
 * refusals: unsupported archs in one line with the reason; evicting policies on an all-sliding model; a cache
-  built without the model's windows.
+  built without the model's windows; image inputs.
 
 Physical == mask, the budget rules and the hand-written naive reference (with the window and the cap) run for
 the hybrid archs in ``tests/test_policy_contract.py``.
@@ -34,8 +35,8 @@ from keyformer.core.models import (
 )
 
 N, NEW = 36, 10  # prompt > TINY_WINDOW (12)
-HYBRID = ("qwen2", "gemma2", "gemma3_text")  # archs with both sliding and global layers
-VARIANTS = [(a, {}) for a in TINY_ARCHS] + [("mistral", {"sliding_window": TINY_WINDOW})]  # + all-sliding Mistral
+HYBRID = ("qwen2", "gemma2", "gemma3_text", "gemma3")  # archs with both sliding and global layers
+VARIANTS = [(a, {}) for a in TINY_ARCHS] + [("mistral", {"sliding_window": TINY_WINDOW})]  # + all-sliding
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,8 +48,8 @@ def _prompt(seed: int, n: int = N, b: int = 1) -> torch.Tensor:
 def _stock_generate(model, ids, mask=None, cache=None):
     mask = torch.ones_like(ids) if mask is None else mask
     kw = {} if cache is None else {"cache": cache}
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
-                         output_logits=True, return_dict_in_generate=True, **kw)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
+                         pad_token_id=0, output_logits=True, return_dict_in_generate=True, **kw)
     return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, dim=1)
 
 
@@ -57,6 +58,7 @@ def test_tiny_configs_cover_what_is_supported():
     assert layer_windows(tiny_config("qwen2")) == [None, TINY_WINDOW]
     assert layer_windows(tiny_config("gemma2")) == [TINY_WINDOW, None]
     assert layer_windows(tiny_config("gemma3_text")) == [TINY_WINDOW, None, TINY_WINDOW]
+    assert layer_windows(tiny_config("gemma3")) == [TINY_WINDOW, None, TINY_WINDOW]  # its text model's
     assert layer_windows(tiny_config("mistral", sliding_window=TINY_WINDOW)) == [TINY_WINDOW] * 2
     # a window of at least max_position_embeddings never slides (Phi-3.5's 262144): full attention
     assert layer_windows(tiny_config("phi3", sliding_window=4096)) == [None, None]
@@ -66,7 +68,8 @@ def test_tiny_configs_cover_what_is_supported():
 def test_full_equals_stock_generate(arch, over):
     ids = _prompt(1)
     ref_tok, ref_logits = _stock_generate(tiny_stock_model(arch, **over), ids)
-    out = generate(tiny_model(arch, **over), ids, None, make_policy("full"), max_new_tokens=NEW, output_logits=True)
+    out = generate(tiny_model(arch, **over), ids, None, make_policy("full"), max_new_tokens=NEW,
+                   output_logits=True)
     assert torch.equal(out.sequences, ref_tok)
     assert (out.logits - ref_logits).abs().max() < 1e-4
 
@@ -88,8 +91,8 @@ def test_full_equals_stock_on_a_left_padded_batch(arch):
                                              ("gemma3_text", "sliding_window"), ("mistral", "sliding_window"),
                                              ("gemma2", "attn_logit_softcapping")])
 def test_window_and_cap_change_the_stock_model(arch, field):
-    """Positive controls: at these prompt lengths the stock model's own window and logit cap change its logits,
-    so an attention that ignored them could not equal it."""
+    """Positive controls: at these prompt lengths the stock model's own window and logit cap change its
+    logits, so an attention that ignored them could not equal it."""
     ids = _prompt(1)
     over = {"sliding_window": TINY_WINDOW} if arch == "mistral" else {}
     with torch.inference_mode():
@@ -114,8 +117,8 @@ class _Every(LogitsProcessor):
 @pytest.mark.parametrize("arch", HYBRID)
 @pytest.mark.parametrize("policy", ("full", "h2o", "keyformer", "snapkv"))
 def test_sliding_layers_hold_exactly_the_window(arch, policy):
-    """After every forward (newest position cur) a sliding layer holds positions (cur - W + 1, cur] in W - 1 + 1
-    slots, whatever the policy; a global layer holds the policy's budget (full: everything)."""
+    """After every forward (newest position cur) a sliding layer holds positions (cur - W + 1, cur] in
+    W - 1 + 1 slots, whatever the policy; a global layer holds the policy's budget (full: everything)."""
     model, ids = tiny_model(arch), _prompt(2)
     pol = make_policy(policy) if policy == "full" else make_policy(policy, budget=0.5)
     cache = make_cache(model, pol, torch.ones_like(ids), max_new_tokens=NEW)
@@ -144,8 +147,8 @@ def test_sliding_layers_hold_exactly_the_window(arch, policy):
 
 @pytest.mark.parametrize("arch", HYBRID)
 def test_kv_bytes_full_is_what_the_stock_cache_holds(arch):
-    """``kv_bytes_full`` = the K/V bytes of the stock ``DynamicCache`` (sliding layers capped at W - 1) after the
-    same generation; ``kv_bytes`` counts the sliding layers' window too."""
+    """``kv_bytes_full`` = the K/V bytes of the stock ``DynamicCache`` (sliding layers capped at W - 1) after
+    the same generation; ``kv_bytes`` counts the sliding layers' window too."""
     ids = _prompt(3)
     stock = tiny_stock_model(arch)
     dc = DynamicCache(config=stock.config)
@@ -155,7 +158,7 @@ def test_kv_bytes_full_is_what_the_stock_cache_holds(arch):
     assert out.kv_bytes_full == [held] and out.kv_bytes == [held]
     h2o = generate(tiny_model(arch), ids, None, make_policy("h2o", budget=0.5), max_new_tokens=NEW)
     assert h2o.kv_bytes_full == [held]
-    cfg, windows = stock.config, layer_windows(stock.config)
+    cfg, windows = stock.config.get_text_config(decoder=True), layer_windows(stock.config)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     per_token = 2 * cfg.num_key_value_heads * head_dim * 4  # K + V, fp32, per layer
     assert h2o.kv_bytes == [sum((N // 2 if w is None else w - 1) * per_token for w in windows)]
@@ -208,9 +211,37 @@ def test_every_tiny_arch_has_a_model_config():
 
 @pytest.mark.parametrize("arch", HYBRID)
 def test_prepared_model_with_an_ordinary_cache_is_the_stock_model(arch):
-    """``prepare_model`` changes nothing outside our cache: with the stock ``DynamicCache`` the prepared model
-    generates what the stock one does (windows from the model's masks; Gemma 2's cap in the eager fallback)."""
+    """``prepare_model`` changes nothing outside our cache: with the stock ``DynamicCache`` the prepared
+    model generates what the stock one does (windows from the model's masks; Gemma 2's cap in the eager
+    fallback)."""
     ids = _prompt(6)
     ref_tok, ref_logits = _stock_generate(tiny_stock_model(arch), ids)
     tok, logits = _stock_generate(tiny_model(arch), ids)
     assert torch.equal(tok, ref_tok) and (logits - ref_logits).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("arch", ("qwen2", "gemma3_text"))
+def test_full_equals_stock_beam_search(arch):
+    ids = _prompt(7)
+    ref = tiny_stock_model(arch).generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                          max_new_tokens=NEW, num_beams=3, do_sample=False, pad_token_id=0)
+    out = generate(tiny_model(arch), ids, None, make_policy("full"), max_new_tokens=NEW, num_beams=3,
+                   pad_token_id=0)
+    assert torch.equal(out.sequences, ref[:, ids.shape[1]:])
+
+
+def test_image_inputs_are_refused():
+    model, ids = tiny_model("gemma3"), _prompt(8)
+    with pytest.raises(ValueError, match="pixel_values: image inputs are not supported"):
+        generate(model, ids, None, make_policy("full"), max_new_tokens=2,
+                 pixel_values=torch.zeros(1, 3, 28, 28))
+
+
+@pytest.mark.parametrize("policy", ("h2o", "keyformer"))
+def test_multimodal_gemma3_physical_equals_mask(policy):
+    """The multimodal wrapper runs the same text layers: physical eviction == the mask simulation there."""
+    model, ids, pol = tiny_model("gemma3"), _prompt(9), make_policy(policy, budget=0.5)
+    phys = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, seed=3)
+    sim = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, seed=3, mode="mask")
+    assert torch.equal(phys.sequences, sim.sequences) and (phys.logits - sim.logits).abs().max() < 1e-4
+    assert all(phys.cache.kept_positions(li) == sim.cache.kept_positions(li) for li in range(3))

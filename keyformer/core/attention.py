@@ -55,8 +55,8 @@ def _sdpa_backends(device: torch.device):
 
 def keyformer_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """``AttentionInterface`` entry: our path for our cache, plain SDPA otherwise (eager math when the model
-    soft-caps its logits, which SDPA cannot). ``sliding_window`` (the model's window of this layer, or None) is
-    checked against the cache's; ``softcap`` (Gemma 2) caps the logits, ``tanh(x / c) * c``."""
+    soft-caps its logits, which SDPA cannot). ``sliding_window`` (the model's window of this layer, or None)
+    is checked against the cache's; ``softcap`` (Gemma 2) caps the logits, ``tanh(x / c) * c``."""
     layer = getattr(key, "_kf_layer", None)
     softcap = kwargs.get("softcap")
     if layer is None:
@@ -65,9 +65,10 @@ def keyformer_attention(module, query, key, value, attention_mask, scaling=None,
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     window = kwargs.get("sliding_window")
-    if window is not None and window != layer.window and not (layer.cache.windows_known and layer.window is None):
-        raise RuntimeError(f"layer {layer.layer_idx} slides with window {window} but its cache layer has window "
-                           f"{layer.window}: build the cache with keyformer.make_cache(model, ...)")
+    known_full = layer.cache.windows_known and layer.window is None  # a window past the context: full
+    if window is not None and window != layer.window and not known_full:
+        raise RuntimeError(f"layer {layer.layer_idx} slides with window {window} but its cache layer has "
+                           f"window {layer.window}: build the cache with keyformer.make_cache(model, ...)")
     return attend(module, layer, query, key, value, scaling=scaling, dropout=dropout, softcap=softcap), None
 
 
@@ -84,7 +85,8 @@ def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor,
     policy = layer.cache.policy
     G = query.shape[1] // key.shape[1]
     q = query.shape[2]
-    scoring = policy.needs_attention and layer.window is None and (layer.length == 0 or policy.compress in ("step", "interval"))
+    scoring = policy.needs_attention and layer.window is None and (
+        layer.length == 0 or policy.compress in ("step", "interval"))
     if scoring and layer.length > 0 and q > 1:
         raise NotImplementedError("multi-token forwards over a non-empty evicting cache (chunked prefill) are "
                                   "not supported by scoring policies")
@@ -93,9 +95,11 @@ def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor,
         bias = _alibi(layer, slopes) if slopes is not None else None
         out = _decode_with_scores(layer, query, key, value, mask, bias, scaling, softcap)
     elif scoring:
-        out = _prompt_with_scores(layer, query, key, value, slopes, scaling, softcap, module=module, mask=mask)
+        out = _prompt_with_scores(layer, query, key, value, slopes, scaling, softcap, module=module,
+                                  mask=mask)
     elif slopes is not None or softcap is not None:
-        out = _eager(query, key, value, mask, None if slopes is None else _alibi(layer, slopes), scaling, softcap)
+        bias = None if slopes is None else _alibi(layer, slopes)
+        out = _eager(query, key, value, mask, bias, scaling, softcap)
     else:
         if mask is not None and mask.shape[1] > 1 and G > 1:
             mask = mask.repeat_interleave(G, dim=1)
@@ -161,8 +165,8 @@ def _decode_with_scores(layer, query, key, value, mask, bias, scaling, softcap=N
     return out.reshape(B, Hq, 1, -1).transpose(1, 2)
 
 
-def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling, softcap=None, *, module=None,
-                        mask=None) -> torch.Tensor:
+def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling, softcap=None, *,
+                        module=None, mask=None) -> torch.Tensor:
     """Prompt attention and the policy's prompt scores in ONE blocked pass, vectorised over samples.
 
     Blocks of ``R`` query rows see keys [0, r1) only. Each block's logits are computed once; their softmax

@@ -46,7 +46,7 @@ class EvictingLayer(CacheLayerMixin):
 
     is_sliding = False
     is_croppable = False
-    window: int | None = None  # sliding layer: the model's window W (keeps the W - 1 newest tokens, no policy)
+    window: int | None = None  # sliding layer: the model's window W: W - 1 newest tokens, no policy
 
     def __init__(self, cache: KVCache, layer_idx: int):
         super().__init__()
@@ -233,7 +233,7 @@ class EvictingLayer(CacheLayerMixin):
     def attention_mask(self) -> torch.Tensor | None:
         """Bool mask [B, 1 or H, q, L + q] for this forward, or None when plain causal attention is exact."""
         L, q = self.length, self.q_len
-        band = self.window is not None and q > 1 and L + q > self.window  # a sliding layer's multi-token forward
+        band = self.window is not None and q > 1 and L + q > self.window  # sliding layer, multi-token forward
         if (self.cache.mode == "physical" and self.dense and self.cache.fwd_all_real and (q == 1 or L == 0)
                 and not band):
             return None  # decode over a dense cache, or an unpadded prompt: is_causal handles it
@@ -305,13 +305,14 @@ class EvictingLayer(CacheLayerMixin):
         self._compact(idx, new_len, keep_n)
 
     def _evict_window(self) -> None:
-        """A sliding layer keeps the model's own window whatever the policy: after a forward whose newest token
-        is ``cur``, the tokens at positions (cur - W + 1, cur], i.e. the ``W - 1`` newest, as the stock
-        ``DynamicSlidingWindowLayer`` holds; the next query attends to them and itself (W tokens). Never scored."""
+        """A sliding layer keeps the model's own window whatever the policy: after a forward whose newest
+        token is ``cur``, the tokens at positions (cur - W + 1, cur], i.e. the ``W - 1`` newest, as the stock
+        ``DynamicSlidingWindowLayer`` holds; the next query attends to them and itself (W tokens). Never
+        scored."""
         cache, q, L = self.cache, self.q_len, self.length
         S = L + q
         if cache.mode == "physical" and q == 1 and L > 0:
-            if self.steady:  # static shapes: the oldest token (leaving the window) gives its slot to the new one
+            if self.steady:  # static shapes: the oldest token (leaving the window) gives its slot to the new
                 victim = self.pos[:, :, :L].argmin(dim=-1, keepdim=True)  # [B, H, 1]
                 vic = victim.unsqueeze(-1)
                 for name, r in zip(self.slots, self.new_kv, strict=True):
@@ -450,7 +451,8 @@ class KVCache(Cache):
 
     def __init__(self, policy: Policy | None, num_layers: int, *, prompt_mask: torch.Tensor | None = None,
                  max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None, mode: str = "physical",
-                 beam_groups: int = 1, kv_quant: KVQuant | None = None, windows: list[int | None] | None = None):
+                 beam_groups: int = 1, kv_quant: KVQuant | None = None,
+                 windows: list[int | None] | None = None):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is unknown; valid: {', '.join(MODES)}")
         if isinstance(beam_groups, bool) or not isinstance(beam_groups, int) or beam_groups < 1:
@@ -470,7 +472,8 @@ class KVCache(Cache):
 
     def _set_windows(self, windows: list[int | None] | None) -> None:
         """Sliding layers (``windows[i]`` = the model's window W, None = full attention; see
-        ``keyformer.core.models.layer_windows``) keep their W - 1 newest tokens and are never policy-evicted."""
+        ``keyformer.core.models.layer_windows``) keep their W - 1 newest tokens and are never
+        policy-evicted."""
         self.windows_known = windows is not None
         if windows is None:
             return
@@ -481,9 +484,9 @@ class KVCache(Cache):
                 raise ValueError(f"sliding window={w!r} must be an int >= 2")
             layer.window = w
         if self.policy.evicts and all(w is not None for w in windows):
-            raise ValueError(f"policy={self.policy.name!r}: every layer of this model slides (window {windows[0]}) "
-                             "and a policy acts on full-attention layers only, so it would change nothing; "
-                             "use policy=full")
+            raise ValueError(f"policy={self.policy.name!r}: every layer of this model slides (window "
+                             f"{windows[0]}) and a policy acts on full-attention layers only, so it would "
+                             "change nothing; use policy=full")
 
     # -- per-sample bookkeeping, set at the prompt --------------------------------------------------------
     def _init_prompt(self, q: int, B: int, device: torch.device) -> None:
@@ -647,7 +650,8 @@ class KVCache(Cache):
 
     def all_layers_steady(self, S: int) -> bool:
         if self._uniform is None:
-            self._uniform = all(lay.steady and lay.length + 1 == S and lay.window is None for lay in self.layers)
+            self._uniform = all(lay.steady and lay.length + 1 == S and lay.window is None
+                                for lay in self.layers)
         return self._uniform
 
     def _all_layers_noise(self, S: int, group: int) -> torch.Tensor:
@@ -674,8 +678,8 @@ class KVCache(Cache):
         return out.tolist()
 
     def kv_bytes_full(self) -> list[int]:
-        """Per sample: bytes a full cache would hold for the same tokens: the stock cache, whose sliding layers
-        hold at most their window minus one token."""
+        """Per sample: bytes a full cache would hold for the same tokens: the stock cache, whose sliding
+        layers hold at most their window minus one token."""
         size = lambda lay: torch.empty((), dtype=lay.dtype).element_size()  # noqa: E731
         out = torch.zeros_like(self.next_pos)
         for lay in self.layers:

@@ -48,7 +48,8 @@ def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: to
                max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None,
                mode: str = "physical", beam_groups: int = 1, kv_quant: KVQuant | None = None) -> KVCache:
     """A :class:`KVCache` for ``model`` (pass it as ``cache=`` to ``model.generate``)."""
-    cache = KVCache(policy, model.config.num_hidden_layers, prompt_mask=attention_mask,
+    layers = model.config.get_text_config(decoder=True).num_hidden_layers  # multimodal Gemma 3: the text's
+    cache = KVCache(policy, layers, prompt_mask=attention_mask,
                     max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups,
                     kv_quant=kv_quant, windows=layer_windows(model.config))  # sliding layers keep their window
     if policy is not None and policy.needs_context and hasattr(policy, "model_info"):
@@ -133,6 +134,9 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
     """
     if beam_scores not in BEAM_SCORES:
         raise ValueError(f"beam_scores={beam_scores!r} is unknown; valid: {', '.join(BEAM_SCORES)}")
+    if kwargs.get("pixel_values") is not None:
+        raise ValueError("pixel_values: image inputs are not supported (the evicting cache does not model "
+                         "attention over image tokens, bidirectional in Gemma 3); pass text-only prompts")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     cache = make_cache(model, policy, attention_mask, max_new_tokens=max_new_tokens, seed=seed, seeds=seeds,

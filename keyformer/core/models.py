@@ -5,12 +5,15 @@ stock-``generate()`` comparison in ``tests/test_archs.py``; see ``docs/models.md
 
 * through transformers' ``AttentionInterface`` (standard per-layer K/V): ``llama``, ``mistral``, ``qwen2``,
   ``qwen3`` (QK-norm), ``phi3``, ``gemma2`` (logit soft-capping, alternating sliding/global layers),
-  ``gemma3_text`` (hybrid 5:1 sliding/global, QK-norm, ``query_pre_attn_scalar``), GPT-J (partial RoPE) and
+  ``gemma3_text`` (hybrid 5:1 sliding/global, QK-norm, ``query_pre_attn_scalar``), ``gemma3`` (the
+  multimodal Gemma 3, text-only prompts: image inputs are refused by :func:`keyformer.generate`), GPT-J
+  (partial RoPE) and
   GPT-2 / Cerebras-GPT (learned absolute positions);
 * MPT (ALiBi; eager-only in transformers, so its attention forward is replaced on the instance).
 
 **Sliding layers** (``config.layer_types`` / ``config.sliding_window``, read exactly as the stock
-``DynamicCache`` reads them, :func:`layer_windows`) keep exactly the model's own window, as the stock cache does;
+``DynamicCache`` reads them, :func:`layer_windows`) keep exactly the model's own window, as the stock cache
+does;
 an eviction policy acts on the full-attention (global) layers only. A model whose every layer slides has no
 layer for a policy to act on: an evicting policy is refused on it (``full`` runs).
 
@@ -32,14 +35,13 @@ from .attention import attend, keyformer_attention
 from .cache import KVCache
 
 ATTN_IMPL = "keyformer"
-INTERFACE_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gptj", "gpt2")
+INTERFACE_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gemma3", "gptj",
+                   "gpt2")
 SUPPORTED_ARCHS = (*INTERFACE_ARCHS, "mpt")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # the per-layer K/V kinds our cache models
 
 # Architectures we know and refuse, with the reason (anything else unlisted is refused as untested).
 REFUSED = {
-    "gemma3": "multimodal Gemma 3 (Gemma3ForConditionalGeneration) is untested here; load its text model "
-              "(model_type gemma3_text, Gemma3ForCausalLM, e.g. google/gemma-3-270m / gemma-3-1b-*)",
     "gemma": "Gemma 1 is untested here (its attention goes through AttentionInterface, but no test runs it)",
     "llama4": "Llama 4 has chunked-attention layers, which the evicting cache does not model",
     "gemma3n": "Gemma 3n shares K/V across layers, which the evicting cache does not model",
@@ -58,9 +60,9 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     arch = cfg.model_type
     supported = f"supported: {', '.join(SUPPORTED_ARCHS)}"
     if arch in SUPPORTED_ARCHS:
-        if arch == "gemma3_text" and getattr(cfg, "use_bidirectional_attention", False):
-            return (f"model_type='gemma3_text' with use_bidirectional_attention=True is an encoder, not a causal LM; "
-                    f"{supported}")
+        if getattr(cfg.get_text_config(decoder=True), "use_bidirectional_attention", False):
+            return (f"model_type={arch!r} with use_bidirectional_attention=True is an encoder, not a causal "
+                    f"LM; {supported}")
         try:
             layer_windows(cfg)
         except ValueError as e:
@@ -71,15 +73,16 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     if not type(model)._can_set_attn_implementation():
         return (f"model_type={arch!r} is not supported: its attention does not go through transformers' "
                 f"AttentionInterface; {supported}")
-    return (f"model_type={arch!r} is not supported: its attention goes through AttentionInterface, but no test "
-            f"runs it (add a tiny config in keyformer/core/models.py and tests first); {supported}")
+    return (f"model_type={arch!r} is not supported: its attention goes through AttentionInterface, but no "
+            f"test runs it (add a tiny config in keyformer/core/models.py and tests first); {supported}")
 
 
 def layer_windows(config: PreTrainedConfig) -> list[int | None]:
-    """Per decoder layer: the sliding window ``W`` of a sliding layer (a query at position i attends to keys in
-    (i - W, i]), or None for a full-attention layer. Read as the stock ``DynamicCache`` reads it
+    """Per decoder layer: the sliding window ``W`` of a sliding layer (a query at position i attends to keys
+    in (i - W, i]), or None for a full-attention layer. Read as the stock ``DynamicCache`` reads it
     (``config.layer_types``, else ``sliding_window`` on every layer). A window of at least
-    ``max_position_embeddings`` never slides within the model's context and counts as full (Phi-3.5's 262144)."""
+    ``max_position_embeddings`` never slides within the model's context and counts as full (Phi-3.5's
+    262144)."""
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     cfg = config.get_text_config(decoder=True)
@@ -87,8 +90,8 @@ def layer_windows(config: PreTrainedConfig) -> list[int | None]:
     types_, kwargs = list(types_)[: cfg.num_hidden_layers], list(kwargs)[: cfg.num_hidden_layers]
     bad = sorted({t for t in types_ if t not in LAYER_TYPES})
     if bad:
-        raise ValueError(f"model_type={cfg.model_type!r} is not supported: layer types {bad} are not a standard "
-                         f"per-layer K/V (supported layer types: {', '.join(LAYER_TYPES)})")
+        raise ValueError(f"model_type={cfg.model_type!r} is not supported: layer types {bad} are not a "
+                         f"standard per-layer K/V (supported layer types: {', '.join(LAYER_TYPES)})")
     limit = getattr(cfg, "max_position_embeddings", None)
     out: list[int | None] = []
     for t, kw in zip(types_, kwargs, strict=True):
@@ -142,14 +145,16 @@ def _mpt_attention_forward(self, hidden_states, position_bias, cache=None, atten
     qkv = self.Wqkv(hidden_states)
     if self.clip_qkv:
         qkv = qkv.clamp(min=-self.clip_qkv, max=self.clip_qkv)
-    query, key, value = (t.reshape(B, q, self.n_heads, self.head_dim).transpose(1, 2) for t in qkv.chunk(3, dim=2))
+    query, key, value = (t.reshape(B, q, self.n_heads, self.head_dim).transpose(1, 2)
+                         for t in qkv.chunk(3, dim=2))
     key, value = cache.update(key, value, self.layer_idx)
     out = attend(self, key._kf_layer, query, key, value, scaling=self.softmax_scale,
                  slopes=self._kf_slopes.to(query.device))
     return self.out_proj(out.reshape(B, q, -1)), None
 
 
-TINY_ARCHS = ("gptj", "gpt2", "mpt", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+TINY_ARCHS = ("gptj", "gpt2", "mpt", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text",
+              "gemma3")
 TINY_WINDOW = 12  # sliding window of the tiny hybrid models: test prompts (>= 26 tokens) exceed it
 
 
@@ -159,11 +164,14 @@ def tiny_config(arch: str, vocab_size: int = 256, **overrides):
     ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``phi3`` and the Gemmas have GQA (4 query / 2 KV heads).
     Sliding layers (window :data:`TINY_WINDOW`): ``qwen2`` layer 1, ``gemma2`` layer 0 (alternating),
     ``gemma3_text`` layers 0 and 2 (global layer 1). ``mistral`` and ``phi3`` have no window by default (as
-    Mistral v0.2+ and Phi-3.5); ``overrides`` (config fields, e.g. ``sliding_window=12``) change any field.
+    Mistral v0.2+ and Phi-3.5); ``gemma3`` is the multimodal model around the ``gemma3_text`` config (a
+    1-layer SigLIP vision tower). ``overrides`` (config fields, e.g. ``sliding_window=12``) change any field
+    (of the text config for ``gemma3``).
     ``gemma2`` caps its attention logits at 2.0 (real: 50) so that the cap acts on a random model.
     """
     from transformers import (
         Gemma2Config,
+        Gemma3Config,
         Gemma3TextConfig,
         GPT2Config,
         GPTJConfig,
@@ -202,9 +210,15 @@ def tiny_config(arch: str, vocab_size: int = 256, **overrides):
                    attn_logit_softcapping=2.0, final_logit_softcapping=30.0)
         cls = Gemma2Config
     elif arch == "gemma3_text":
-        cfg = dict(gqa, num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24, sliding_window=TINY_WINDOW,
+        cfg = dict(gqa, num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24,
+                   sliding_window=TINY_WINDOW,
                    layer_types=["sliding_attention", "full_attention", "sliding_attention"])
         cls = Gemma3TextConfig
+    elif arch == "gemma3":
+        text = tiny_config("gemma3_text", vocab_size, **overrides).to_dict()
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      image_size=28, patch_size=14)
+        return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
     else:
         raise ValueError(f"tiny arch={arch!r} is unknown; valid: {', '.join(TINY_ARCHS)}")
     return cls(**{**cfg, **overrides})
@@ -215,10 +229,10 @@ GEMMA2_QK_GAIN = 8.0  # tiny gemma2: query/key projections scaled so that its lo
 
 def tiny_stock_model(arch: str, vocab_size: int = 256, seed: int = 0, attn_implementation: str = "sdpa",
                      **overrides) -> PreTrainedModel:
-    """The tiny random model of ``arch`` (config :func:`tiny_config`) as transformers builds it, *not* prepared
-    (the stock reference of the tests), in eval mode. MPT and Gemma 2 (no SDPA in transformers) are built
-    eager; Gemma 2's query/key projections are scaled by :data:`GEMMA2_QK_GAIN` (the random init's logits are
-    ~0.01, far below any cap), so that soft-capping changes its outputs."""
+    """The tiny random model of ``arch`` (config :func:`tiny_config`) as transformers builds it, *not*
+    prepared (the stock reference of the tests), in eval mode. MPT and Gemma 2 (no SDPA in transformers) are
+    built eager; Gemma 2's query/key projections are scaled by :data:`GEMMA2_QK_GAIN` (the random init's
+    logits are ~0.01, far below any cap), so that soft-capping changes its outputs."""
     from transformers import AutoModelForCausalLM
 
     cfg = tiny_config(arch, vocab_size, **overrides)

