@@ -205,8 +205,7 @@ def collect_wandb(path: str, group: str, api=None) -> tuple[pd.DataFrame, pd.Dat
 
 LM_EVAL_COLUMNS = ("model", "task", "policy", "budget", "recent", "loglikelihood", "num_fewshot", "limit",
                    "n_samples", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "dtype", "batch_size",
-                   "seed",
-                   "wall_s", "git_commit", "run")
+                   "seed", "wall_s", "git_commit", "device", "code_version", "provenance", "run")
 
 
 def lm_eval_metrics(root: Path) -> list[Path]:
@@ -217,6 +216,16 @@ def lm_eval_metrics(root: Path) -> list[Path]:
         if m.get("complete") and m.get("task") == "lm_eval":
             out.append(m_path)
     return out
+
+
+def _lm_eval_provenance(cfg: dict, m: dict) -> dict:
+    """``device``, ``code_version`` and ``provenance = run`` of an lm-eval run (what it recorded, else None)."""
+    ident = cfg.get("resolved") or {}
+    device = m.get("device") or ident.get("device")
+    if device is None and cfg.get("device") not in (None, "auto"):
+        device = str(cfg["device"]).split(":")[0]  # an explicit device is what ran
+    return {"device": device, "provenance": "run",
+            "code_version": m.get("code_version") or (ident.get("versions") or {}).get("keyformer")}
 
 
 def collect_lm_eval(root: Path, out: Path) -> list[dict[str, Any]]:
@@ -233,7 +242,8 @@ def collect_lm_eval(root: Path, out: Path) -> list[dict[str, Any]]:
         for task, r in m["tasks"].items():
             rows.append({**{k: m.get(k) for k in LM_EVAL_COLUMNS}, **{k: r.get(k) for k in LM_EVAL_COLUMNS
                                                                       if k in r},
-                         "task": task, "dtype": cfg["dtype"], "run": run})
+                         "task": task, "dtype": cfg["dtype"], "run": run,
+                         **_lm_eval_provenance(cfg, m)})
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=LM_EVAL_COLUMNS, lineterminator="\n")
     w.writeheader()
