@@ -124,11 +124,33 @@ def backfill(folder: str, gpu: set[str]) -> int:
     return int(todo.sum())
 
 
+def backfill_fewshot() -> int:
+    """results/fewshot/fewshot.csv (lm-eval runs; dtype, batch_size and git_commit were always collected):
+    ``device`` from each run's configured device in fewshot.json (an explicit ``cpu``, so what ran),
+    ``code_version`` unknown (empty)."""
+    import json
+
+    path = RES / "fewshot" / "fewshot.csv"
+    df = pd.read_csv(path)
+    if "provenance" in df and df["provenance"].notna().all():
+        return 0
+    runs = {r["run"]: r["config"] for r in json.loads((RES / "fewshot" / "fewshot.json").read_text())}
+    dev = {k: c.get("device") for k, c in runs.items()}
+    assert all(v in ("cpu", "cuda") for v in dev.values()), dev  # never 'auto': then it would be unknown
+    df["device"] = df["run"].map(dev)
+    df["code_version"] = None
+    df["provenance"] = "backfilled:results/fewshot/fewshot.json (config.device)"
+    cols = [c for c in df.columns if c != "run"] + ["run"]
+    df[cols].to_csv(path, index=False)
+    return len(df)
+
+
 def main() -> None:
     gpu = h200_points()
     for path in sorted(RES.glob("**/points.csv")):
         folder = str(path.parent.relative_to(RES))
         print(f"{folder}: {backfill(folder, gpu)} rows backfilled")
+    print(f"fewshot: {backfill_fewshot()} rows backfilled")
 
 
 if __name__ == "__main__":

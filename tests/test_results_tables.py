@@ -100,6 +100,21 @@ def test_every_committed_points_csv_has_provenance() -> None:
         assert backfilled["committed_in"].map(lambda c: bool(re.fullmatch(r"[0-9a-f]{40}", str(c)))).all()
 
 
+def test_fewshot_rows_have_provenance(tmp_path: Path) -> None:
+    rows = pd.read_csv(RES / "fewshot" / "fewshot.csv")
+    assert {"dtype", "batch_size", "git_commit", "device", "code_version", "provenance"} <= set(rows.columns)
+    assert rows["provenance"].notna().all() and set(rows["device"]) <= {"cpu", "cuda"}
+    run = tmp_path / "sweep" / "policy=full"  # a fresh lm-eval run: provenance from its own files
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("policy: {_target_: x.full}\ndtype: float32\ndevice: auto\n"
+                                     "resolved: {device: cpu, versions: {keyformer: h1}}\n")
+    (run / "metrics.json").write_text(json.dumps({"task": "lm_eval", "complete": True, "git_commit": "c1",
+                                                  "tasks": {"piqa": {"acc": 0.5, "n_samples": 2}}}))
+    collect.main([str(tmp_path / "sweep"), str(tmp_path / "out")])
+    r = pd.read_csv(tmp_path / "out" / "fewshot.csv").iloc[0]
+    assert (r["device"], r["code_version"], r["git_commit"], r["provenance"]) == ("cpu", "h1", "c1", "run")
+
+
 def test_exp7_devices_match_the_h200_log() -> None:
     """The backfilled device of every experiment-7 point agrees with the H200 run's own log, parsed here."""
     text = (RES / "gpu_studies" / "points.txt").read_text()
