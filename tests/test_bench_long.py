@@ -78,7 +78,7 @@ def test_quick_run_writes_only_its_out_folder(tmp_path, monkeypatch):
         fits = dict((b, v) for b, v in r["batch_probes"])
         assert fits[r["batch"]] <= limit and (r["batch"] + 1 not in fits or fits[r["batch"] + 1] > limit)
         for key in ("batch_gain", "seq_gain", "decode_gain", "bytes_model_gain", "share_of_bytes_model",
-                    "bound_gain", "e2e_gain", "floor_step_ms"):
+                    "bound_gain", "e2e_gain", "e2e_model_gain", "floor_step_ms"):
             assert r[key] is not None, key
         assert r["decode_gain"] == pytest.approx(r["batch_gain"] * r["seq_gain"])
     assert rows[("h2o", 16)]["agreement"]["rows"] == 2

@@ -362,6 +362,11 @@ def summarize(s: Setting, runs: dict, batch: dict, probes: dict, floors: dict[in
             row["bound_gain"] = (row["batch"] / bound) / (fb / max(f["model_ms"], floors.get(fb) or 0.0))
             row["share_of_bound"] = row["decode_gain"] / row["bound_gain"]
             row["floor_share"] = (row["floor_step_ms"] / row["step_ms"]) if row["floor_step_ms"] else None
+            # end to end: each side's measured prefill plus its decode steps at the bytes model's time
+            e2e_t = lambda r, ms: r["prefill_s"] + (n - 1) * ms / 1000  # noqa: E731
+            full_row = next(x for x in out if x["policy"] == "full")
+            row["e2e_model_gain"] = ((row["batch"] / e2e_t(row, st["model_ms"]))
+                                     / (fb / e2e_t(full_row, f["model_ms"])))
     return out
 
 
@@ -411,13 +416,14 @@ def format_table(report: dict[str, Any]) -> str:
     lines = [f"KV memory budget {report['kv_memory_budget_bytes'] / 2**20:.2f} MiB "
              f"({report['kv_memory_budget_source']}); read bandwidth {report['bandwidth']['read_gbs']:.1f} "
              f"GB/s",
-             "tok/s: median [q1, q3] of rounds; gain = batch_gain x seq_gain (decode tok/s vs full at its "
-             "own "
-             "largest batch); model = bytes model's gain; bound = max(bytes model, measured compute floor)",
+             "tok/s: median [q1, q3] of rounds; gain = batch x seq (decode tok/s vs full at its own largest "
+             "batch); model = the bytes model's gain, share = gain / model; bound = max(bytes model, "
+             "measured compute floor); floor% = floor ms / measured ms; e2e = end-to-end gain, e2e-m = "
+             "its model (measured prefill + bytes-model decode); agree = token agreement with full",
              f"{'setting':<10} {'config':<16} {'B':>3} {'e2e tok/s':>22} {'dec tok/s':>8} {'batch':>6} "
              f"{'seq':>6} "
              f"{'gain':>6} {'model':>6} {'share':>6} {'bound':>6} {'share':>6} {'floor%':>6} {'e2e':>6} "
-             f"{'agree':>6} {'rssMB':>7}"]
+             f"{'e2e-m':>6} {'agree':>6} {'rssMB':>7}"]
     for r in report["rows"]:
         e = r["e2e_tok_s"]
         cfg = r["policy"] + ("@" + budget_label(r["budget"]) if r["budget"] is not None else "")
@@ -431,6 +437,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{_f(r.get('share_of_bytes_model')):>6} "
             f"{_f(r.get('bound_gain')):>6} {_f(r.get('share_of_bound')):>6} "
             f"{'-' if fs is None else format(100 * fs, '.0f'):>6} {_f(r.get('e2e_gain')):>6} "
+            f"{_f(r.get('e2e_model_gain')):>6} "
             f"{'-' if ag is None else format(ag, '.2f'):>6} {r['peak_rss_delta_mb']:>7.0f}")
     if report.get("beams"):
         bm = report["beams"]
@@ -506,3 +513,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     """``keyformer-bench --long [options]``."""
     run(parse_args(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    main()
