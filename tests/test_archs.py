@@ -35,7 +35,7 @@ from keyformer.core.models import (
 )
 
 N, NEW = 36, 10  # prompt > TINY_WINDOW (12)
-HYBRID = ("qwen2", "gemma2", "gemma3_text", "gemma3")  # archs with both sliding and global layers
+HYBRID = ("qwen2", "gemma2", "gemma3_text")  # sliding and global layers (gemma3 wraps gemma3_text)
 VARIANTS = [(a, {}) for a in TINY_ARCHS] + [("mistral", {"sliding_window": TINY_WINDOW})]  # + all-sliding
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -145,7 +145,7 @@ def test_sliding_layers_hold_exactly_the_window(arch, policy):
     assert every.calls == NEW
 
 
-@pytest.mark.parametrize("arch", HYBRID)
+@pytest.mark.parametrize("arch", (*HYBRID, "gemma3"))
 def test_kv_bytes_full_is_what_the_stock_cache_holds(arch):
     """``kv_bytes_full`` = the K/V bytes of the stock ``DynamicCache`` (sliding layers capped at W - 1) after
     the same generation; ``kv_bytes`` counts the sliding layers' window too."""
@@ -245,3 +245,20 @@ def test_multimodal_gemma3_physical_equals_mask(policy):
     sim = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, seed=3, mode="mask")
     assert torch.equal(phys.sequences, sim.sequences) and (phys.logits - sim.logits).abs().max() < 1e-4
     assert all(phys.cache.kept_positions(li) == sim.cache.kept_positions(li) for li in range(3))
+
+
+def test_kv_quant_on_a_hybrid_model():
+    """Quantized K/V (int8 codes) compose with sliding layers: physical == mask, the windows hold."""
+    pytest.importorskip("hqq")
+    from keyformer.core.quant import KVQuant
+
+    model, ids, q = tiny_model("gemma3_text"), _prompt(10), KVQuant(bits=8, group_size=16)
+    pol = make_policy("h2o", budget=0.5)
+    phys = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, kv_quant=q)
+    sim = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, kv_quant=q, mode="mask")
+    assert torch.equal(phys.sequences, sim.sequences) and (phys.logits - sim.logits).abs().max() < 1e-4
+    cur = N + NEW - 2  # the newest cached position (the last token is generated, not fed)
+    for li, w in enumerate(layer_windows(model.config)):
+        held = phys.cache.kept_positions(li)[0]
+        assert all(h == (set(range(cur - w + 2, cur + 1)) if w else h) for h in held)
+        assert all(len(h) == (w - 1 if w else N // 2) for h in held)
