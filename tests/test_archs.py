@@ -262,3 +262,14 @@ def test_kv_quant_on_a_hybrid_model():
         held = phys.cache.kept_positions(li)[0]
         assert all(h == (set(range(cur - w + 2, cur + 1)) if w else h) for h in held)
         assert all(len(h) == (w - 1 if w else N // 2) for h in held)
+
+
+def test_a_budget_below_the_window_leaves_the_sliding_layers_whole():
+    """k = 7 < W - 1 = 11: the global layer holds 7, the sliding layers still their 11 newest (documented
+    choice: a policy never compresses a sliding layer below its window); physical == mask."""
+    model, ids, pol = tiny_model("gemma3_text"), _prompt(11), make_policy("h2o", budget=0.2)
+    phys = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True)
+    sim = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, mode="mask")
+    assert torch.equal(phys.sequences, sim.sequences) and (phys.logits - sim.logits).abs().max() < 1e-4
+    held = [[len(h) for h in phys.cache.kept_positions(li)[0]] for li in range(3)]
+    assert held == [[TINY_WINDOW - 1] * 2, [int(N * 0.2)] * 2, [TINY_WINDOW - 1] * 2]
