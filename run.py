@@ -7,8 +7,10 @@ Examples::
     python run.py -m policy=window,h2o,keyformer budget=0.2,0.5,0.8
 
 Every job goes through :mod:`keyformer.run.scaffold` (validation, resume, results, W&B, summary). A rejected command
-prints one line and exits with status 2: unknown group options here, before Hydra composes; bad values in
-the job (or, for a sweep, in any of its points before the first job starts: ``keyformer.run.scaffold.Preflight``).
+prints one ``error:`` line and exits with status 2: unknown group options, unknown keys (with a did-you-mean),
+a launcher whose plugin is not installed, here, before Hydra composes; bad values in the job (or, for a sweep, in
+any of its points before the first job starts: ``keyformer.run.scaffold.Preflight``). Ctrl-C prints one line
+with the command that resumes the partial folder.
 """
 
 from __future__ import annotations
@@ -26,11 +28,23 @@ def main(cfg: DictConfig) -> float | None:
     return hydra_main(cfg)
 
 
-if __name__ == "__main__":
+def _precheck(argv: list[str]) -> str | None:
+    """The one-line errors of a command line, before Hydra starts (which would print several lines)."""
     from keyformer.run.scaffold import check_overrides
+    from keyformer.run.validate import check_cli
 
-    message = check_overrides(sys.argv[1:])
+    return check_overrides(argv) or check_cli(argv)
+
+
+if __name__ == "__main__":
+    message = _precheck(sys.argv[1:])
     if message:
         print(message, file=sys.stderr, flush=True)
         sys.exit(2)
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        from keyformer.run.validate import interrupted_message
+
+        print(interrupted_message(), file=sys.stderr, flush=True)
+        sys.exit(130)

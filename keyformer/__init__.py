@@ -21,16 +21,19 @@ _EXPORTS = {
     "POLICIES": "core.policies",
     "Policy": "core.policies",
     "make_policy": "core.policies",
+    "load": "run.api",
+    "apply": "run.api",
 }
 
 __all__ = ["KVCache", "GenerationOutput", "generate", "make_cache", "SUPPORTED_ARCHS", "prepare_model",
-           "tiny_model", "POLICIES", "Policy", "make_policy"]
+           "tiny_model", "POLICIES", "Policy", "make_policy", "load", "apply"]
 
 if TYPE_CHECKING:
     from .core.cache import KVCache
     from .core.generate import GenerationOutput, generate, make_cache
     from .core.models import SUPPORTED_ARCHS, prepare_model, tiny_model
     from .core.policies import POLICIES, Policy, make_policy
+    from .run.api import apply, load
 
 
 def __getattr__(name: str) -> Any:

@@ -6,6 +6,7 @@
 # point is skipped (its traceback in multirun/.locks_queue/failed_*); rerun the script to continue.
 #   bash scripts/run_points.sh experiments/queues/exp5.txt experiments/queues/exp8_authors.txt
 # A queue line: `<output folder, relative to ROOT> <records> <run.py overrides...>`; `#` starts a comment.
+# <records> is passed as n_samples=<records> (unless the line sets n_samples), so a finished point is complete.
 # ROOT: where the folders go (default: this checkout). Run it from a frozen checkout (git worktree) when
 # the code you work on keeps changing: a point's folder only resumes with the code that started it.
 # On 2 cores two 1-thread workers beat one 2-thread process and do not collapse when something else runs.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
@@ -16,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from keyformer.run.loading import model_config
-from keyformer.run.validate import ConfigError, check_budget, validate
+from keyformer.run.validate import ConfigError, check_budget, module_available, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -138,7 +137,7 @@ def _compose_quietly(*overrides):
 def test_launchers_compose_with_their_plugin(launcher, plugin):
     """Composed against the installed plugin's schema (CI installs the [launchers] extra), without Hydra's
     schema-matching deprecation warning."""
-    if importlib.util.find_spec(plugin) is None:
+    if not module_available(plugin):
         pytest.skip(f"{plugin} not installed (pip install -e '.[launchers]')")
     from hydra.utils import get_class
 
@@ -153,7 +152,7 @@ def test_slurm_launcher_renders_its_sbatch_script(tmp_path, monkeypatch):
     """The README's SLURM command up to the submission: the plugin maps the config to submitit's SLURM
     executor, which validates every parameter and renders the sbatch script (a stub `srun` stands in for
     the cluster; nothing is submitted)."""
-    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+    if not module_available("hydra_plugins.hydra_submitit_launcher"):
         pytest.skip("hydra-submitit-launcher not installed")
     import submitit
     from hydra.utils import instantiate
@@ -194,7 +193,7 @@ def _sweep(tmp_path, *overrides):
 @pytest.mark.slow
 def test_tiny_sweep_through_submitit_local(tmp_path):
     """submitit's local executor: the code path SLURM users get, on this machine."""
-    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+    if not module_available("hydra_plugins.hydra_submitit_launcher"):
         pytest.skip("hydra-submitit-launcher not installed")
     _sweep(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10")
     assert list((tmp_path / "sweep" / ".submitit").iterdir())
@@ -202,7 +201,7 @@ def test_tiny_sweep_through_submitit_local(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_sweep_through_joblib_is_quiet(tmp_path):
-    if importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None:
+    if not module_available("hydra_plugins.hydra_joblib_launcher"):
         pytest.skip("hydra-joblib-launcher not installed")
     r = _sweep(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
     assert "schema" not in r.stderr.lower() and "deprecated" not in r.stderr.lower()

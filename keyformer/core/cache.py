@@ -488,6 +488,16 @@ class KVCache(Cache):
                              f"{windows[0]}) and a policy acts on full-attention layers only, so it would "
                              "change nothing; use policy=full")
 
+    def reset(self, prompt_mask: torch.Tensor | None = None) -> None:
+        """Empty the cache for a new prompt (the same policy, seeds and layers): the next forward is a prompt.
+        ``prompt_mask`` [B, N] is that prompt's attention mask (None keeps the one given so far). Without a
+        reset, a second ``generate`` over a used cache continues it, which scoring policies refuse."""
+        for layer in self.layers:
+            layer.reset()
+        self._step_noise, self._uniform = None, None
+        if prompt_mask is not None:
+            self.prompt_mask = prompt_mask
+
     # -- per-sample bookkeeping, set at the prompt --------------------------------------------------------
     def _init_prompt(self, q: int, B: int, device: torch.device) -> None:
         m = self.prompt_mask

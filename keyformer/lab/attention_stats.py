@@ -161,7 +161,8 @@ def measure(model: torch.nn.Module, prompts: Iterable[Sequence[int]], stats: Lay
 # -- the command line (keyformer-attention-stats) ---------------------------------------------------------
 USAGE = """Experiment 4: attention concentration and per-layer sparsity over real CNN/DailyMail prompts.
 
-    KEYFORMER_DATA_DIR=../shared/data keyformer-attention-stats                  # conf/experiment/exp4_attention.yaml
+    KEYFORMER_DATA_DIR=../shared/data keyformer-attention-stats                  # -> outputs/attention_stats/
+    keyformer-attention-stats attention_stats.out=results/exp4_attention       # the curated record
     keyformer-attention-stats n_samples=200 max_prompt_tokens=1920 attention_stats.row_stride=1 \\
         attention_stats.out=results/exp4_attention_200
 
@@ -177,6 +178,8 @@ layers) and ``meta.json`` into ``attention_stats.out``.
 
 
 EXPERIMENT = "+experiment=exp4_attention"
+# Where a run writes unless the command sets attention_stats.out (the curated record: results/exp4_attention).
+DEFAULT_OUT = "outputs/attention_stats"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     from keyformer.run.paths import compose
 
     overrides = [EXPERIMENT, *args]
+    if not any(a.lstrip("+").startswith("attention_stats.out=") for a in args):
+        overrides.append(f"attention_stats.out={DEFAULT_OUT}")  # results/ only when asked
     cfg = compose(overrides)
     st = cfg["attention_stats"]
     torch.manual_seed(0)

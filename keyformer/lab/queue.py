@@ -45,6 +45,12 @@ def read_queue(path: Path) -> list[tuple[str, int, list[str]]]:
     return points
 
 
+def records_override(n: int, overrides: list[str]) -> list[str]:
+    """``[n_samples=<records>]`` unless the line sets ``n_samples`` itself: the queue's record count is the
+    point's n_samples, so a point that reached it is ``complete`` in its metrics.json too."""
+    return [] if any(o.lstrip("+").startswith("n_samples=") for o in overrides) else [f"n_samples={n}"]
+
+
 def done(root: Path, folder: str) -> int:
     f = root / folder / "predictions.jsonl"
     if not f.is_file():
@@ -120,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         print(f"[{args.name} {time.strftime('%H:%M:%S')}] {folder}: {done(args.root, folder)}/{n} done", flush=True)
         try:
-            run_point(folder, [*overrides, *args.sets, *step], args.root)
+            run_point(folder, [*overrides, *records_override(n, overrides), *args.sets, *step], args.root)
             print(f"[{args.name}] {folder}: {done(args.root, folder)}/{n} after {time.monotonic() - t:.1f} s", flush=True)
         except BaseException as e:  # noqa: BLE001 - one failed point must not stop the others
             (locks / f"failed_{key(folder)}").write_text(traceback.format_exc())

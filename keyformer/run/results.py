@@ -31,6 +31,7 @@ from typing import Any
 from keyformer.run.validate import UserError
 
 CONFIG, PREDICTIONS, METRICS = "config.yaml", "predictions.jsonl", "metrics.json"
+LOG = "run.log"  # the run's log: what it printed (summary, resume line); Hydra's job log when it is the run folder
 # Keys that may differ between the original run and its resumption.
 VOLATILE_KEYS = frozenset({"output_dir", "logger", "progress", "resume", "stop_after"})
 RESOLVED = "resolved"  # the identity block of config.yaml
@@ -85,10 +86,18 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, file_mode())  # mkstemp makes 0600: give every result file the mode open() gives
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def file_mode() -> int:
+    """The mode ``open()`` gives a new file under the current umask (0644 under the usual 022)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -133,6 +142,12 @@ class ResultsDir:
             f.write(json.dumps(row, default=str) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+    def append_log(self, text: str) -> None:
+        """Append ``text`` (and a newline) to ``run.log`` when the folder exists (the run's own log)."""
+        if self.path.is_dir():
+            with (self.path / LOG).open("a", encoding="utf-8") as f:
+                f.write(text.rstrip("\n") + "\n")
 
     def stored_config(self) -> dict | None:
         p = self.path / CONFIG

@@ -228,12 +228,16 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
         print(task.format_table(metrics), flush=True)
         return metrics
     dir_existed, config_existed = rd.path.exists(), (rd.path / CONFIG).is_file()
+    from keyformer.run.validate import ACTIVE_JOB, resume_command
+
+    ACTIVE_JOB.update(output_dir=str(rd.path), total=cfg.get("n_samples"))  # what Ctrl-C's line names
     try:
         metrics = task.run(job)
     except BaseException:
         if job.began and job.added == 0 and not config_existed and not rd.predictions():
             rd.discard(remove_dir=not dir_existed)  # failed before its first result: leave no trace
-        raise
+        raise  # ACTIVE_JOB stays set: run.py's Ctrl-C line names this job's folder
+    ACTIVE_JOB.clear()
     metrics.update(common_metrics(job, time.perf_counter() - t_start))
     rd.write_metrics(metrics)
     logger = cfg.get("logger") or {}
@@ -242,8 +246,12 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
 
         WandbLogger(cfg, {**cfg, "resolved": job.identity}, rd.path).finish(
             metrics, job.rows(), bool(logger.get("log_samples", True)))
-    print(task.format_table(metrics), flush=True)
-    print(f"[keyformer] results in {rd.path}", flush=True)
+    lines = [task.format_table(metrics), f"[keyformer] results in {rd.path}"]
+    if not metrics.get("complete", True):
+        lines.append(f"[keyformer] partial run ({metrics.get('n_samples')} samples so far); resume: "
+                     f"{resume_command(rd.path)}")
+    print("\n".join(lines), flush=True)
+    rd.append_log("\n".join(lines))  # run.log: the run's own log beside its results
     return metrics
 
 
@@ -361,6 +369,7 @@ def preflight_sweep(config: Any) -> list[str]:
         OverridesParser.create(config_loader=loader).parse_overrides(args), None) for p in batch]
     errors: list[str] = []
     previous = HydraConfig.instance().cfg
+    remote = runs_elsewhere(config)
     try:
         for idx, point in enumerate(points):
             try:
@@ -374,8 +383,15 @@ def preflight_sweep(config: Any) -> list[str]:
                 HydraConfig.instance().set_config(sweep_cfg)
                 cfg = job_config(sweep_cfg)
                 task = task_for(cfg)
-                task.validate(cfg)
-                ResultsDir(cfg["output_dir"]).check(cfg, resolved(cfg, task))
+                if remote:  # the job's machine checks its device (the job validates again there)
+                    checked = {**cfg, "device": remote_device(cfg["device"])}
+                    task.validate(checked)
+                    rd = ResultsDir(cfg["output_dir"])
+                    stored = (rd.stored_config() or {}).get("resolved")
+                    rd.check(cfg, stored or resolved(checked, task))
+                else:
+                    task.validate(cfg)
+                    ResultsDir(cfg["output_dir"]).check(cfg, resolved(cfg, task))
             except UserError as e:
                 errors.append(f"error: sweep point #{idx} ({' '.join(point)}): {e}")
             except Exception as e:  # noqa: BLE001 - a composition error of one point
@@ -384,6 +400,22 @@ def preflight_sweep(config: Any) -> list[str]:
         if previous is not None:
             HydraConfig.instance().set_config(previous)
     return errors
+
+
+def runs_elsewhere(config: Any) -> bool:
+    """True when the sweep's launcher runs its jobs on other machines (SLURM through submitit): the
+    submitting host's devices say nothing about the job's."""
+    target = str((config.hydra.get("launcher") or {}).get("_target_", ""))
+    return "submitit" in target.lower() and "local" not in target.lower()
+
+
+def remote_device(device: Any) -> Any:
+    """The device to pre-check a job that runs elsewhere with: its syntax is checked here
+    (``keyformer.run.validate.resolve_device``'s pattern); ``cuda``/``cuda:N`` are taken on trust and
+    checked by the job on its machine."""
+    import re
+
+    return "cpu" if isinstance(device, str) and re.fullmatch(r"cuda(:\d+)?", device) else device
 
 
 try:

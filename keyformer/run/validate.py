@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
+ALL = "all"  # n_samples=all: run every record of the dataset (n_samples=N refuses a dataset with fewer)
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEVICES = ("cpu", "cuda", "cuda:N", "auto")
 SOURCES = ("hub", "smollm2_gguf", "gemma3_gguf", "tiny")  # embedded GGUF sources: keyformer.run.loading.EMBEDDED
@@ -32,7 +34,8 @@ class ConfigError(UserError, ValueError):
 
     def __init__(self, key: str, value: Any, allowed: str, message: str | None = None):
         self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(message or f"invalid {key}={value!r}: {allowed}")
+        shown = kv_quant_label(value) if key == "kv_quant" else repr(value)
+        super().__init__(message or f"invalid {key}={shown}: {allowed}")
 
 
 class JobError(UserError, RuntimeError):
@@ -113,6 +116,8 @@ def validate_common(cfg: Mapping[str, Any]) -> None:
         raise ConfigError("seed", _get(cfg, "seed"), "must be an integer")
     device = resolve_device(_get(cfg, "device"))
     resolve_dtype(_get(cfg, "dtype"), device)
+    if cfg.get("output_dir") is not None:
+        check_output_dir(cfg["output_dir"])  # a file, below a file, read-only: refused before any model loads
     _check_model(cfg)
     _check_policy_kwargs(cfg)
     if cfg.get("kv_quant") is not None:
@@ -128,7 +133,8 @@ def validate(cfg: Mapping[str, Any]) -> None:
     """Check the config of a generation job (``task=generate``); raise ConfigError. Cheap: loads no model.
     (The generation task also checks that the dataset's file exists: ``keyformer.run.data.check_source``.)"""
     validate_common(cfg)
-    _int_at_least(cfg, "n_samples", 1)
+    if cfg.get("n_samples") != ALL:  # n_samples=all: every record the dataset has
+        _int_at_least(cfg, "n_samples", 1)
     if cfg.get("stop_after") is not None:
         _int_at_least(cfg, "stop_after", 1)
     _int_at_least(cfg, "batch_size", 1)
@@ -224,3 +230,237 @@ def _check_policy_kwargs(cfg: Mapping) -> None:
         key = next((k for k in kwargs if msg.startswith(f"{k}=")), None)
         raise ConfigError(f"policy.{key}" if key else "policy", kwargs.get(key) if key else name, msg,
                           message=f"invalid policy {name}: {msg}") from None
+
+
+# -- the newcomer's path: checks that run before any model loads -----------------------------------------------
+def kv_quant_label(node: Any) -> str:
+    """How a user names a ``kv_quant`` node: ``int8``/``int4`` (``bits``), else the value's repr."""
+    if isinstance(node, Mapping) and _is_int(node.get("bits")):
+        return f"int{node['bits']}"
+    return repr(node)
+
+
+def module_available(name: str) -> bool:
+    """True when ``name`` can be imported. Unlike ``importlib.util.find_spec``, never raises: a dotted name
+    whose parent package is absent (``hydra_plugins.x`` without any Hydra plugin) is simply unavailable."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # ModuleNotFoundError of a parent package, or a bad name
+        return False
+
+
+def check_output_dir(path: Any) -> None:
+    """Raise ConfigError unless results can be written to ``path``: it is (or will be made as) a folder
+    whose nearest existing ancestor is a writable folder. Creates nothing."""
+    from pathlib import Path
+
+    if not isinstance(path, str | os.PathLike) or not str(path).strip():
+        raise ConfigError("output_dir", path, "must be a folder path")
+    p = Path(path).expanduser()
+    probe = p
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        what = "is a file" if probe == p else f"is below the file {probe}"
+        raise ConfigError("output_dir", str(path), f"{what}; choose a folder (e.g. output_dir=outputs/my_run)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        where = "is not writable" if probe == p else f"cannot be created: {probe} is not writable"
+        raise ConfigError("output_dir", str(path), f"{where}; choose a writable folder")
+
+
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices``, or ``''``."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_key(cfg: Mapping[str, Any], dotted: str) -> str | None:
+    """None when ``dotted`` names a key of the composed config ``cfg`` (or a new key under a node that
+    takes free keys); else a one-line ``error:`` message naming the key, with a did-you-mean among its
+    siblings."""
+    node: Any = cfg
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, Mapping):
+            return None  # below a leaf or a list: left to Hydra
+        if part not in node:
+            where = ".".join(parts[:i])
+            keys = sorted(str(k) for k in node)
+            hint = did_you_mean(part, keys)
+            scope = f" in {where}" if where else ""
+            shown = ", ".join(k for k in keys if not k.startswith("_"))
+            return f"error: unknown key {dotted!r}{hint}; keys{scope}: {shown}"
+        node = node[part]
+    return None
+
+
+# Top-level keys a job may add with ``+key=value`` though conf/config.yaml does not define them.
+FREE_NODES = ("policy", "model", "dataset", "task", "generation", "logger", "kv_quant")
+
+
+def check_keys(argv: list[str], composed: Mapping[str, Any]) -> str | None:
+    """One-line ``error:`` for a key override that names no config key (``policy.recnt=0.2``), or a ``+key``
+    that adds a top-level key no code reads (``+foo=1``); None when all are known. Groups (``policy=h2o``),
+    ``hydra.*`` and ``~deletions`` are not checked here. ``+node.key`` under a group node is allowed (the
+    node's own validation checks its keys, e.g. a policy's dataclass fields)."""
+    skip = False
+    for arg in argv:
+        if skip or arg.startswith("-"):
+            skip = arg in ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-p",
+                           "--package", "--experimental-rerun")
+            continue
+        if "=" not in arg or arg.startswith("~"):
+            continue
+        key = arg.split("=", 1)[0]
+        plus = key.startswith("+")
+        key = key.lstrip("+")
+        if "@" in key or key.startswith("hydra") or key in ("output_dir",) or key.startswith("experiment"):
+            continue
+        if "/" in key:  # a group path (hydra/launcher=..., experiment/...): Hydra's groups
+            continue
+        top = key.split(".")[0]
+        if plus:
+            if top in composed or top in FREE_NODES:
+                continue
+            return (f"error: unknown key {key!r}{did_you_mean(top, sorted(composed))}; "
+                    f"a '+' adds a key no code reads; top-level keys: {', '.join(sorted(composed))}")
+        msg = unknown_key(composed, key)
+        if msg:
+            return msg
+    return None
+
+
+# Hydra launcher options and the plugin module each needs (``pip install -e '.[launchers]'``).
+LAUNCHER_PLUGINS = {"joblib": "hydra_plugins.hydra_joblib_launcher",
+                    "slurm": "hydra_plugins.hydra_submitit_launcher",
+                    "submitit_slurm": "hydra_plugins.hydra_submitit_launcher",
+                    "submitit_local": "hydra_plugins.hydra_submitit_launcher"}
+# The job ``run.py`` is running now (set by the scaffold): what Ctrl-C's message names.
+ACTIVE_JOB: dict[str, Any] = {}
+
+
+def _group_overrides(argv: list[str]) -> list[str]:
+    """The overrides of ``argv`` that choose config-group options (``policy=h2o``, ``experiment=x``), first
+    value of a sweep; what the key check composes with."""
+    from keyformer.run.paths import CONF_DIR
+
+    out = []
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg or arg.startswith(("+", "~")):
+            continue
+        key, value = arg.split("=", 1)
+        if key.startswith("hydra") or not (CONF_DIR / key).is_dir():
+            continue
+        out.append(f"{key}={value.split(',')[0]}")
+    return out
+
+
+def check_cli(argv: list[str]) -> str | None:
+    """One-line ``error:`` for a command line Hydra would reject in many lines or accept silently: a launcher
+    whose plugin is missing, an unknown key or typo (``policy.recnt=0.2``), ``+foo=1``. Side effects on a
+    valid line: a hub model with the hub unreachable sets ``HF_HUB_OFFLINE=1`` (fail fast, one line), and a
+    busy machine gets a one-line thread hint."""
+    for arg in argv:
+        if arg.startswith("hydra/launcher="):
+            name = arg.split("=", 1)[1]
+            plugin = LAUNCHER_PLUGINS.get(name)
+            if plugin and not module_available(plugin):
+                pkg = plugin.split(".")[1].replace("_", "-")
+                return (f"error: hydra/launcher={name} needs the {pkg} plugin, which is not installed: "
+                        "pip install -e '.[launchers]'")
+    if any(a in ("--help", "-h", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc") for a in argv):
+        return None
+    try:
+        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
+
+        from keyformer.run.paths import CONF_DIR
+
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = compose("config", overrides=_group_overrides(argv))
+        composed = OmegaConf.to_container(cfg, resolve=False)
+    except Exception:  # noqa: BLE001 - anything the composition rejects is Hydra's to report
+        return None
+    assert isinstance(composed, dict)
+    message = check_keys(argv, composed)
+    if message:
+        return message
+    model = composed.get("model") or {}
+    if isinstance(model, Mapping) and model.get("source") == "hub":
+        hub_fail_fast()
+    thread_hint()
+    return None
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """One quick TCP probe of the Hugging Face endpoint (``HF_ENDPOINT``, port 443)."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def hub_fail_fast() -> bool:
+    """When the hub is unreachable and ``HF_HUB_OFFLINE`` unset, set it (so a missing model is one line at
+    once, not a minute of retries) and say so; True when it did. Skipped behind a proxy (the probe would
+    not go through it)."""
+    if hub_offline() or any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return False
+    if hub_reachable():
+        return False
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    print("[keyformer] the Hugging Face hub is unreachable: running offline (HF_HUB_OFFLINE=1)", file=sys.stderr,
+          flush=True)
+    return True
+
+
+def thread_hint() -> str | None:
+    """A one-line hint (printed, and returned) when the machine is busy and the thread count is torch's
+    default: on a loaded 2-core machine the default run took 172 s with 2 threads, 49 s with
+    ``OMP_NUM_THREADS=1`` (identical predictions)."""
+    if os.environ.get("OMP_NUM_THREADS") or not hasattr(os, "getloadavg"):
+        return None
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    if cores > 8 or load < cores - 0.5:
+        return None
+    hint = (f"[keyformer] this machine is busy (load {load:.1f} on {cores} cores): OMP_NUM_THREADS=1 is often "
+            "several times faster here (e.g. 49 s vs 172 s for the default run)")
+    print(hint, file=sys.stderr, flush=True)
+    return hint
+
+
+def resume_command(output_dir: str | os.PathLike, argv: list[str] | None = None) -> str:
+    """The ``python run.py ...`` line that resumes ``output_dir``: this command's overrides (a sweep's
+    ``-m`` and sweep values dropped is the user's job) with ``output_dir=`` set to the folder."""
+    import shlex
+    from pathlib import Path
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    args = [a for a in args if not a.startswith(("output_dir=", "resume=", "stop_after="))]
+    return shlex.join(["python", "run.py", *args, f"output_dir={Path(output_dir).absolute()}"])
+
+
+def interrupted_message() -> str:
+    """Ctrl-C's one line: how many samples the active job's folder holds and the command that resumes it."""
+    from pathlib import Path
+
+    out = ACTIVE_JOB.get("output_dir")
+    if not out or not (Path(out) / "predictions.jsonl").is_file():
+        return "error: interrupted (Ctrl-C) before the first result; nothing was written"
+    with (Path(out) / "predictions.jsonl").open(encoding="utf-8") as f:
+        n = sum(1 for line in f if line.strip())
+    total = ACTIVE_JOB.get("total")
+    of = f" of {total}" if total else ""
+    return f"error: interrupted (Ctrl-C) after {n}{of} samples in {out}; resume: {resume_command(out)}"

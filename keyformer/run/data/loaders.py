@@ -52,6 +52,9 @@ def check_source(ds: Mapping[str, Any]) -> None:
         return
     path = local_path(ds)
     if path is not None:
+        if path.is_dir():
+            raise DataError(f"dataset '{ds.get('name')}': {path} is a directory; dataset.path must name a JSONL "
+                            f"file (e.g. {path / str(ds.get('file') or 'data.jsonl')})")
         if not path.is_file():
             how = "dataset.path" if ds.get("path") else f"{DATA_DIR_ENV} (= {os.environ.get(DATA_DIR_ENV)})"
             raise DataError(f"dataset '{ds.get('name')}': local file {path} does not exist; it is set by {how}")
@@ -154,7 +157,21 @@ def _conversation(raw: Mapping[str, Any], fields: Mapping[str, str], context_tur
     }
 
 
+def _require(raw: Any, i: int, ds: Mapping[str, Any], keys: list[str]) -> None:
+    """DataError naming record ``i`` (0-based, in file order) and the first of ``keys`` it lacks."""
+    if not isinstance(raw, Mapping):
+        raise DataError(f"dataset '{ds['name']}': record {i + 1} is {type(raw).__name__}, not a JSON object")
+    for key in keys:
+        if key not in raw or raw[key] is None:
+            raise DataError(f"dataset '{ds['name']}': record {i + 1} has no field {key!r} (its fields: "
+                            f"{', '.join(map(str, raw)) or 'none'}); set dataset.fields to the file's names")
+
+
 def _to_record(raw: Mapping[str, Any], i: int, ds: Mapping[str, Any], fields: Mapping[str, str]) -> dict:
+    if ds.get("task") == "conversation":
+        _require(raw, i, ds, [fields.get("dialogue", "dialogue")])
+    else:
+        _require(raw, i, ds, [fields["document"], fields["reference"]])
     rid = raw.get(fields.get("id", "id"))
     rec: dict[str, Any] = {"id": str(rid) if rid is not None else f"{ds['name']}-{i:05d}"}
     if ds.get("task") == "conversation":
@@ -199,8 +216,19 @@ def load_records(ds: Mapping[str, Any], n: int | None = None, seed: int = 0) -> 
         if not hub.get("path"):
             raise DataError(f"dataset '{ds['name']}' has no hub source; set {DATA_DIR_ENV} or dataset.path")
         raw, fields = _read_hub(hub), hub.get("fields") or ds.get("fields") or {}
+    if not raw:
+        raise DataError(f"dataset '{ds['name']}': {path or hub.get('path')} holds no records (empty, or blank "
+                        "lines only)")
     rows = _select(list(enumerate(raw)), n, str(ds.get("selection", "first")), seed)
     return [_to_record(r, i, ds, fields) for i, r in rows]
+
+
+def check_count(ds: Mapping[str, Any], records: list, n_samples: Any) -> None:
+    """DataError when the dataset has fewer records than ``n_samples`` (an int); ``n_samples=all`` takes
+    what there is (metrics.json's ``n_samples`` then counts them)."""
+    if isinstance(n_samples, int) and len(records) < n_samples:
+        raise DataError(f"dataset '{ds['name']}' has {len(records)} records but n_samples={n_samples}; run the "
+                        f"{len(records)} with n_samples=all (or n_samples={len(records)})")
 
 
 def check_options(ds: Mapping[str, Any]) -> None:

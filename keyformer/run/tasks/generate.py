@@ -167,9 +167,19 @@ class GenerateTask(Task):
 
     def run(self, job: Job) -> dict[str, Any]:
         cfg = job.cfg
-        records = _unique_ids(load_records(cfg["dataset"], int(cfg["n_samples"]), int(cfg["seed"])))
+        from keyformer.run.data.loaders import check_count
+        from keyformer.run.validate import ALL
+
+        n = None if cfg["n_samples"] == ALL else int(cfg["n_samples"])
+        records = _unique_ids(load_records(cfg["dataset"], n, int(cfg["seed"])))
+        check_count(cfg["dataset"], records, n)  # fewer records than n_samples: refused before the model loads
         done = job.done_ids()
         todo = [r for r in records if r["id"] not in done]
+        n_kept = sum(r["id"] in done for r in records)
+        if n_kept and todo:
+            note = f"[keyformer] {job.rd.path}: resuming after {n_kept} of {len(records)} samples"
+            print(note, flush=True)
+            job.rd.append_log(note)
         if cfg.get("stop_after") is not None:  # a time-boxed call: the point stays partial and resumes
             todo = todo[: int(cfg["stop_after"])]
         name, kwargs = policy_kwargs(cfg)
