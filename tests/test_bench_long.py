@@ -89,11 +89,9 @@ def test_quick_run_writes_only_its_out_folder(tmp_path, monkeypatch):
 def test_quick_run_with_beams_via_keyformer_bench(tmp_path, monkeypatch):
     import sys
 
-    from keyformer.lab.bench import cpu
-
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["keyformer-bench", "--long", "--quick", "--out", str(tmp_path / "o")])
-    cpu.main()
+    lb.bench_main()  # the keyformer-bench entry point
     report = json.loads((tmp_path / "o" / "long.json").read_text())
     assert report["beams"]["num_beams"] == 2
     assert all(r["same_sequences"] for r in report["beams"]["rows"])

@@ -510,6 +510,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def bench_main() -> None:
+    """The ``keyformer-bench`` entry point: ``--long`` runs this module's benchmark (argparse options),
+    anything else the CPU benchmark of :mod:`keyformer.lab.bench.cpu` (Hydra overrides)."""
+    if "--long" in sys.argv[1:]:
+        main([a for a in sys.argv[1:] if a != "--long"])
+        return
+    from .cpu import main as cpu_main
+
+    cpu_main()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``keyformer-bench --long [options]``."""
     run(parse_args(sys.argv[1:] if argv is None else argv))
