@@ -215,11 +215,11 @@ class EvictingLayer(CacheLayerMixin):
         return live & self.alive[:, :, :S] if self.cache.mode == "mask" else live
 
     def held_keys(self, S: int) -> torch.Tensor:
-        """[B, H, S, D] the keys of the slots [0, S) in the model's dtype (dequantized when stored quantized)."""
+        """[B, H, S, D] the keys of the slots [0, S) in the model's dtype (dequantized if stored quantized)."""
         if self.slots is KV:
             return self.keys[:, :, :S]
-        return self.cache.kv_quant.dequantize(self.keys[:, :, :S], self.kscale[:, :, :S], self.kzero[:, :, :S],
-                                              self.dtype)
+        qz = self.cache.kv_quant
+        return qz.dequantize(self.keys[:, :, :S], self.kscale[:, :, :S], self.kzero[:, :, :S], self.dtype)
 
     def live_mask(self) -> torch.Tensor:
         """[B, H or 1, L + q] bool: slots this forward's queries may attend to (before causality)."""

@@ -51,19 +51,19 @@ def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: to
     layers = model.config.get_text_config(decoder=True).num_hidden_layers  # multimodal Gemma 3: the text's
     cache = KVCache(policy, layers, prompt_mask=attention_mask,
                     max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups,
-                    kv_quant=kv_quant, windows=layer_windows(model.config))  # sliding layers keep their window
+                    kv_quant=kv_quant, windows=layer_windows(model.config))  # sliding layers: their window
     if policy is not None and policy.needs_context and hasattr(policy, "model_info"):
-        cache.model_info = policy.model_info(model)  # what a rule needs of the model (RoPE, ALiBi; one line if not)
+        cache.model_info = policy.model_info(model)  # what the rule needs (RoPE, ALiBi), or one line
     if policy is not None and hasattr(policy, "prepare"):
         _prepare_at_prompt(model, cache)
     return cache
 
 
 def _prepare_at_prompt(model: PreTrainedModel, cache: KVCache) -> None:
-    """Run ``policy.prepare(model, input_ids, attention_mask)`` (an extra forward, KVzip's reconstruction) just
-    before the first forward that uses ``cache``, its prompt; its result becomes ``cache.model_info``. A one-shot
-    forward pre-hook (it holds the cache weakly and removes itself), so ``generate()``, ``model.generate`` and a bare
-    forward all run it, inside the prompt's time."""
+    """Run ``policy.prepare(model, input_ids, attention_mask)`` (an extra forward, KVzip's reconstruction)
+    just before the first forward that uses ``cache``, its prompt; its result becomes ``cache.model_info``. A
+    one-shot forward pre-hook (it holds the cache weakly and removes itself), so ``generate()``,
+    ``model.generate`` and a bare forward all run it, inside the prompt's time."""
     ref = weakref.ref(cache)
 
     def hook(module, args, kwargs):

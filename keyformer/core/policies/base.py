@@ -18,9 +18,9 @@ Every hook takes the :class:`Context` (``layer_budget(k, n, ctx)`` and ``head_bu
 A scorer-only policy subclasses :class:`ScorePolicy` and writes ``score``; the other hooks are opt-in overrides.
 
 ``compress`` says when the cache is cut: ``"step"`` (after the prompt and at every decode step) or
-``"prompt"`` (once after the prompt; decode tokens are then all kept) or ``"interval"`` (after the prompt, then
-only at decode steps ``t`` where ``policy.cuts_at(t)``: the new tokens are appended in between, a buffer, and a
-cut evicts back down to the budget at once; R-KV).
+``"prompt"`` (once after the prompt; decode tokens are then all kept) or ``"interval"`` (after the prompt,
+then only at decode steps ``t`` where ``policy.cuts_at(t)``: the new tokens are appended in between, a
+buffer, and a cut evicts back down to the budget at once; R-KV).
 
 Budget semantics (shared by all evicting policies): a prompt of ``n`` real tokens is processed with full
 attention; the cache is then cut to ``k = budget_tokens(n)`` tokens: the ``w = recent_tokens(k)`` most

@@ -1,5 +1,5 @@
-"""Expected Attention (Devoto et al. 2025, kvpress ``ExpectedAttentionPress``): score keys by the attention that
-*future* queries are expected to pay them, from the statistics of the queries seen so far.
+"""Expected Attention (Devoto et al. 2025, kvpress ``ExpectedAttentionPress``): score keys by the attention
+that *future* queries are expected to pay them, from the statistics of the queries seen so far.
 
 Per (sample, layer, query head), with position-free queries ``x`` (RoPE undone: ``x = R_p^T q`` at the query's
 position ``p``) over every real query seen except the first ``n_sink`` positions:
@@ -7,7 +7,7 @@ position ``p``) over every real query seen except the first ``n_sink`` positions
     mu = mean(x),  Sigma = mean((x - mu)(x - mu)^T)                           (biased, as kvpress)
     R  = mean_{t = c+1 .. c+F} R_t                                           (RoPE averaged over the next F
                                                                                positions; c = newest position)
-    z_j = k_j . (R mu) / sqrt(d) + k_j^T (R Sigma R^T) k_j / (2 d)            (log E[exp(q.k/sqrt d)], q Gaussian)
+    z_j = k_j . (R mu) / sqrt(d) + k_j^T (R Sigma R^T) k_j / (2 d)     (log E[exp(q.k/sqrt d)], q Gaussian)
     a_j = softmax_j(z_j)                         over the held non-sink keys
     score_j = (mean over the query heads of a KV head of a_j + epsilon) * ||v_j||
 
@@ -17,18 +17,18 @@ kvpress's (F = 512, 4 sinks, covariance and value-norm on, epsilon 0, no recent 
 **Prompt and decode.** At the prompt the statistics come from the prompt's queries (kvpress's rule) and the
 prompt is cut by the score. At every decode step the new query is added to the running statistics, ``R`` moves
 with the newest position, every held key is re-scored and the lowest-scored one is evicted (kvpress compresses
-at decode through ``DecodingPress`` every ``compression_interval`` steps from a buffer of recent hidden states;
-here the rule runs at every step on all queries seen, the closest one-eviction-per-step form).
+at decode through ``DecodingPress`` every ``compression_interval`` steps from a buffer of recent hidden
+states; here the rule runs at every step on all queries seen, the closest one-eviction-per-step form).
 
-**Positions.** RoPE (Llama family: rotate-half pairs ``(i, i + r/2)``; GPT-J: interleaved pairs ``(2i, 2i + 1)``
-over its ``rotary_dim``) is undone exactly from the cached post-RoPE queries; GPT-2's learned positions are in the
-hidden states (nothing to undo); MPT's ALiBi adds ``slope_h * pos_j`` to ``z_j`` (the future query's own
-``-slope_h * t`` is common to every key and cancels in the softmax). RoPE scaling types other than those that
-only change the frequencies (llama3; not yarn/longrope attention scaling) are refused with one line.
+**Positions.** RoPE (Llama family: rotate-half pairs ``(i, i + r/2)``; GPT-J: interleaved pairs ``(2i, 2i +
+1)`` over its ``rotary_dim``) is undone exactly from the cached post-RoPE queries; GPT-2's learned positions
+are in the hidden states (nothing to undo); MPT's ALiBi adds ``slope_h * pos_j`` to ``z_j`` (the future
+query's own ``-slope_h * t`` is common to every key and cancels in the softmax). RoPE scaling types other than
+those that only change the frequencies (llama3; not yarn/longrope attention scaling) are refused with one
+line.
 
 The attention weights are computed by the scoring path but not used: the rule needs the queries, which only
-that path passes (a cost, not a semantic difference).
-"""
+that path passes (a cost, not a semantic difference)."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ from .base import Context, Policy
 
 
 def position_info(model: Any) -> dict[str, Any]:
-    """How ``model`` encodes positions: ``{"kind": "rope", "pairs": "half"|"interleaved", "inv_freq": [r/2]}``,
-    ``{"kind": "alibi", "slopes": [Hq]}`` or ``{"kind": "none"}``; raises ``ValueError`` where the rule is
-    not implemented."""
+    """How ``model`` encodes positions: ``{"kind": "rope", "pairs": "half"|"interleaved", "inv_freq":
+    [r/2]}``, ``{"kind": "alibi", "slopes": [Hq]}`` or ``{"kind": "none"}``; raises ``ValueError`` where the
+    rule is not implemented."""
     arch = model.config.model_type
     if arch == "gpt2":
         return {"kind": "none"}
@@ -54,14 +54,21 @@ def position_info(model: Any) -> dict[str, Any]:
         rd = model.config.rotary_dim or model.config.n_embd // model.config.n_head
         inv = 1.0 / (10000 ** (torch.arange(0, rd, 2, dtype=torch.int64) / rd))
         return {"kind": "rope", "pairs": "interleaved", "inv_freq": inv.double()}
-    rot = getattr(getattr(model, "model", None), "rotary_emb", None)
-    if rot is None or not hasattr(rot, "inv_freq"):
-        raise ValueError(f"expected_attention: model_type={arch!r} has no RoPE module the rule can read; valid: "
-                         "llama-family (rotate-half RoPE), gptj, gpt2, mpt")
-    if float(getattr(rot, "attention_scaling", 1.0)) != 1.0:
-        raise ValueError(f"expected_attention: RoPE with attention scaling {rot.attention_scaling} (yarn/longrope) "
+    inner = getattr(model, "model", None)
+    rot = getattr(inner, "rotary_emb", None)
+    if rot is None:  # multimodal wrappers (Gemma 3) keep it in the language model
+        rot = getattr(getattr(inner, "language_model", None), "rotary_emb", None)
+    # Gemma 3 keeps one RoPE per layer type; the policy acts on the full-attention layers only
+    prefix = "full_attention_" if rot is not None and hasattr(rot, "full_attention_inv_freq") else ""
+    if rot is None or not hasattr(rot, prefix + "inv_freq"):
+        raise ValueError(f"expected_attention: model_type={arch!r} has no RoPE module the rule can read; "
+                         "valid: llama-family (rotate-half RoPE), gptj, gpt2, mpt")
+    scale = float(getattr(rot, prefix + "attention_scaling", 1.0))
+    if scale != 1.0:
+        raise ValueError(f"expected_attention: RoPE with attention scaling {scale} (yarn/longrope) "
                          "is not implemented; valid: default or frequency-only scaling (llama3, linear)")
-    return {"kind": "rope", "pairs": "half", "inv_freq": rot.inv_freq.detach().double().cpu()}
+    inv = getattr(rot, prefix + "inv_freq").detach().double().cpu()
+    return {"kind": "rope", "pairs": "half", "inv_freq": inv}
 
 
 def _pairs(info: dict[str, Any], D: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,7 +156,7 @@ class ExpectedAttentionPolicy(Policy):
             memo["s2"] = memo["s2"] + torch.einsum("bhri,bhrj->bhij", x * use, x)
 
     def expected_scores(self, ctx: Context) -> torch.Tensor:
-        """[B, Hkv, S] the rule's score of every slot (non-held and sink slots: 0) from ``ctx.memo``'s sums."""
+        """[B, Hkv, S] the rule's score of every slot (non-held and sink slots: 0) from ``ctx.memo``."""
         memo, keys, values = ctx.memo, ctx.keys, ctx.values
         B, Hkv, S, D = keys.shape
         n = memo["n"].clamp(min=1.0)

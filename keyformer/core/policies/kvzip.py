@@ -1,5 +1,5 @@
-"""KVzip (Kim et al. 2025, arXiv 2505.23416; kvpress ``KVzipPress``): query-agnostic prompt compression scored by
-how much the model needs each cached token to *reconstruct the context*.
+"""KVzip (Kim et al. 2025, arXiv 2505.23416; kvpress ``KVzipPress``): query-agnostic prompt compression scored
+by how much the model needs each cached token to *reconstruct the context*.
 
 Before generation, one extra forward runs over ``prompt + repeat_ids + prompt`` (the model asked to repeat its
 context; ``repeat_ids`` are the token ids of kvpress's instruction ``"\\n\\nRepeat the previous context
@@ -9,17 +9,16 @@ head) is the maximum, over the repeated tokens' queries and the query heads of t
 attention probability (the softmax over the prompt and the repeated tokens so far, causal). The first
 ``n_sink`` positions are always kept (kvpress sets their score to 1).
 
-The cut is per layer and head-adaptive: a layer keeps ``H * k`` (head, token) pairs, the highest-scored across its
-``H`` KV heads, with no per-head safeguard (kvpress's ``layerwise=True``; its default, ``layerwise=False``, shares
-one budget across *all* layers, which our per-layer budgets cannot express; see docs/policies_2025.md). Every
-generated token is then kept (prompt compression, as kvpress).
+The cut is per layer and head-adaptive: a layer keeps ``H * k`` (head, token) pairs, the highest-scored across
+its ``H`` KV heads, with no per-head safeguard (kvpress's ``layerwise=True``; its default,
+``layerwise=False``, shares one budget across *all* layers, which our per-layer budgets cannot express; see
+docs/policies_2025.md). Every generated token is then kept (prompt compression, as kvpress).
 
-**Cost.** The reconstruction forward covers about twice the prompt (``2 n + r`` tokens, its attention over up to
-``2 n + r`` keys) on top of the normal prefill: roughly one to three extra prefills of compute (kvpress: "2-3
-times the initial prefilling cost"). ``scripts/kvzip_cost.py`` measures it. It runs per sample on the unpadded
-prompt (so a sample's result does not depend on its batchmates) and only through
-:func:`keyformer.core.generate.generate`; a cache made without it refuses with one line.
-"""
+**Cost.** The reconstruction forward covers about twice the prompt (``2 n + r`` tokens, its attention over up
+to ``2 n + r`` keys) on top of the normal prefill: roughly one to three extra prefills of compute (kvpress:
+"2-3 times the initial prefilling cost"). ``scripts/kvzip_cost.py`` measures it. It runs per sample on the
+unpadded prompt (so a sample's result does not depend on its batchmates) and only through
+:func:`keyformer.core.generate.generate`; a cache made without it refuses with one line."""
 
 from __future__ import annotations
 
@@ -45,7 +44,13 @@ def _record_attention(module, query, key, value, attention_mask, scaling=None, d
     G = Hq // Hkv
     k, v = key.repeat_interleave(G, dim=1), value.repeat_interleave(G, dim=1)
     logits = (query.float() @ k.float().transpose(-1, -2)) * (scaling if scaling is not None else D**-0.5)
-    logits = logits.masked_fill(torch.ones(T, T, dtype=torch.bool, device=query.device).triu(1), float("-inf"))
+    if kwargs.get("softcap"):  # Gemma 2 logit soft-capping
+        logits = torch.tanh(logits / kwargs["softcap"]) * kwargs["softcap"]
+    i = torch.arange(T, device=query.device)
+    hide = i.view(1, -1) > i.view(-1, 1)  # causal
+    if kwargs.get("sliding_window"):  # a sliding layer sees keys (i - W, i]
+        hide |= i.view(1, -1) <= i.view(-1, 1) - kwargs["sliding_window"]
+    logits = logits.masked_fill(hide, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     a, n = _RECORD["from"], _RECORD["n"]
     _RECORD["scores"][module.layer_idx] = probs[:, :, a:, :n].amax(dim=2).view(B, Hkv, G, n).amax(dim=2)
@@ -63,7 +68,7 @@ def reconstruction_scores(model: Any, ids: torch.Tensor, repeat_ids: list[int] |
     n = ids.numel()
     extra = torch.tensor(list(repeat_ids or []), dtype=ids.dtype, device=ids.device)
     seq = torch.cat([ids, extra, ids]).view(1, -1)
-    layers = model.config.num_hidden_layers
+    layers = model.config.get_text_config().num_hidden_layers
     _RECORD.update(scores=[None] * layers, n=n, **{"from": n + extra.numel()})
     if model.config.model_type == "mpt":  # MPT's own eager attention returns its probabilities: wrap it
         blocks = model.transformer.blocks
@@ -133,8 +138,8 @@ class KVzipPolicy(AdaKVMixin, Policy):
     def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
         info = ctx.model_info
         if not isinstance(info, dict) or "scores" not in info:
-            raise ValueError("policy 'kvzip' scores the prompt in a reconstruction forward that only "
-                             "keyformer.core.generate.generate() runs; valid: generate() (not a bare make_cache)")
+            raise ValueError("policy 'kvzip' scores the prompt in a reconstruction forward that the cache of "
+                             "keyformer.core.generate.make_cache runs; valid: make_cache / generate")
         s = info["scores"][ctx.layer].to(state.device)
         pos = ctx.pos
         if s.shape[0] != pos.shape[0]:  # beam rows: sample-major copies of each sample

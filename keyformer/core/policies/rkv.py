@@ -1,30 +1,29 @@
 """R-KV (Cai et al. 2025, arXiv 2505.24133): decode-time eviction by importance and redundancy together.
 
 The cache is cut to the budget ``k`` after the prompt, then grows by one token per decode step for ``buffer``
-steps and is cut back to ``k`` at once at every step ``t`` with ``t % buffer == 0`` (``compress = "interval"``;
-the authors' ``buffer``/``divide_length`` of 128). A cut keeps the observation window (the ``window_size``
-most recent tokens) and the ``k - window_size`` other held tokens of highest
+steps and is cut back to ``k`` at once at every step ``t`` with ``t % buffer == 0`` (``compress =
+"interval"``; the authors' ``buffer``/``divide_length`` of 128). A cut keeps the observation window (the
+``window_size`` most recent tokens) and the ``k - window_size`` other held tokens of highest
 
     score_j = mix_lambda * importance_j - (1 - mix_lambda) * redundancy_j
 
 per (sample, layer, KV head), as the authors' ``R1KV._compute_scores``:
 
-* importance: the logits ``q . k_j / sqrt(d)`` of the window's queries (the last ``window_size`` prompt rows at
-  the prompt; the last ``window_size`` decode queries at a decode cut), max-pooled over the query heads of a KV
-  head, softmax over the held tokens before the window, mean over the window's queries, then max-pooled over
-  ``kernel_size`` neighbouring tokens;
+* importance: the logits ``q . k_j / sqrt(d)`` of the window's queries (the last ``window_size`` prompt rows
+  at the prompt; the last ``window_size`` decode queries at a decode cut), max-pooled over the query heads of
+  a KV head, softmax over the held tokens before the window, mean over the window's queries, then max-pooled
+  over ``kernel_size`` neighbouring tokens;
 * redundancy: cosine similarity between the held keys (diagonal zeroed); in each row the most recent other key
   with similarity above 0.5 (``retain_direction = "last"``; ``"first"``: the oldest) is exempted (its entry
   zeroed), then the mean over rows, softmax over keys.
 
 Defaults: window 8, kernel 7, ``mix_lambda`` 0.1 (the authors' run scripts; their class default is 0.07),
-buffer 128. Differences from the reference code, where its slot order is not the tokens' order: after its first
-cut the reference stores the kept tokens in score order, so its pooling neighbours and its "last similar key"
-follow that order; here both follow the tokens' positions (the paper's intent). A row with no similar key
+buffer 128. Differences from the reference code, where its slot order is not the tokens' order: after its
+first cut the reference stores the kept tokens in score order, so its pooling neighbours and its "last similar
+key" follow that order; here both follow the tokens' positions (the paper's intent). A row with no similar key
 zeroes its entry at the oldest held token, as the reference's ``max`` over an all-zero row (index 0) does.
-MPT's ALiBi bias at the original distances is added to the logits (the reference is RoPE-only; RoPE and learned
-positions are already in the cached keys and queries).
-"""
+MPT's ALiBi bias at the original distances is added to the logits (the reference is RoPE-only; RoPE and
+learned positions are already in the cached keys and queries)."""
 
 from __future__ import annotations
 
@@ -44,8 +43,9 @@ SIMILARITY_THRESHOLD = 0.5  # hard-coded in the authors' cal_similarity
 
 def importance(q: torch.Tensor, qpos: torch.Tensor, keys: torch.Tensor, pos: torch.Tensor, past: torch.Tensor,
                kernel: int, slopes: torch.Tensor | None = None) -> torch.Tensor:
-    """Pooled window attention: q [B, Hq, W, D] at positions qpos [B, W] (-1: not a query), keys [B, Hkv, S, D],
-    slot positions ``pos`` and the slots before the window ``past`` [B, Hkv, S] -> [B, Hkv, S] (0 elsewhere)."""
+    """Pooled window attention: q [B, Hq, W, D] at positions qpos [B, W] (-1: not a query), keys
+    [B, Hkv, S, D], slot positions ``pos`` and the slots before the window ``past`` [B, Hkv, S] -> [B, Hkv, S]
+    (0 elsewhere)."""
     B, Hq, W, D = q.shape
     Hkv, S = keys.shape[1], keys.shape[2]
     G = Hq // Hkv
@@ -113,11 +113,13 @@ class RKVPolicy(Policy):
         if self.kernel_size % 2 == 0:
             raise ValueError(f"kernel_size={self.kernel_size!r} must be odd (centred pooling)")
         if self.buffer < self.window_size:
-            raise ValueError(f"buffer={self.buffer!r} must be >= window_size={self.window_size!r} (the authors' check)")
+            raise ValueError(f"buffer={self.buffer!r} must be >= window_size={self.window_size!r} "
+                             "(the authors' check)")
         if not 0.0 <= float(self.mix_lambda) <= 1.0:
             raise ValueError(f"mix_lambda={self.mix_lambda!r} must be in [0, 1]")
         if self.retain_direction not in RETAIN:
-            raise ValueError(f"retain_direction={self.retain_direction!r} is unknown; valid: {', '.join(RETAIN)}")
+            raise ValueError(f"retain_direction={self.retain_direction!r} is unknown; "
+                             f"valid: {', '.join(RETAIN)}")
 
     @property
     def interval(self) -> int:
