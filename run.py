@@ -6,11 +6,11 @@ Examples::
     python run.py model=mpt policy=keyformer budget=0.5 device=cuda
     python run.py -m policy=window,h2o,keyformer budget=0.2,0.5,0.8
 
-Every job goes through :mod:`keyformer.run.scaffold` (validation, resume, results, W&B, summary). A rejected command
-prints one ``error:`` line and exits with status 2: unknown group options, unknown keys (with a did-you-mean),
-a launcher whose plugin is not installed, here, before Hydra composes; bad values in the job (or, for a sweep, in
-any of its points before the first job starts: ``keyformer.run.scaffold.Preflight``). Ctrl-C prints one line
-with the command that resumes the partial folder.
+Every job goes through :mod:`keyformer.run.scaffold` (validation, resume, results, W&B, summary). A rejected
+command prints one ``error:`` line and exits with status 2: unknown group options, unknown keys (with a
+did-you-mean), a launcher whose plugin is not installed, here, before Hydra composes; bad values in the job
+(or, for a sweep, in any of its points before the first job starts: ``keyformer.run.scaffold.Preflight``).
+Ctrl-C prints one line with the command that resumes the partial folder.
 """
 
 from __future__ import annotations

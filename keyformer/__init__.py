@@ -1,7 +1,8 @@
 """Keyformer lab: KV-cache eviction research (full, window, H2O, Keyformer) with physical eviction.
 
 The public names below are imported on first use (PEP 562), so ``import keyformer`` and the light modules
-(``keyformer.run.metrics``, ``keyformer.run.data``, ``keyformer.run.results``, ``keyformer.run.validate``) do not load torch.
+(``keyformer.run.metrics``, ``keyformer.run.data``, ``keyformer.run.results``, ``keyformer.run.validate``) do
+not load torch.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ CONF = ROOT / "conf"
 GROUPS = ["model", "dataset", "policy", "generation", "logger", "task"]
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 # The launchers the README names: (hydra/launcher option, plugin module that provides it)
-LAUNCHERS = [("joblib", "hydra_plugins.hydra_joblib_launcher"), ("slurm", "hydra_plugins.hydra_submitit_launcher"),
+LAUNCHERS = [("joblib", "hydra_plugins.hydra_joblib_launcher"),
+             ("slurm", "hydra_plugins.hydra_submitit_launcher"),
              ("submitit_slurm", "hydra_plugins.hydra_submitit_launcher"),
              ("submitit_local", "hydra_plugins.hydra_submitit_launcher")]
 
@@ -33,7 +34,8 @@ def options(group: str) -> list[str]:
 
 def make_cfg(*overrides: str, hydra_cfg: bool = False):
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return compose("config", overrides=["output_dir=/tmp/unused", *overrides], return_hydra_config=hydra_cfg)
+        return (compose("config", overrides=["output_dir=/tmp/unused", *overrides],
+                        return_hydra_config=hydra_cfg))
 
 
 def test_groups_have_expected_options():
@@ -49,7 +51,8 @@ def test_groups_have_expected_options():
     assert {"greedy", "beam"} <= set(options("generation"))
     assert {"none", "wandb"} <= set(options("logger"))
     assert {"generate", "lm_eval"} <= set(options("task"))
-    assert {"exp1_cnndm", "exp2_dialogsum", "exp3_govreport", "exp4_attention", "exp5_ablations", "exp6_speedup",
+    assert {"exp1_cnndm", "exp2_dialogsum", "exp3_govreport", "exp4_attention", "exp5_ablations",
+            "exp6_speedup",
             "fewshot"} <= set(EXPERIMENTS)
 
 
@@ -66,7 +69,8 @@ def test_every_option_composes(group, option):
 
 
 def test_model_variants_inherit():
-    """mpt_* and tiny_* variants extend one base config through their defaults list; only what differs is set."""
+    """mpt_* and tiny_* variants extend one base config through their defaults list; only what differs is
+    set."""
     for base, variants in {"mpt": ["mpt_chat", "mpt_storywriter"],
                            "tiny_llama": ["tiny_gptj", "tiny_gpt2", "tiny_mpt"]}.items():
         for v in variants:
@@ -94,7 +98,8 @@ def test_every_experiment_composes(experiment):
         bench = OmegaConf.to_container(cfg.bench, resolve=True)
         assert bench["targets"]["scoring_overhead"] > 1 and bench["groups"] and "hydra" not in bench
     else:
-        folder = {"exp8_powered_extras": "exp8_powered", "exp7_quant": "exp7_field"}.get(experiment, experiment)
+        folder = {"exp8_powered_extras": "exp8_powered", "exp7_quant": "exp7_field"}.get(experiment,
+                                                                                         experiment)
         assert cfg.hydra.sweep.dir == f"multirun/{folder}" and points
     for point in points:
         c = OmegaConf.to_container(make_cfg(f"+experiment={experiment}", *point), resolve=True)
@@ -102,7 +107,8 @@ def test_every_experiment_composes(experiment):
             if key == "budget":
                 assert c["budget"] == float(value) and c["policy"].get("budget", c["budget"]) == float(value)
             elif key == "policy":
-                assert c["policy"]["_target_"] == OmegaConf.load(CONF / "policy" / f"{value}.yaml")["_target_"]
+                assert (c["policy"]["_target_"]
+                        == OmegaConf.load(CONF / "policy" / f"{value}.yaml")["_target_"])
             elif key in ("+experiment/ablation", "+experiment/exp8_arm"):
                 assert c["variant"] == value
             elif key in ("+experiment/exp7_task", "+experiment/exp9_task"):
@@ -110,7 +116,8 @@ def test_every_experiment_composes(experiment):
             elif key == "generation":
                 assert c["generation"]["name"] == value
             elif key == "kv_quant":
-                assert c["kv_quant"] == OmegaConf.to_container(OmegaConf.load(CONF / "kv_quant" / f"{value}.yaml"))
+                assert (c["kv_quant"] == OmegaConf.to_container(OmegaConf.load(CONF / "kv_quant"
+                                                                               / f"{value}.yaml")))
             else:
                 raise AssertionError(f"{experiment}: unexpected sweep key {key}")
         if c["task"]["name"] == "generate" and os.environ.get("KEYFORMER_DATA_DIR"):
@@ -180,7 +187,8 @@ def test_slurm_launcher_renders_its_sbatch_script(tmp_path, monkeypatch):
 
 def _sweep(tmp_path, *overrides):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    cmd = [sys.executable, str(ROOT / "run.py"), "-m", "model=tiny_llama", "n_samples=1", "dataset.n_paragraphs=2",
+    cmd = [sys.executable, str(ROOT / "run.py"), "-m", "model=tiny_llama", "n_samples=1",
+           "dataset.n_paragraphs=2",
            "generation.max_new_tokens=4", "max_prompt_tokens=256", "warmup=false", "progress=false",
            "policy=full,window", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
@@ -233,7 +241,8 @@ def test_budget_rules():
 
 
 @pytest.mark.parametrize("override,key", [
-    ("budget=1.5", "budget"), ("budget=0", "budget"), ("n_samples=0", "n_samples"), ("batch_size=0", "batch_size"),
+    ("budget=1.5", "budget"), ("budget=0", "budget"), ("n_samples=0", "n_samples"),
+                                          ("batch_size=0", "batch_size"),
     ("dtype=fp8", "dtype"), ("device=tpu", "device"), ("recent=2.0", "recent"),
     ("generation.max_new_tokens=0", "generation.max_new_tokens"),
 ])
@@ -280,19 +289,22 @@ QUEUES = sorted((ROOT / "experiments" / "queues").glob("*.txt"))
 @pytest.mark.parametrize("queue", QUEUES, ids=[q.stem for q in QUEUES])
 def test_queue_points_compose_into_their_sweep_folders(queue: Path):
     """Each line of a run_points.sh queue composes, asks for the records its config runs, and writes into the
-    sweep folder `python run.py -m` would use, under a name that states its budget, policy and quantization."""
+    sweep folder `python run.py -m` would use, under a name that states its budget, policy and
+    quantization."""
     lines = [ln.split() for ln in queue.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     assert lines and len({ln[0] for ln in lines}) == len(lines)  # one folder per point
     for folder, records, *overrides in lines:
         cfg = make_cfg(*overrides, hydra_cfg=True)
         c = OmegaConf.to_container(cfg, resolve=False)
         assert int(records) == c["n_samples"], (folder, records)
-        if not any(o.startswith("n_samples=") for o in overrides):  # a subset (a reproduction check) goes elsewhere
+        # a subset (a reproduction check) goes elsewhere
+        if not any(o.startswith("n_samples=") for o in overrides):
             assert folder.startswith(cfg.hydra.sweep.dir + "/"), (folder, cfg.hydra.sweep.dir)
         name = dict(kv.split("=", 1) for kv in Path(folder).name.split(",") if "=" in kv)
         assert float(name.get("budget", cfg.budget)) == float(cfg.budget)
         if "policy" in name:
-            assert cfg.policy["_target_"] == OmegaConf.load(CONF / "policy" / f"{name['policy']}.yaml")["_target_"]
+            assert (cfg.policy["_target_"]
+                    == OmegaConf.load(CONF / "policy" / f"{name['policy']}.yaml")["_target_"])
         if "kv_quant" in name:
             assert cfg.kv_quant.bits == int(name["kv_quant"].removeprefix("int"))
         if "generation" in name:

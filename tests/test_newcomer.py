@@ -51,7 +51,8 @@ def composed(*overrides: str) -> dict:
     return out
 
 
-def run_py(tmp_path: Path, *args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_py(tmp_path: Path, *args: str, env: dict | None = None,
+           timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True,
                           timeout=timeout, env=env or ENV, cwd=tmp_path)
 
@@ -139,7 +140,8 @@ def test_unknown_keys_with_did_you_mean():
 
 
 def test_kv_quant_message_names_the_option():
-    e = ConfigError("kv_quant", {"bits": 8, "group_size": 32}, "is not supported by task=lm_eval yet; valid: null")
+    e = (ConfigError("kv_quant", {"bits": 8, "group_size": 32}, "is not supported by task=lm_eval yet; "
+                                                                "valid: null"))
     assert str(e).startswith("invalid kv_quant=int8:") and "{" not in str(e)
 
 
@@ -153,7 +155,8 @@ def test_unusable_output_dir(tmp_path, monkeypatch):
     ro = tmp_path / "ro"
     ro.mkdir()
     real_access = os.access
-    monkeypatch.setattr(os, "access", lambda p, m: False if Path(p) == ro else real_access(p, m))  # root writes anyway
+    # root writes anyway
+    monkeypatch.setattr(os, "access", lambda p, m: False if Path(p) == ro else real_access(p, m))
     with pytest.raises(ConfigError, match="not writable"):
         V.check_output_dir(str(ro / "run"))
     V.check_output_dir(str(tmp_path / "new" / "run"))  # fine, and nothing is created
@@ -166,14 +169,16 @@ class _NoModel:
     def __init__(self):
         from keyformer.run.tasks.generate import Backend
 
-        self.backend = Backend(load=self.load, make_policy=lambda *a, **k: None, generate=lambda *a, **k: None)
+        self.backend = (Backend(load=self.load, make_policy=lambda *a, **k: None, generate=lambda
+                                *a, **k: None))
 
     def load(self, cfg):
         raise AssertionError("the model was loaded")
 
 
 def _job_cfg(tmp_path: Path, *overrides: str) -> dict:
-    base = [o for o in TINY if not (o.startswith("dataset.") and any(x.startswith("dataset=") for x in overrides))]
+    base = [o for o in TINY if not (o.startswith("dataset.") and any(x.startswith("dataset=")
+                                                                     for x in overrides))]
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         c = compose("config", overrides=[f"output_dir={tmp_path / 'out'}", *base, *overrides])
     return OmegaConf.to_container(c, resolve=True)
@@ -188,7 +193,8 @@ def test_output_dir_file_refused_before_model(tmp_path):
 
 
 def _ds(path: Path) -> dict:
-    return {"name": "cnn_dailymail", "task": "summarization", "path": str(path), "file": "cnn_dailymail.jsonl",
+    return {"name": "cnn_dailymail", "task": "summarization", "path": str(path),
+            "file": "cnn_dailymail.jsonl",
             "fields": {"id": "id", "document": "article", "reference": "highlights"}, "selection": "first"}
 
 
@@ -404,7 +410,8 @@ def test_run_log_modes_and_resume_lines(tmp_path, capsys):
     out = Path(cfg["output_dir"])
     assert m["complete"] is False
     printed = capsys.readouterr().out
-    assert "partial run (1 samples so far); resume: python run.py" in printed and f"output_dir={out}" in printed
+    assert ("partial run (1 samples so far); resume: python run.py" in printed
+            and f"output_dir={out}" in printed)
     assert "resume: python run.py" in (out / "run.log").read_text()
     run(cfg, FakeCore().backend())
     assert f"{out}: resuming after 1 of 3 samples" in capsys.readouterr().out
@@ -419,7 +426,7 @@ def test_gitignore_covers_notebook_outputs():
     assert r.returncode == 0
 
 
-# -- 4. integration --------------------------------------------------------------------------------------------
+# -- 4. integration ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny():
     import keyformer
@@ -479,7 +486,8 @@ def test_apply_by_name_and_a_cache_of_ones_own(tiny):
         own = keyformer.make_cache(model, None, mask)  # passed explicitly: used as given (full)
         full = model.generate(ids, attention_mask=mask, cache=own, max_new_tokens=6, do_sample=False)
     assert torch.equal(out[:, ids.shape[1]:], ref.sequences)
-    assert torch.equal(full[:, ids.shape[1]:], keyformer.generate(model, ids, mask, None, max_new_tokens=6).sequences)
+    assert (torch.equal(full[:, ids.shape[1]:],
+                        keyformer.generate(model, ids, mask, None, max_new_tokens=6).sequences))
 
 
 def test_cache_reset_and_reuse(tiny):
@@ -529,11 +537,14 @@ def test_keyformer_lm_eval_runs_a_task_offline(tmp_path):
 
 def test_license_and_citation():
     lic = (ROOT / "LICENSE").read_text()
-    assert "Apache License" in lic and "Version 2.0, January 2004" in lic and "END OF TERMS AND CONDITIONS" in lic
+    assert ("Apache License" in lic and "Version 2.0, January 2004" in lic and "END OF TERMS AND "
+                                                                               "CONDITIONS" in lic)
     cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
     assert cff["cff-version"].startswith("1.2") and cff["license"] == "Apache-2.0"
     paper = cff["preferred-citation"]
-    assert paper["title"] == "Keyformer: KV Cache Reduction through Key Tokens Selection for Efficient Generative Inference"
-    assert [a["family-names"] for a in paper["authors"]] == ["Adnan", "Arunkumar", "Jain", "Nair", "Soloveychik",
+    assert (paper["title"] == "Keyformer: KV Cache Reduction through Key Tokens Selection for Efficient "
+                              "Generative Inference")
+    assert [a["family-names"] for a in paper["authors"]] == ["Adnan", "Arunkumar", "Jain", "Nair",
+                                                             "Soloveychik",
                                                              "Kamath"]
     assert paper["year"] == 2024 and "MLSys" in paper["conference"]["name"]

@@ -309,9 +309,10 @@ def _essay(tmp_path: Path) -> Path:
     return p
 
 
-# -- experiment 10's leaderboard --------------------------------------------------------------------------------
+# -- experiment 10's leaderboard -----------------------------------------------------------------------------
 def _fake_results(root: Path, folder: str, scores: dict) -> None:
-    """points.csv / samples.csv as keyformer-collect writes them; ``scores[(policy, budget)][task]`` = list."""
+    """points.csv / samples.csv as keyformer-collect writes them; ``scores[(policy, budget)][task]`` =
+    list."""
     import pandas as pd
 
     pts, smp = [], []

@@ -108,10 +108,12 @@ class LayerStats:
         for (layer, k), s in sorted(self.sums.items()):
             v = (s / self.counts[(layer, k)]).tolist()
             if k == "sparsity":
-                yield {"layer": layer, "stat": k, "x": None, "value": v[0], "n_prompts": self.counts[(layer, k)]}
+                yield {"layer": layer, "stat": k, "x": None, "value": v[0],
+                       "n_prompts": self.counts[(layer, k)]}
             else:
                 for x, val in zip(self.fractions, v, strict=True):
-                    yield {"layer": layer, "stat": k, "x": x, "value": val, "n_prompts": self.counts[(layer, k)]}
+                    yield {"layer": layer, "stat": k, "x": x, "value": val,
+                           "n_prompts": self.counts[(layer, k)]}
 
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -9,10 +9,10 @@ Queue lines are ``<output folder, relative to --root> <records> <run.py override
 ``--set`` overrides are appended to every line (they must not change a point's folder name: device, dtype and
 batch size are not part of it). Queue files run in the order given: a point of the second is taken only when
 every point of the first is finished or taken. Within a file, the unfinished point with the fewest finished
-records goes first, so with ``--step N`` (``stop_after=N`` per call, not part of a point's identity) every point
-holds the same first records wherever the run stops. Queue files are re-read at each pick, so they can be
-edited while running. A failed point is logged and skipped; a point's folder resumes as with ``run.py`` (same
-config and code, or refused). ``--until`` (Unix time) stops taking new points then (the point in flight
+records goes first, so with ``--step N`` (``stop_after=N`` per call, not part of a point's identity) every
+point holds the same first records wherever the run stops. Queue files are re-read at each pick, so they can
+be edited while running. A failed point is logged and skipped; a point's folder resumes as with ``run.py``
+(same config and code, or refused). ``--until`` (Unix time) stops taking new points then (the point in flight
 finishes, or is killed by the caller; its records so far are kept). ``--clear-locks`` removes the lock and
 failure markers a killed run left (only when no other copy is running).
 """
@@ -40,7 +40,8 @@ def read_queue(path: Path) -> list[tuple[str, int, list[str]]]:
         if not parts or parts[0].startswith("#"):
             continue
         if len(parts) < 2 or not parts[1].isdigit():
-            raise SystemExit(f"error: malformed queue line in {path}: {line!r} (want: FOLDER RECORDS OVERRIDES...)")
+            raise SystemExit(f"error: malformed queue line in {path}: {line!r} (want: FOLDER RECORDS "
+                             f"OVERRIDES...)")
         points.append((parts[0], int(parts[1]), parts[2:]))
     return points
 
@@ -89,7 +90,8 @@ def run_point(folder: str, overrides: list[str], root: Path) -> None:
 
 
 def free_cuda_cache() -> None:
-    """Hand the point's cached CUDA blocks back, so that workers sharing a GPU do not hoard each other's peaks."""
+    """Hand the point's cached CUDA blocks back, so that workers sharing a GPU do not hoard each other's
+    peaks."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -102,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=ROOT, help="where the folders go (default: this checkout)")
     ap.add_argument("--until", type=float, default=None, help="take no new point after this Unix time")
     ap.add_argument("--name", default=str(os.getpid()), help="worker name in the log lines")
-    ap.add_argument("--step", type=int, default=None, help="records per call (stop_after); default: whole points")
+    ap.add_argument("--step", type=int, default=None, help="records per call (stop_after); default: whole "
+                                                           "points")
     ap.add_argument("--clear-locks", action="store_true", help="first remove stale locks and failure markers")
     args = ap.parse_args(argv)
     for q in args.queues:
@@ -124,10 +127,12 @@ def main(argv: list[str] | None = None) -> int:
             continue  # another worker took it first
         (args.root / folder).parent.mkdir(parents=True, exist_ok=True)
         t = time.monotonic()
-        print(f"[{args.name} {time.strftime('%H:%M:%S')}] {folder}: {done(args.root, folder)}/{n} done", flush=True)
+        print(f"[{args.name} {time.strftime('%H:%M:%S')}] {folder}: {done(args.root, folder)}/{n} done",
+              flush=True)
         try:
             run_point(folder, [*overrides, *records_override(n, overrides), *args.sets, *step], args.root)
-            print(f"[{args.name}] {folder}: {done(args.root, folder)}/{n} after {time.monotonic() - t:.1f} s", flush=True)
+            print(f"[{args.name}] {folder}: {done(args.root, folder)}/{n} after {time.monotonic() - t:.1f} "
+                  f"s", flush=True)
         except BaseException as e:  # noqa: BLE001 - one failed point must not stop the others
             (locks / f"failed_{key(folder)}").write_text(traceback.format_exc())
             print(f"[{args.name}] failed: {folder}: {type(e).__name__}: {e}", flush=True)

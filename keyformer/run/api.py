@@ -9,8 +9,8 @@ Usage (see docs/usage.md)::
         out = model.generate(**tok("Hello", return_tensors="pt"), max_new_tokens=32, do_sample=False)
 
 ``apply`` gives every ``model.generate`` call inside the block a fresh :class:`~keyformer.core.cache.KVCache`
-(the same one :func:`keyformer.generate` builds: same policy, seed and horizon), unless the call passes its own
-``cache=`` / ``past_key_values=``.
+(the same one :func:`keyformer.generate` builds: same policy, seed and horizon), unless the call passes its
+own ``cache=`` / ``past_key_values=``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def load(name: str = "smollm2", device: str = "auto", dtype: str = "auto", seed:
     """``(model, tokenizer)`` for ``conf/model/<name>.yaml`` (``smollm2``, ``tiny_llama``, ``mpt``...): the HF
     model in eval mode, prepared for the evicting cache (:func:`keyformer.prepare_model`; it behaves as before
     with any ordinary cache). ``device``/``dtype`` as in ``run.py`` (``auto``: cuda when available, bfloat16
-    there, else cpu/float32). A bad name or value raises :class:`~keyformer.run.validate.ConfigError` (one line)."""
+    there, else cpu/float32). A bad name or value raises :class:`~keyformer.run.validate.ConfigError` (one
+    line)."""
     from keyformer.run.loading import load_model, model_config
     from keyformer.run.paths import CONF_DIR
     from keyformer.run.validate import ConfigError, resolve_device, resolve_dtype
@@ -64,7 +65,8 @@ def apply(model: Any, policy: Any, *, seed: int = 0, mode: str = "physical", kv_
             kwargs.pop("past_key_values", None)
             gen_cfg = kwargs.get("generation_config") or model.generation_config
             horizon = kwargs.get("max_new_tokens") or getattr(gen_cfg, "max_new_tokens", None) or 0
-            kwargs["cache"] = make_cache(model, pol, kwargs.get("attention_mask"), max_new_tokens=int(horizon),
+            kwargs["cache"] = make_cache(model, pol, kwargs.get("attention_mask"),
+                                         max_new_tokens=int(horizon),
                                          seed=seed, mode=mode, kv_quant=kv_quant)
         return original(*args, **kwargs)
 

@@ -7,8 +7,8 @@
     ``id, prompt_tokens, truncated_tokens, generated_tokens, prediction, reference, rouge1, rouge2, rougeL,
     rougeLsum, kv_bytes, kv_bytes_full, batch, batch_size, prefill_ms, decode_ms, n_decode_steps``
     (timings are per batch, repeated on each of its samples).
-  * ``metrics.json``: aggregate metrics (see ``keyformer.run.metrics.aggregate``) plus ``model, dataset, policy,
-    budget, recent, policy_params, seed, n_samples, versions, git_commit, sentence_splitter`` and
+  * ``metrics.json``: aggregate metrics (see ``keyformer.run.metrics.aggregate``) plus ``model, dataset,
+    policy, budget, recent, policy_params, seed, n_samples, versions, git_commit, sentence_splitter`` and
     ``complete: true`` once every sample is done.
 
 Resume: a directory whose metrics.json says ``complete`` is skipped; otherwise samples whose ids are
@@ -31,7 +31,8 @@ from typing import Any
 from keyformer.run.validate import UserError
 
 CONFIG, PREDICTIONS, METRICS = "config.yaml", "predictions.jsonl", "metrics.json"
-LOG = "run.log"  # the run's log: what it printed (summary, resume line); Hydra's job log when it is the run folder
+# the run's log: what it printed (summary, resume line); Hydra's job log when it is the run folder
+LOG = "run.log"
 # Keys that may differ between the original run and its resumption.
 VOLATILE_KEYS = frozenset({"output_dir", "logger", "progress", "resume", "stop_after"})
 RESOLVED = "resolved"  # the identity block of config.yaml
@@ -57,7 +58,8 @@ def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     a = _flat({k: v for k, v in old.items() if k not in VOLATILE_KEYS and k != RESOLVED})
     b = _flat({k: v for k, v in new.items() if k not in VOLATILE_KEYS and k != RESOLVED})
     missing = object()
-    return [f"{k}: {_short(a.get(k, missing)) if k in a else '(absent)'} -> {_short(b[k]) if k in b else '(absent)'}"
+    return [f"{k}: {_short(a.get(k, missing)) if k in a else '(absent)'} -> "
+            f"{_short(b[k]) if k in b else '(absent)'}"
             for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
 
 
@@ -206,7 +208,8 @@ def git_commit(repo: str | os.PathLike | None = None) -> str | None:
     """HEAD commit of the project checkout (suffixed ``-dirty`` when there are local changes), or None."""
     cwd = str(repo or Path(__file__).resolve().parents[2])
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
+        head = (subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                               timeout=5))
         if head.returncode != 0:
             return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,

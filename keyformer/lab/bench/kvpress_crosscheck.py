@@ -24,8 +24,8 @@ Sides (JSON each; ``all`` runs them in order and merges), as in :mod:`keyformer.
 * ``merge``: ``table.md``, ``table.txt`` and ``merged.json`` (the sides' files are ``ours.json.gz`` and
   ``kvpress.json.gz``).
 
-    bash scripts/setup_kvpress_venv.sh                                 # once
-    KEYFORMER_DATA_DIR=../shared/data keyformer-crosscheck-kvpress     # = --side all -> results/crosscheck_kvpress/
+    bash scripts/setup_kvpress_venv.sh                              # once
+    KEYFORMER_DATA_DIR=../shared/data keyformer-crosscheck-kvpress  # --side all: results/crosscheck_kvpress/
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ METHODS: list[dict[str, Any]] = [
     {"name": "SnapKV", "press": {"cls": "SnapKVPress", "kw": SNAP}, "policy": "snapkv", "policy_kw": SNAP},
     {"name": "TOVA", "press": {"cls": "TOVAPress", "kw": {}}, "policy": "tova",
      "policy_kw": {"recent": 0.0, "prefill_only": True}},
-    {"name": "PyramidKV", "press": {"cls": "PyramidKVPress", "kw": {**SNAP, "beta": 20}}, "policy": "pyramidkv",
+    {"name": "PyramidKV", "press": {"cls": "PyramidKVPress", "kw": {**SNAP, "beta": 20}},
+     "policy": "pyramidkv",
      "policy_kw": {**SNAP, "beta": 20}},
     {"name": "PyramidKV fallback", "press": {"cls": "PyramidKVPress", "kw": {**SNAP, "beta": 20}},
      "policy": "pyramidkv", "policy_kw": {**SNAP, "beta": 20, "fallback": True}},
@@ -60,11 +61,13 @@ METHODS: list[dict[str, Any]] = [
      "policy": "adakv_snapkv", "policy_kw": {**SNAP, "alpha_safeguard": 0.2}},
 ]
 
-# kvpress presses changed in one respect each (see side_kvpress): the same comparison with ours, to test a cause.
+# kvpress presses changed in one respect each (see side_kvpress): the same comparison with ours, to test a
+# cause.
 DIAGNOSTICS: list[dict[str, Any]] = [
     {"name": "SnapKV [kv: floor count]", "press": {"cls": "SnapKVPress", "kw": SNAP, "exact_count": True},
      "policy": "snapkv", "policy_kw": SNAP},
-    {"name": "TOVA [kv: floor count, per KV head]", "press": {"cls": "TOVAPerKVHead", "kw": {}, "exact_count": True},
+    {"name": "TOVA [kv: floor count, per KV head]",
+     "press": {"cls": "TOVAPerKVHead", "kw": {}, "exact_count": True},
      "policy": "tova", "policy_kw": {"recent": 0.0, "prefill_only": True, "head_reduction": "per_head"}},
 ]
 
@@ -134,13 +137,16 @@ def compare_runs(ours: list[dict[str, Any]], kv: list[dict[str, Any]], ours_full
     mean = statistics.fmean
     return {
         "jaccard": mean(jac), "jaccard_min": min(jac), "identical": mean(float(s) for s in same),
-        "kept_ours": mean(n_ours), "kept_kvpress": mean(n_kv), "count_differs": mean(float(c) for c in count_diff),
+        "kept_ours": mean(n_ours), "kept_kvpress": mean(n_kv),
+            "count_differs": mean(float(c) for c in count_diff),
         "layer_jaccard": [mean(v) for v in layer_jac],
-        "cross": agree(ours, kv), "ours_vs_full": agree(ours, ours_full), "kvpress_vs_full": agree(kv, kv_full),
+        "cross": agree(ours, kv), "ours_vs_full": agree(ours, ours_full),
+            "kvpress_vs_full": agree(kv, kv_full),
     }
 
 
-COLUMNS = [("method", "{}"), ("budget", "{:g}"), ("ratio", "{:g}"), ("Jaccard", "{:.3f}"), ("min J", "{:.3f}"),
+COLUMNS = [("method", "{}"), ("budget", "{:g}"), ("ratio", "{:g}"), ("Jaccard", "{:.3f}"),
+           ("min J", "{:.3f}"),
            ("ident.", "{:.3f}"), ("kept ours", "{:.1f}"), ("kept kv", "{:.1f}"), ("cnt diff", "{:.3f}"),
            ("out =", "{:.2f}"), ("prefix", "{:.1f}"), ("ours=full", "{:.2f}"), ("ours pfx", "{:.1f}"),
            ("kv=full", "{:.2f}"), ("kv pfx", "{:.1f}")]
@@ -152,7 +158,8 @@ def table_cells(row: dict[str, Any]) -> list[str]:
         return [row["method"], f"{row['budget']:g}", f"{1 - row['budget']:g}", f"skipped: {row['skipped']}"]
     m = row["metrics"]
     vals = [row["method"], row["budget"], round(1 - row["budget"], 6), m["jaccard"], m["jaccard_min"],
-            m["identical"], m["kept_ours"], m["kept_kvpress"], m["count_differs"], m["cross"][0], m["cross"][1],
+            m["identical"], m["kept_ours"], m["kept_kvpress"], m["count_differs"], m["cross"][0],
+            m["cross"][1],
             m["ours_vs_full"][0], m["ours_vs_full"][1], m["kvpress_vs_full"][0], m["kvpress_vs_full"][1]]
     return [fmt.format(v) for (_, fmt), v in zip(COLUMNS, vals, strict=True)]
 
@@ -167,7 +174,8 @@ def format_tables(rows: list[dict[str, Any]], notes: list[str]) -> tuple[str, st
     widths = [max(len(x) for x in col) for col in zip(head, *full, strict=True)]
 
     def line(c: list[str]) -> str:
-        return " ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(c, widths, strict=False)))
+        return (" ".join(x.ljust(w) if i == 0 else x.rjust(w) for i,
+                         (x, w) in enumerate(zip(c, widths, strict=False))))
 
     txt = [*notes, "", line(head), "-" * (sum(widths) + len(widths) - 1)]
     txt += [line(c) if len(c) == len(head) else line(c[:3]) + "  " + c[3] for c in cells]
@@ -209,7 +217,8 @@ def _variant_presses() -> dict[str, Any]:
     from kvpress.utils import get_prerope_query_states
     from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
-    def window_attention_all_keys(module, hidden_states, keys, w, position_embeddings):  # type: ignore[no-untyped-def]
+    def window_attention_all_keys(module, hidden_states, keys, w,  # type: ignore[no-untyped-def]
+                                  position_embeddings):
         """SnapKVPress.compute_window_attention without dropping the window's own keys: [B, Hq, w, n]."""
         n = keys.shape[2]
         q = get_prerope_query_states(module, hidden_states[:, -w:])
@@ -221,26 +230,31 @@ def _variant_presses() -> dict[str, Any]:
         return torch.softmax(a, dim=-1, dtype=torch.float32)
 
     def pooled_all_keys(press, module, hidden_states, keys, kwargs):  # type: ignore[no-untyped-def]
-        """SnapKV's score with the window attention pooled over ALL prompt keys before the window is cut off."""
+        """SnapKV's score with the window attention pooled over ALL prompt keys before the window is cut
+        off."""
         bsz, hkv, n, _ = keys.shape
         w, g = press.window_size, module.config.num_attention_heads // hkv
         a = window_attention_all_keys(module, hidden_states, keys, w, kwargs["position_embeddings"])
-        s = F.avg_pool1d(a.mean(dim=-2), kernel_size=press.kernel_size, padding=press.kernel_size // 2, stride=1)
+        s = (F.avg_pool1d(a.mean(dim=-2), kernel_size=press.kernel_size, padding=press.kernel_size // 2,
+                          stride=1))
         s = s.view(bsz, hkv, g, n).mean(2)[..., : n - w]
         return F.pad(s, (0, w), value=s.max().item() + 1)
 
     class SnapKVPoolAll(SnapKVPress):
         """SnapKV whose window attention is pooled over ALL prompt keys (window included) before the window is
-        cut off (ours), instead of pooling the pre-window keys alone with zero padding (kvpress, the authors)."""
+        cut off (ours), instead of pooling the pre-window keys alone with zero padding (kvpress, the
+        authors)."""
 
-        def score(self, module, hidden_states, keys, values, attentions, kwargs):  # type: ignore[no-untyped-def]
+        def score(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                  kwargs):
             return pooled_all_keys(self, module, hidden_states, keys, kwargs)
 
     class PyramidKVAligned(PyramidKVPress):
         """PyramidKV pooled as SnapKVPoolAll, with the layer budgets computed from ``k = floor(n * budget)``
         (ours) instead of the unrounded ``n * (1 - ratio)`` (and ``round()`` in the fallback)."""
 
-        def score(self, module, hidden_states, keys, values, attentions, kwargs):  # type: ignore[no-untyped-def]
+        def score(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                  kwargs):
             return pooled_all_keys(self, module, hidden_states, keys, kwargs)
 
         def get_layer_budget(self, module, q_len):  # type: ignore[no-untyped-def]
@@ -253,21 +267,25 @@ def _variant_presses() -> dict[str, Any]:
                 self.compression_ratio = saved
 
     class TOVAPerKVHead(TOVAPress):
-        """TOVA scored per KV head (last query's attention summed over the group's query heads; ours), instead of
-        one set per layer from the mean over all heads (kvpress, the TOVA paper)."""
+        """TOVA scored per KV head (last query's attention summed over the group's query heads; ours),
+        instead of one set per layer from the mean over all heads (kvpress, the TOVA paper)."""
 
-        def score(self, module, hidden_states, keys, values, attentions, kwargs):  # type: ignore[no-untyped-def]
+        def score(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                  kwargs):
             bsz, hkv, n, _ = keys.shape
-            a = SnapKVPress.compute_window_attention(module, hidden_states, keys, 1, kwargs["position_embeddings"])
+            a = (SnapKVPress.compute_window_attention(module, hidden_states, keys, 1,
+                                                      kwargs["position_embeddings"]))
             s = a[:, :, 0].reshape(bsz, hkv, -1, n - 1).sum(2)
             return F.pad(s, (0, 1), value=s.max().item() + 1)
 
-    return {"SnapKVPoolAll": SnapKVPoolAll, "TOVAPerKVHead": TOVAPerKVHead, "PyramidKVAligned": PyramidKVAligned}
+    return {"SnapKVPoolAll": SnapKVPoolAll, "TOVAPerKVHead": TOVAPerKVHead,
+            "PyramidKVAligned": PyramidKVAligned}
 
 
 def _build_press(spec: dict[str, Any], budget: float, registry: dict[str, Any]) -> Any:
     """A press from a spec; ``exact_count`` nudges the ratio so ``int(n * (1 - ratio)) == floor(n * budget)``
-    (kvpress computes ``1 - (1 - budget)``, which is below ``budget`` for 0.2 and truncates one token lower)."""
+    (kvpress computes ``1 - (1 - budget)``, which is below ``budget`` for 0.2 and truncates one token
+    lower)."""
     import kvpress
 
     cls = registry.get(spec["cls"]) or getattr(kvpress, spec["cls"])
@@ -278,7 +296,8 @@ def _build_press(spec: dict[str, Any], budget: float, registry: dict[str, Any]) 
 
 
 def _record_kept(press: Any, kept: dict[int, list[list[int]]]) -> None:
-    """Wrap ``press.compress`` so that ``kept[layer]`` gets the kept prompt positions per KV head (batch 1)."""
+    """Wrap ``press.compress`` so that ``kept[layer]`` gets the kept prompt positions per KV head (batch
+    1)."""
     orig = press.compress
 
     def compress(module, hidden_states, keys, values, attentions, kwargs):  # type: ignore[no-untyped-def]
@@ -290,7 +309,8 @@ def _record_kept(press: Any, kept: dict[int, list[list[int]]]) -> None:
             if k_out.shape[2] != n:  # physically cut: find each surviving key among the inputs
                 eq = (k_out[0, h].unsqueeze(1) == keys[0, h].unsqueeze(0)).all(-1)  # [kept, n]
                 if not bool((eq.sum(1) == 1).all()):
-                    raise RuntimeError(f"layer {module.layer_idx} head {h}: a kept key matches no or several inputs")
+                    raise RuntimeError(f"layer {module.layer_idx} head {h}: a kept key matches no or several "
+                                       f"inputs")
                 rows.append(sorted(eq.float().argmax(1).tolist()))
             elif masked is not None:  # AdaKV: masked, not cut
                 b_idx, h_idx, s_idx = masked
@@ -314,13 +334,15 @@ def side_kvpress(args: argparse.Namespace) -> None:
     transformers.utils.logging.disable_progress_bar()
     spec = load_json(Path(args.prompts))
     n_new = int(spec["new_tokens"])
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model = (AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32,
+                                                  attn_implementation="sdpa").eval())
     registry = _variant_presses()
 
     def run(press: Any, ids: list[int]) -> dict[str, Any]:
         x = torch.tensor([ids])
         kept: dict[int, list[list[int]]] = {}
-        kw = dict(input_ids=x, attention_mask=torch.ones_like(x), past_key_values=DynamicCache(), max_new_tokens=n_new,
+        kw = dict(input_ids=x, attention_mask=torch.ones_like(x), past_key_values=DynamicCache(),
+                  max_new_tokens=n_new,
                   min_new_tokens=n_new, do_sample=False, pad_token_id=model.generation_config.eos_token_id)
         with torch.inference_mode():
             if press is None:
@@ -348,7 +370,8 @@ def side_kvpress(args: argparse.Namespace) -> None:
                              for p in spec["prompts"]]
                 print(f"[kvpress] {m['name']}@{b:g} done", flush=True)
             methods.append({"name": m["name"], "budget": b, "press": m["press"], "runs": done[key]})
-    meta = {"kvpress": version("kvpress"), "transformers": transformers.__version__, "torch": torch.__version__,
+    meta = {"kvpress": version("kvpress"), "transformers": transformers.__version__,
+            "torch": torch.__version__,
             "threads": torch.get_num_threads(), "attn_implementation": "sdpa"}
     dump_json(Path(args.out), {"side": "kvpress", "meta": meta, "full": full, "methods": methods})
 
@@ -364,7 +387,8 @@ def _git_state() -> dict[str, Any]:
         except (OSError, subprocess.CalledProcessError):
             return ""
 
-    paths = ["keyformer/core/cache.py", "keyformer/core/attention.py", "keyformer/core/generate.py", "keyformer/core/models.py",
+    paths = ["keyformer/core/cache.py", "keyformer/core/attention.py", "keyformer/core/generate.py",
+             "keyformer/core/models.py",
              "keyformer/policies"]  # what decides the kept sets and tokens
     return {"commit": git("rev-parse", "HEAD"), "dirty": git("status", "--porcelain", *paths).splitlines()}
 
@@ -389,7 +413,8 @@ def side_ours(args: argparse.Namespace) -> None:
         o = generate(model, x, torch.ones_like(x), policy, max_new_tokens=n_new, min_new_tokens=n_new)
         r: dict[str, Any] = {"id": None, "n": len(ids), "tokens": o.sequences[0].tolist()}
         if policy.evicts:
-            r["kept"] = [[encode_kept(p for p in heads if p < len(ids)) for heads in o.cache.kept_positions(li)[0]]
+            r["kept"] = [[encode_kept(p for p in heads if p < len(ids))
+                          for heads in o.cache.kept_positions(li)[0]]
                          for li in range(len(o.cache.layers))]
         return r
 
@@ -401,7 +426,8 @@ def side_ours(args: argparse.Namespace) -> None:
     done: dict[str, list[dict[str, Any]]] = {}
     for m in method_specs(args):
         for b in spec["budgets"]:
-            entry: dict[str, Any] = {"name": m["name"], "budget": b, "policy": m["policy"], "policy_kw": m["policy_kw"]}
+            entry: dict[str, Any] = {"name": m["name"], "budget": b, "policy": m["policy"],
+                                     "policy_kw": m["policy_kw"]}
             if m["policy"] not in POLICIES:
                 entry["skipped"] = f"policy {m['policy']!r} not registered"
             else:
@@ -416,7 +442,8 @@ def side_ours(args: argparse.Namespace) -> None:
                     entry["runs"] = done[key]
             methods.append(entry)
             print(f"[ours] {m['name']}@{b:g} {entry.get('skipped', 'done')}", flush=True)
-    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "threads": torch.get_num_threads(),
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
             "git": _git_state()}
     dump_json(Path(args.out), {"side": "ours", "meta": meta, "full": full, "methods": methods})
 
@@ -426,7 +453,8 @@ def side_ours(args: argparse.Namespace) -> None:
 
 
 def merge(out_dir: Path) -> tuple[list[dict[str, Any]], str, str]:
-    """Merged rows and the (Markdown, text) tables of ``prompts.json``, ``ours.json.gz`` and ``kvpress.json.gz``."""
+    """Merged rows and the (Markdown, text) tables of ``prompts.json``, ``ours.json.gz`` and
+    ``kvpress.json.gz``."""
     spec = load_json(out_dir / "prompts.json")
     ours, kv = load_json(out_dir / "ours.json.gz"), load_json(out_dir / "kvpress.json.gz")
     kv_by = {(m["name"], m["budget"]): m for m in kv["methods"]}
@@ -442,18 +470,26 @@ def merge(out_dir: Path) -> tuple[list[dict[str, Any]], str, str]:
     lens = [len(p["input_ids"]) for p in spec["prompts"]]
     full_cross = [agreement(a["tokens"], b["tokens"]) for a, b in zip(ours["full"], kv["full"], strict=True)]
     notes = [
-        f"kvpress cross-check: SmolLM2-135M-Instruct fp32, {len(lens)} CNN/DailyMail prompts ({min(lens)}-{max(lens)} "
-        f"tokens, chat template), {spec['new_tokens']} greedy tokens, batch 1; kvpress compression_ratio = 1 - budget.",
+        f"kvpress cross-check: SmolLM2-135M-Instruct fp32, {len(lens)} CNN/DailyMail prompts "
+        f"({min(lens)}-{max(lens)} "
+        f"tokens, chat template), {spec['new_tokens']} greedy tokens, batch 1; kvpress compression_ratio = 1 "
+        f"- budget.",
         f"kvpress {kv['meta']['kvpress']} (transformers {kv['meta']['transformers']}, sdpa); ours at git "
-        f"{ours['meta']['git']['commit'][:7]}{' + uncommitted: ' + ', '.join(ours['meta']['git']['dirty']) if ours['meta']['git']['dirty'] else ''} "
-        f"(transformers {ours['meta']['transformers']}); torch {ours['meta']['torch']}, {ours['meta']['threads']} thread(s).",
-        "Jaccard / min J: mean / min Jaccard of the kept prompt positions over (prompt, layer, KV head); ident.: share "
+        f"{ours['meta']['git']['commit'][:7]}"
+        f"{' + uncommitted: ' + ', '.join(ours['meta']['git']['dirty']) if ours['meta']['git']['dirty'] else ''} "
+        f"(transformers {ours['meta']['transformers']}); torch {ours['meta']['torch']}, "
+        f"{ours['meta']['threads']} thread(s).",
+        "Jaccard / min J: mean / min Jaccard of the kept prompt positions over (prompt, layer, KV head); "
+        "ident.: share "
         "of identical sets; kept ours / kv: mean set size; cnt diff: share of sets whose sizes differ.",
-        "out =: share of prompts whose greedy tokens are identical between the sides; prefix: mean common prefix "
+        "out =: share of prompts whose greedy tokens are identical between the sides; prefix: mean common "
+        "prefix "
         "(tokens); ours=full / kv=full and pfx: the same against that side's own full cache.",
-        f"Full caches, ours vs kvpress: identical on {sum(e for e, _ in full_cross)}/{len(full_cross)} prompts, "
+        f"Full caches, ours vs kvpress: identical on {sum(e for e, _ in full_cross)}/{len(full_cross)} "
+        f"prompts, "
         f"mean common prefix {statistics.fmean(p for _, p in full_cross):.1f} tokens.",
-        "Rows named [kv: ...] are diagnostics: the kvpress press changed in the named respect (results/README.md explains them).",
+        "Rows named [kv: ...] are diagnostics: the kvpress press changed in the named respect "
+        "(results/README.md explains them).",
     ]
     md, txt = format_tables(rows, notes)
     return rows, md, txt
@@ -472,7 +508,8 @@ def side_merge(args: argparse.Namespace) -> None:
 
 
 def side_all(args: argparse.Namespace) -> None:
-    run_sides(args, "keyformer.lab.bench.kvpress_crosscheck", "keyformer-crosscheck-kvpress", side_merge, ext="json.gz",
+    run_sides(args, "keyformer.lab.bench.kvpress_crosscheck", "keyformer-crosscheck-kvpress", side_merge,
+              ext="json.gz",
               extra=[] if args.diagnostics else ["--no-diagnostics"])
 
 
@@ -486,12 +523,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.5, 0.2])
-    ap.add_argument("--min-tokens", type=int, default=400, help="shortest prompt (SnapKV's 64-token window fits 0.2)")
+    ap.add_argument("--min-tokens", type=int, default=400, help="shortest prompt (SnapKV's 64-token window "
+                                                                "fits 0.2)")
     ap.add_argument("--max-tokens", type=int, default=512)
-    ap.add_argument("--no-diagnostics", dest="diagnostics", action="store_false", help="skip the DIAGNOSTICS rows")
+    ap.add_argument("--no-diagnostics", dest="diagnostics", action="store_false", help="skip the DIAGNOSTICS "
+                                                                                       "rows")
     ap.add_argument("--only", nargs="+", help="run only these method names (sides ours/kvpress)")
     ap.add_argument("--prompts", help="prompts.json (sides ours/kvpress)")
-    ap.add_argument("--out", help="output JSON (sides prompts/ours/kvpress; gzip-compressed if it ends in .gz)")
+    ap.add_argument("--out", help="output JSON (sides prompts/ours/kvpress; gzip-compressed if it ends in "
+                                  ".gz)")
     ap.add_argument("--out-dir", default=str(DEFAULT_OUT), help="folder of all/merge")
     args = ap.parse_args(argv)
     {"all": side_all, "prompts": side_prompts, "kvpress": side_kvpress, "ours": side_ours,

@@ -25,7 +25,8 @@ from keyformer.run.data.sample import generate_sample
 from keyformer.run.validate import ConfigError, UserError
 
 DATA_DIR_ENV = "KEYFORMER_DATA_DIR"
-GENERATED = ("sample", "needle", "ruler")  # made in keyformer/run/data/ (ruler: essay tasks read a local file)
+# made in keyformer/run/data/ (ruler: essay tasks read a local file)
+GENERATED = ("sample", "needle", "ruler")
 
 
 class DataError(UserError, ValueError):
@@ -33,7 +34,8 @@ class DataError(UserError, ValueError):
 
 
 def local_path(ds: Mapping[str, Any]) -> Path | None:
-    """Local JSONL path for a dataset config: ``dataset.path`` or ``$KEYFORMER_DATA_DIR/<file>``, else None."""
+    """Local JSONL path for a dataset config: ``dataset.path`` or ``$KEYFORMER_DATA_DIR/<file>``, else
+    None."""
     if ds.get("path"):
         return Path(os.path.expanduser(str(ds["path"])))
     root = os.environ.get(DATA_DIR_ENV)
@@ -53,18 +55,22 @@ def check_source(ds: Mapping[str, Any]) -> None:
     path = local_path(ds)
     if path is not None:
         if path.is_dir():
-            raise DataError(f"dataset '{ds.get('name')}': {path} is a directory; dataset.path must name a JSONL "
+            raise DataError(f"dataset '{ds.get('name')}': {path} is a directory; dataset.path must name a "
+                            f"JSONL "
                             f"file (e.g. {path / str(ds.get('file') or 'data.jsonl')})")
         if not path.is_file():
             how = "dataset.path" if ds.get("path") else f"{DATA_DIR_ENV} (= {os.environ.get(DATA_DIR_ENV)})"
-            raise DataError(f"dataset '{ds.get('name')}': local file {path} does not exist; it is set by {how}")
+            raise DataError(f"dataset '{ds.get('name')}': local file {path} does not exist; it is set by "
+                            f"{how}")
         return
     if not (ds.get("hub") or {}).get("path"):
-        raise DataError(f"dataset '{ds.get('name')}' has only a local source: set {DATA_DIR_ENV} to a folder holding "
+        raise DataError(f"dataset '{ds.get('name')}' has only a local source: set {DATA_DIR_ENV} to a folder "
+                        f"holding "
                         f"{ds.get('file')} or set dataset.path=/path/to/{ds.get('file')}")
     if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
         raise DataError(
-            f"dataset '{ds.get('name')}': no local file and the hub is offline; set {DATA_DIR_ENV} to a folder "
+            f"dataset '{ds.get('name')}': no local file and the hub is offline; set {DATA_DIR_ENV} to a "
+            f"folder "
             f"holding {ds.get('file')} or set dataset.path=/path/to/{ds.get('file')}"
         )
 
@@ -77,7 +83,8 @@ def _check_ruler_source(ds: Mapping[str, Any]) -> None:
         return
     path = essay_path(str(ds.get("essay_file") or "cnn_dailymail.jsonl"), ds.get("essay_path"))
     if path is None or not path.is_file():
-        raise DataError(f"dataset 'ruler': task {ds.get('ruler_task')} needs the essay haystack, local file {path} "
+        raise DataError(f"dataset 'ruler': task {ds.get('ruler_task')} needs the essay haystack, local file "
+                        f"{path} "
                         f"not found; set {DATA_DIR_ENV} to a folder holding {ds.get('essay_file')} or set "
                         "dataset.essay_path=/path/to/file.jsonl")
 
@@ -142,12 +149,14 @@ def _turns(dialogue: Any, speakers: Any) -> tuple[list[str], list[str]]:
 
 
 def _conversation(raw: Mapping[str, Any], fields: Mapping[str, str], context_turns: int) -> dict:
-    turns, spk = _turns(raw.get(fields.get("dialogue", "dialogue")), raw.get(fields.get("speakers", "speakers")))
+    turns, spk = _turns(raw.get(fields.get("dialogue", "dialogue")),
+                        raw.get(fields.get("speakers", "speakers")))
     unique = list(dict.fromkeys(s for s in spk if s)) or ["Person A", "Person B"]
     if len(unique) < 2:
         unique.append("Person B")
     k = max(1, min(context_turns, len(turns) - 1))
-    narrative = _text(raw.get(fields.get("narrative", "narrative")) or raw.get(fields.get("reference", "summary")))
+    narrative = (_text(raw.get(fields.get("narrative", "narrative"))
+                       or raw.get(fields.get("reference", "summary"))))
     return {
         "document": narrative,
         "narrative": narrative,
@@ -200,12 +209,14 @@ def load_records(ds: Mapping[str, Any], n: int | None = None, seed: int = 0) -> 
     """Load, normalise and select records for the dataset config ``ds`` (the Hydra ``dataset`` node)."""
     if ds["name"] == "sample":
         count = max(n or 0, int(ds.get("n_records", 16)))
-        rows = generate_sample(count, seed=int(ds.get("seed", 0)), n_paragraphs=int(ds.get("n_paragraphs", 8)))
+        rows = (generate_sample(count, seed=int(ds.get("seed", 0)),
+                                n_paragraphs=int(ds.get("n_paragraphs", 8))))
         return _select(rows, n, str(ds.get("selection", "first")), seed)
     if ds["name"] == "ruler":
         return _select(load_ruler(ds, n), n, str(ds.get("selection", "first")), seed)
     if ds["name"] == "needle":
-        rows = generate_needle(list(ds["lengths"]), list(ds["depths"]), int(ds["n_values"]), int(ds.get("seed", 0)))
+        rows = (generate_needle(list(ds["lengths"]), list(ds["depths"]), int(ds["n_values"]),
+                                int(ds.get("seed", 0))))
         return _select(rows, n, str(ds.get("selection", "first")), seed)
     check_source(ds)
     path = local_path(ds)
@@ -217,7 +228,8 @@ def load_records(ds: Mapping[str, Any], n: int | None = None, seed: int = 0) -> 
             raise DataError(f"dataset '{ds['name']}' has no hub source; set {DATA_DIR_ENV} or dataset.path")
         raw, fields = _read_hub(hub), hub.get("fields") or ds.get("fields") or {}
     if not raw:
-        raise DataError(f"dataset '{ds['name']}': {path or hub.get('path')} holds no records (empty, or blank "
+        raise DataError(f"dataset '{ds['name']}': {path or hub.get('path')} holds no records (empty, or "
+                        f"blank "
                         "lines only)")
     rows = _select(list(enumerate(raw)), n, str(ds.get("selection", "first")), seed)
     return [_to_record(r, i, ds, fields) for i, r in rows]
@@ -227,7 +239,8 @@ def check_count(ds: Mapping[str, Any], records: list, n_samples: Any) -> None:
     """DataError when the dataset has fewer records than ``n_samples`` (an int); ``n_samples=all`` takes
     what there is (metrics.json's ``n_samples`` then counts them)."""
     if isinstance(n_samples, int) and len(records) < n_samples:
-        raise DataError(f"dataset '{ds['name']}' has {len(records)} records but n_samples={n_samples}; run the "
+        raise DataError(f"dataset '{ds['name']}' has {len(records)} records but n_samples={n_samples}; run "
+                        f"the "
                         f"{len(records)} with n_samples=all (or n_samples={len(records)})")
 
 
@@ -245,19 +258,22 @@ def check_options(ds: Mapping[str, Any]) -> None:
                           f"allowed: {', '.join(TRUNCATIONS)} (which part of a too-long document is cut)")
     metrics = ds.get("metrics", [])
     if not isinstance(metrics, list | tuple):
-        raise ConfigError("dataset.metrics", metrics, f"must be a list of metric names from: {', '.join(METRICS)}")
+        raise ConfigError("dataset.metrics", metrics, f"must be a list of metric names from: "
+                                                      f"{', '.join(METRICS)}")
     for m in metrics:
         if m not in METRICS:
             raise ConfigError("dataset.metrics", m, f"unknown metric; allowed: {', '.join(METRICS)}")
     if "accuracy" in metrics and ds.get("name") not in GENERATED:
         raise ConfigError("dataset.metrics", "accuracy",
-                          f"needs records with an answer word (the generated datasets: {', '.join(GENERATED)}); "
+                          f"needs records with an answer word (the generated datasets: "
+                          f"{', '.join(GENERATED)}); "
                           "for QA datasets use token_f1 or exact_match")
     if ds.get("name") == "ruler":
         from keyformer.run.data.ruler import TASKS as RULER_TASKS
 
         if ds.get("ruler_task") not in RULER_TASKS:
-            raise ConfigError("dataset.ruler_task", ds.get("ruler_task"), f"allowed: {', '.join(RULER_TASKS)}")
+            raise ConfigError("dataset.ruler_task", ds.get("ruler_task"), f"allowed: "
+                                                                          f"{', '.join(RULER_TASKS)}")
         for key, low in (("length", 256), ("n", 1)):
             v = ds.get(key)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
