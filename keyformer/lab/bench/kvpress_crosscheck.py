@@ -476,7 +476,7 @@ def merge(out_dir: Path) -> tuple[list[dict[str, Any]], str, str]:
         f"- budget.",
         f"kvpress {kv['meta']['kvpress']} (transformers {kv['meta']['transformers']}, sdpa); ours at git "
         f"{ours['meta']['git']['commit'][:7]}"
-        f"{' + uncommitted: ' + ', '.join(ours['meta']['git']['dirty']) if ours['meta']['git']['dirty'] else ''}"
+        f"{' + uncommitted: ' + ', '.join(dirty) if (dirty := ours['meta']['git']['dirty']) else ''}"
         " "
         f"(transformers {ours['meta']['transformers']}); torch {ours['meta']['torch']}, "
         f"{ours['meta']['threads']} thread(s).",
