@@ -43,6 +43,7 @@ from keyformer.lab.bench.kvpress_compare import default_model_dir, run_sides, si
 
 DEFAULT_OUT = Path("results") / "crosscheck_kvpress"
 SNAP = {"window_size": 64, "kernel_size": 5}
+EA = {"n_future_positions": 512, "n_sink": 4, "use_covariance": True, "use_vnorm": True, "epsilon": 0.0}
 
 # name, kvpress press spec ({"cls", "kw", optional "inner"}), our policy name and options.
 METHODS: list[dict[str, Any]] = [
@@ -59,6 +60,11 @@ METHODS: list[dict[str, Any]] = [
     {"name": "AdaKV-SnapKV", "press": {"cls": "AdaKVPress", "kw": {"alpha_safeguard": 0.2},
                                        "inner": {"cls": "SnapKVPress", "kw": SNAP}},
      "policy": "adakv_snapkv", "policy_kw": {**SNAP, "alpha_safeguard": 0.2}},
+    # the field's newer methods (docs/policies_2025.md); kvpress's defaults, no recent window on either side
+    {"name": "KeyDiff", "press": {"cls": "KeyDiffPress", "kw": {}}, "policy": "keydiff",
+     "policy_kw": {"recent": 0.0, "prefill_only": True}},
+    {"name": "ExpectedAttention", "press": {"cls": "ExpectedAttentionPress", "kw": EA},
+     "policy": "expected_attention", "policy_kw": {**EA, "recent": 0.0, "prefill_only": True}},
 ]
 
 # kvpress presses changed in one respect each (see side_kvpress): the same comparison with ours, to test a
