@@ -23,9 +23,11 @@ def _ids(b: int = 2, n: int = N, seed: int = 0) -> torch.Tensor:
 
 
 def _prefill(model, ids, mask, pol, steps, seed=0):
+    """The prompt forward as generate() runs it: real positions from the mask (pads at 1)."""
     cache = make_cache(model, pol, mask, max_new_tokens=steps + 1, seed=seed)
+    pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
     with torch.inference_mode():
-        out = model(input_ids=ids, attention_mask=mask, cache=cache, logits_to_keep=1)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, logits_to_keep=1)
     return cache, out.logits[:, -1].argmax(-1, keepdim=True)
 
 
@@ -46,9 +48,12 @@ def test_capture_reasons(model):
     assert "CUDA" in graphs.capture_reason(_prefill(model, ids, mask, make_policy("h2o", budget=0.5), 4)[0])
 
 
-@pytest.mark.parametrize("name", ["window", "h2o", "keyformer"])
-def test_eager_step_equals_generate(model, name):
-    """The step the graph records (explicit real positions) is generate()'s greedy step, padded batch too."""
+@pytest.mark.parametrize("arch,name", [("llama", "window"), ("llama", "h2o"), ("llama", "keyformer"),
+                                       ("gemma3_text", "keyformer")])
+def test_eager_step_equals_generate(model, arch, name):
+    """The step the graph records (explicit real positions) is generate()'s greedy step, padded batch too;
+    Gemma 3 has sliding-window layers."""
+    model = model if arch == "llama" else tiny_model(arch, seed=0)
     ids = _ids(seed=1)
     mask = torch.ones_like(ids)
     mask[1, :6] = 0
@@ -85,13 +90,18 @@ def test_device_tau_matches_the_float_schedule(model):
         torch.testing.assert_close(a.layers[li].score, b.layers[li].score, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["window", "streaming", "h2o", "keyformer", "tova"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_captured_step_equals_eager(device, name, dtype):
-    """On a GPU: the replayed graph gives the eager step's tokens, kept sets and scores (CPU: skipped)."""
+CAPTURED = ([("llama", n, d) for n in ("window", "streaming", "h2o", "keyformer", "tova")
+             for d in (torch.float32, torch.bfloat16)]
+            + [("gemma3_text", n, torch.float32) for n in ("h2o", "keyformer")])
+
+
+@pytest.mark.parametrize("arch,name,dtype", CAPTURED)
+def test_captured_step_equals_eager(device, arch, name, dtype):
+    """On a GPU: the replayed graph gives the eager step's tokens, kept sets and scores (CPU: skipped).
+    Gemma 3 adds sliding-window layers."""
     if device.type != "cuda":
         pytest.skip("CUDA graphs need a CUDA device (KEYFORMER_TEST_DEVICE=cuda)")
-    model = tiny_model("llama", seed=0).to(device=device, dtype=dtype)
+    model = tiny_model(arch, seed=0).to(device=device, dtype=dtype)
     ids = _ids(seed=4).to(device)
     mask = torch.ones_like(ids)
     mask[1, :5] = 0

@@ -154,7 +154,8 @@ class DecodeGraph:
 
 def greedy_decode(model: Any, cache: KVCache, tok: torch.Tensor, steps: int, capture: bool = True
                   ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """``steps`` greedy decode steps after the first token ``tok`` [B, 1] (the prompt forward already ran).
+    """``steps`` greedy decode steps after the first token ``tok`` [B, 1] (the prompt forward already ran;
+    with left pads, give it generate()'s positions, ``mask.cumsum(-1) - 1``: the steps use real positions).
     With ``capture``, eager steps run until the step is capturable, one more (warm-up), then the rest replay
     a CUDA graph. Returns the tokens [B, steps] and {"captured_steps", "eager_steps", "reason"}."""
     toks: list[torch.Tensor] = []
