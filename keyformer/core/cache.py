@@ -378,7 +378,7 @@ class EvictingLayer(CacheLayerMixin):
         h = torch.arange(dest.shape[1], device=self.device).view(1, -1)
         for name in (*self.slots, "pos", "score"):
             t = getattr(self, name)
-            t[b, h, dest] = t[:, :, L]
+            t[b, h, dest] = t[:, :, L].clone()  # dest may be L itself (a sample still growing)
         self.pos[:, :, L] = torch.where(dest == L, self.pos[:, :, L], -1)
         self.count = self.count + (~over[:, 0]).long()
         self.length = int(self.count.max())
