@@ -81,6 +81,7 @@ def test_quick_run_writes_only_its_out_folder(tmp_path, monkeypatch):
                     "bound_gain", "e2e_gain", "e2e_model_gain", "floor_step_ms"):
             assert r[key] is not None, key
         assert r["decode_gain"] == pytest.approx(r["batch_gain"] * r["seq_gain"])
+        assert r["batch_capped"] is False  # --quick's max batch (8) is above every fit
     assert rows[("h2o", 16)]["agreement"]["rows"] == 2
     text = (out / "long.txt").read_text()
     assert "h2o@16" in text and "model" in text

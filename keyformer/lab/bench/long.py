@@ -336,6 +336,7 @@ def summarize(s: Setting, runs: dict, batch: dict, probes: dict, floors: dict[in
         stats[c] = {"e2e": e2e, "dec": dec, "step_ms": median(step_ms), "model_ms": model_ms}
         row = {"setting": s.label, "prompt_len": s.prompt_len, "new_tokens": n, "policy": c[0],
                "budget": c[1], "batch": B, "batch_probes": probes[c], "e2e_tok_s": spread(e2e),
+               "batch_capped": B not in [b - 1 for b, _ in probes[c]],  # B + 1 never probed: --max-batch
                "decode_tok_s": spread(dec), "step_ms": median(step_ms),
                "prefill_s": median([r["prefill_s"] for r in rs]),
                "peak_rss_delta_mb": max(r["peak_rss_delta_mb"] for r in rs),
@@ -419,7 +420,8 @@ def format_table(report: dict[str, Any]) -> str:
              "tok/s: median [q1, q3] of rounds; gain = batch x seq (decode tok/s vs full at its own largest "
              "batch); model = the bytes model's gain, share = gain / model; bound = max(bytes model, "
              "measured compute floor); floor% = floor ms / measured ms; e2e = end-to-end gain, e2e-m = "
-             "its model (measured prefill + bytes-model decode); agree = token agreement with full",
+             "its model (measured prefill + bytes-model decode); agree = token agreement with full; "
+             "* = batch capped by --max-batch (more might fit)",
              f"{'setting':<10} {'config':<16} {'B':>3} {'e2e tok/s':>22} {'dec tok/s':>8} {'batch':>6} "
              f"{'seq':>6} "
              f"{'gain':>6} {'model':>6} {'share':>6} {'bound':>6} {'share':>6} {'floor%':>6} {'e2e':>6} "
@@ -427,6 +429,7 @@ def format_table(report: dict[str, Any]) -> str:
     for r in report["rows"]:
         e = r["e2e_tok_s"]
         cfg = r["policy"] + ("@" + budget_label(r["budget"]) if r["budget"] is not None else "")
+        cfg += "*" if r.get("batch_capped") else ""
         ag = r.get("agreement", {}).get("match")
         fs = r.get("floor_share")
         lines.append(
