@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
@@ -604,7 +605,7 @@ def test_kvpress_kept_sets_live():
     ``int(n * (1 - ratio))`` count), its set is ours less one token (Ada-KV: each layer holds one token fewer
     per head, shared out anew); PyramidKV's budgets differ from kvpress's (being explained), so its sets are
     compared with ours only. The ``[kv: floor count]`` diagnostics (kvpress with our count) must be
-    identical."""
+    identical. The first 2 prompts by default (minutes); ``KEYFORMER_XCHECK_PROMPTS=all`` runs all 8."""
     from keyformer.lab.bench.kvpress_crosscheck import DIAGNOSTICS, METHODS, decode_kept, load_json
     from keyformer.run.loading import smollm2_available
 
@@ -622,6 +623,8 @@ def test_kvpress_kept_sets_live():
     model = prepare_model(AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32,
                                                                attn_implementation="sdpa").eval())
     prompts = load_json(XCHECK / "prompts.json")["prompts"]
+    if os.environ.get("KEYFORMER_XCHECK_PROMPTS", "2") != "all":  # all 8: KEYFORMER_XCHECK_PROMPTS=all
+        prompts = prompts[: int(os.environ.get("KEYFORMER_XCHECK_PROMPTS", "2"))]
     ours = {(m["name"], m["budget"]): m["runs"] for m in load_json(XCHECK / "ours.json.gz")["methods"]}
     theirs = {(m["name"], m["budget"]): m["runs"] for m in load_json(XCHECK / "kvpress.json.gz")["methods"]}
     checked = 0
@@ -653,4 +656,4 @@ def test_kvpress_kept_sets_live():
                         assert all(sb < sa and len(sa - sb) == 1 for sa, sb in zip(a, b, strict=True)), (
                             f"{where} layer {li}: kvpress's set is not ours less one token")
     names = {m["name"] for m in METHODS + DIAGNOSTICS}
-    assert checked == len(prompts) * sum(1 for name, _ in ours if name in names)
+    assert checked == len(prompts) * sum(1 for name, _ in ours if name in names) > 0

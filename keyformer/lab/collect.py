@@ -75,14 +75,17 @@ def _read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def point_config(cfg: dict) -> dict:
-    """The settings that define a point, flattened."""
-    pol = dict(cfg.get("policy") or {})
-    if "_target_" in pol:  # results contract v2: the policy node is a Hydra _target_
-        from keyformer.core.policies import split_node
-
-        name, pol = split_node(pol)
-        pol["name"] = name
+def point_config(cfg: dict, metrics: dict | None = None) -> dict:
+    """The settings that define a point, flattened. The policy's name and knobs come from the policy that ran,
+    as metrics.json records it (``policy_spec``: its name and every parameter; ``recent``: null when the
+    policy has no recent window), else (runs before ``policy_spec``) from config.yaml's policy node."""
+    spec = dict((metrics or {}).get("policy_spec") or {})
+    if spec:
+        name = spec.pop("name")
+        pol = {k: v for k, v in spec.items() if k != "prefill_only" or v}  # prefill_only: shown when on
+        pol.update(name=name, recent=(metrics or {}).get("recent"))
+    else:
+        pol = _legacy_policy(cfg)
     gen = cfg.get("generation") or {}
     row = {
         "policy": pol.pop("name", None),
@@ -101,11 +104,25 @@ def point_config(cfg: dict) -> dict:
         "variant": cfg.get("variant"),
         "kv_quant": ((cfg.get("kv_quant") or {}).get("bits")),
     }
-    if row["policy"] == "full":
-        row["budget"], row["recent"] = 1.0, None
     for k, v in pol.items():
         row[f"policy.{k}"] = v
     return row
+
+
+def _legacy_policy(cfg: dict) -> dict:
+    """The policy node of config.yaml, for runs whose metrics.json predates ``policy_spec``: what those runs'
+    points.csv rows always showed (a ``full`` run's budget 1.0 and no recent; a knob the node leaves out, as
+    SnapKV's ``recent``, blank)."""
+    pol = dict(cfg.get("policy") or {})
+    if "_target_" in pol:  # results contract v2: the policy node is a Hydra _target_
+        from keyformer.core.policies import split_node
+
+        name, pol = split_node(pol)
+        pol["name"] = name
+    pol.setdefault("budget", cfg.get("budget"))
+    if pol.get("name") == "full":
+        pol["budget"], pol["recent"] = 1.0, None
+    return pol
 
 
 def provenance(cfg: dict, metrics: dict) -> dict:
@@ -126,7 +143,7 @@ def provenance(cfg: dict, metrics: dict) -> dict:
 def point_rows(name: str, cfg: dict, preds: list[dict], metrics: dict) -> tuple[dict, pd.DataFrame]:
     """One point's ``points.csv`` row and ``samples.csv`` rows, from its config, predictions and metrics."""
     n_samples = cfg.get("n_samples")
-    row = {"point": name, **point_config(cfg), "n_done": len(preds),
+    row = {"point": name, **point_config(cfg, metrics), "n_done": len(preds),
            "complete": bool(metrics.get("complete"))
            and len(preds) >= (n_samples if isinstance(n_samples, int) else 0)}
     df = pd.DataFrame(preds)

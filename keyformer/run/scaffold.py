@@ -148,11 +148,22 @@ def resolved(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
 class Job:
     """What a task sees of the scaffold: the config, the results folder, and begin/add."""
 
-    def __init__(self, cfg: Mapping[str, Any], task: Task, identity: dict[str, Any]):
+    def __init__(self, cfg: Mapping[str, Any], task: Task, identity: dict[str, Any], policy: Any = None):
         self.cfg, self.task, self.identity = cfg, task, identity
         self.rd = ResultsDir(cfg["output_dir"])
         self.fresh = not cfg.get("resume", True)  # resume=false: start over (same config only)
         self.began, self.added = False, 0
+        self._policy = policy
+
+    @property
+    def policy(self) -> Any:
+        """The job's policy, built once from ``cfg['policy']`` by the scaffold: tasks run it and the results
+        record it (:func:`policy_fields`); nothing rebuilds it or re-reads its knobs from the config."""
+        if self._policy is None:
+            from keyformer.core.policies import build_policy
+
+            self._policy = build_policy(self.cfg["policy"])
+        return self._policy
 
     def done_ids(self) -> set[str]:
         """Ids already in predictions.jsonl that this job keeps (none with resume=false or no resume)."""
@@ -183,14 +194,28 @@ class Job:
         return self.rd.predictions()
 
 
-def policy_fields(cfg: Mapping[str, Any], name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``policy, budget, recent, policy_params`` of metrics.json (budget 1.0 for ``full``)."""
-    node = cfg["policy"]
+def uses_recent(policy_cls: type) -> bool:
+    """Whether a policy class keeps ``recent x k`` recent tokens (the base rule): not when it does not evict
+    (full) or sizes its window itself (window, streaming: all recency; SnapKV family: the observation
+    window)."""
+    from keyformer.core.policies import Policy
+
+    return bool(policy_cls.evicts) and policy_cls.recent_tokens is Policy.recent_tokens
+
+
+def policy_fields(policy: Any) -> dict[str, Any]:
+    """``policy, budget, recent, policy_params, policy_spec`` of metrics.json, from the job's policy itself:
+    ``policy_spec`` is its name and every parameter (``dataclasses.asdict``), what ``keyformer-collect``
+    reads; ``recent`` is null when the policy has no ``recent x k`` window (:func:`uses_recent`)."""
+    import dataclasses
+
+    params = dataclasses.asdict(policy)
     return {
-        "policy": name,
-        "budget": node.get("budget", cfg["budget"]) if name != "full" else 1.0,
-        "recent": node.get("recent", cfg["recent"]),
-        "policy_params": dict(params) if params else {k: v for k, v in node.items() if k != "_target_"},
+        "policy": policy.name,
+        "budget": policy.budget,
+        "recent": policy.recent if uses_recent(type(policy)) else None,
+        "policy_params": params,
+        "policy_spec": {"name": policy.name, **params},
     }
 
 
@@ -219,7 +244,9 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
     t_start = time.perf_counter()
     quiet_logs()
     task.validate(cfg)
-    job = Job(cfg, task, resolved(cfg, task))
+    from keyformer.core.policies import build_policy
+
+    job = Job(cfg, task, resolved(cfg, task), policy=build_policy(cfg["policy"]))  # the one policy of the job
     rd = job.rd
     rd.check(cfg, job.identity)  # never skip, extend or delete results of another config or identity
     if cfg.get("resume", True) and rd.is_complete():

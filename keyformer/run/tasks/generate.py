@@ -1,13 +1,13 @@
 """The generation task (``task=generate``): load data and model, batch, generate with a KV policy, score.
 
-A plug-in of the job scaffold (:mod:`keyformer.run.scaffold`, which owns validation, resume, the results files,
-W&B and the summary). The only dependency on the core library is :func:`core_backend` (model loading,
-``make_policy`` and ``generate``); tests inject a fake :class:`Backend` to exercise batching and resume.
+A plug-in of the job scaffold (:mod:`keyformer.run.scaffold`, which owns validation, resume, the results
+files, W&B and the summary, and builds the job's policy once: ``Job.policy``). The only dependency on the core
+library is :func:`core_backend` (model loading and ``generate``); tests inject a fake :class:`Backend` to
+exercise batching and resume.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,32 +24,18 @@ class Backend:
     """The model-facing side of a run; see :func:`core_backend` for the real one."""
 
     load: Callable[[Mapping[str, Any]], tuple[Any, Any]]  # cfg -> (model, tokenizer)
-    make_policy: Callable[..., Any]  # make_policy(name, **kwargs) -> Policy
     generate: Callable[..., Any]  # keyformer.core.generate.generate
     generate_from_context: Callable[..., Any] | None = None  # keyformer.core.generate.generate_from_context
+    make_policy: Callable[..., Any] | None = None  # unused: the scaffold builds the policy (Job.policy)
 
 
 def core_backend() -> Backend:
-    """The real backend: ``keyformer.run.loading.load_model`` + the core's ``make_policy`` and ``generate``."""
+    """The real backend: ``keyformer.run.loading.load_model`` + the core's ``generate``."""
     from keyformer.core.generate import generate, generate_from_context
-    from keyformer.core.policies import make_policy
     from keyformer.run.loading import load_model
 
-    return Backend(load=load_model, make_policy=make_policy, generate=generate,
+    return Backend(load=load_model, generate=generate,
                    generate_from_context=generate_from_context)
-
-
-def policy_kwargs(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(name, kwargs) of the ``policy`` node (``_target_`` + the policy's dataclass fields)."""
-    from keyformer.core.policies import split_node
-
-    return split_node(cfg["policy"])
-
-
-def _policy_params(policy: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(policy) and not isinstance(policy, type):
-        return dataclasses.asdict(policy)
-    return {}
 
 
 def _device(model: Any) -> Any:
@@ -182,15 +168,13 @@ class GenerateTask(Task):
             job.rd.append_log(note)
         if cfg.get("stop_after") is not None:  # a time-boxed call: the point stays partial and resumes
             todo = todo[: int(cfg["stop_after"])]
-        name, kwargs = policy_kwargs(cfg)
-        params: dict[str, Any] = {}
         if todo:
             run_fn = _generate_agnostic if cfg["dataset"].get("query_agnostic") else _generate_all
-            params = run_fn(cfg, self.backend or core_backend(), job, todo, len(records), len(done), name, kwargs)
+            run_fn(cfg, self.backend or core_backend(), job, todo, len(records), len(done))
         rows_by_id = {r["id"]: r for r in job.rows()}
         rows = [rows_by_id[r["id"]] for r in records if r["id"] in rows_by_id]
         m: dict[str, Any] = aggregate(rows) if rows else {"n_samples": 0}
-        m.update(policy_fields(cfg, name, params))
+        m.update(policy_fields(job.policy))  # the policy that ran, as the scaffold built it
         m.update(dataset=cfg["dataset"]["name"], generation=dict(cfg["generation"]),
                  max_prompt_tokens=cfg["max_prompt_tokens"], batch_size=cfg["batch_size"],
                  sentence_splitter=sentence_splitter(), complete=len(rows) == len(records))
@@ -216,8 +200,7 @@ def run(cfg: Mapping[str, Any], backend: Backend | None = None) -> dict[str, Any
 
 def _generate_all(
     cfg: Mapping[str, Any], backend: Backend, job: Job, todo: list[dict], total: int, n_done: int,
-    name: str, kwargs: dict[str, Any],
-) -> dict[str, Any]:
+) -> None:
     import torch
     from tqdm import tqdm
 
@@ -225,7 +208,7 @@ def _generate_all(
 
     torch.manual_seed(int(cfg["seed"]))
     model, tok = load_model_or_fail(backend, cfg)
-    policy = backend.make_policy(name, **kwargs)
+    policy = job.policy  # built once by the scaffold
     ds, gen = cfg["dataset"], cfg["generation"]
     limit = prompt_limit(cfg, model)
     chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
@@ -276,7 +259,6 @@ def _generate_all(
                 job.add(row)
                 bar.update(1)
         bar.close()
-    return _policy_params(policy)
 
 
 def split_question(tok: Any, rec: Mapping[str, Any], template: str, instruction: str, limit: int, chat: bool,
@@ -324,8 +306,7 @@ def _mean_scores(scores: list[dict]) -> dict[str, Any]:
 
 def _generate_agnostic(
     cfg: Mapping[str, Any], backend: Backend, job: Job, todo: list[dict], total: int, n_done: int,
-    name: str, kwargs: dict[str, Any],
-) -> dict[str, Any]:
+) -> None:
     """``dataset.query_agnostic=true``: per record, prefill and compress the context once (no question), then
     answer each of its questions (:func:`record_queries`) from a copy of the compressed cache
     (``keyformer.core.generate.generate_from_context``). One row per record: its metrics are the mean over its
@@ -340,7 +321,7 @@ def _generate_agnostic(
         raise JobError("this backend has no generate_from_context: query_agnostic needs the core's")
     torch.manual_seed(int(cfg["seed"]))
     model, tok = load_model_or_fail(backend, cfg)
-    policy = backend.make_policy(name, **kwargs)
+    policy = job.policy  # built once by the scaffold
     ds, gen = cfg["dataset"], cfg["generation"]
     if int(gen["num_beams"]) != 1:
         raise ConfigError("generation.num_beams", gen["num_beams"], "query_agnostic decodes greedily: use 1")
@@ -389,4 +370,3 @@ def _generate_agnostic(
         job.add(row)
         bar.update(1)
     bar.close()
-    return _policy_params(policy)
