@@ -83,6 +83,7 @@ def test_quick_run_writes_only_its_out_folder(tmp_path, monkeypatch):
         assert r["decode_gain"] == pytest.approx(r["batch_gain"] * r["seq_gain"])
         assert r["batch_capped"] is False  # --quick's max batch (8) is above every fit
     assert rows[("h2o", 16)]["agreement"]["rows"] == 2
+    assert rows[("h2o", 16)]["batch_probes"] == rows[("h2o", 0.5)]["batch_probes"]  # 0.5 of 32 = 16
     text = (out / "long.txt").read_text()
     assert "h2o@16" in text and "model" in text
 

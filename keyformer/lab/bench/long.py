@@ -282,6 +282,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         f"weights {w_bytes / 2**20:.0f} MiB; K/V {per_token} B/token")
     rows: list[dict[str, Any]] = []
     floors: dict[int, float] = {}
+    measured: dict[tuple, int] = {}  # peak K/V bytes per (policy, kept tokens, setting, batch)
     with torch.inference_mode():
         timed_run(model, prompts(settings[0], 1), policies[0], budgets[0], 3, args.seed)  # warm-up
         for s in settings:
@@ -289,8 +290,17 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
             batch: dict[tuple[str, Any], int] = {}
             probes: dict[tuple[str, Any], list[list[int]]] = {}
             for name, b in confs:
-                fit, pr = largest_batch(lambda n, s=s, name=name, b=b: peak_kv_bytes(
-                    model, prompts(s, n), name, b, s.new_tokens, args.seed), limit, args.max_batch)
+                L_t = torch.tensor([s.prompt_len])
+                k = None if name == "full" else int(_policy(name, b).budget_tokens(L_t)[0])
+
+                def measure(n: int, s=s, name=name, b=b, k=k) -> int:
+                    """Measured once per identical cache (same policy, kept tokens, lengths and batch)."""
+                    key = (name, k, s, n)
+                    if key not in measured:
+                        measured[key] = peak_kv_bytes(model, prompts(s, n), name, b, s.new_tokens, args.seed)
+                    return measured[key]
+
+                fit, pr = largest_batch(measure, limit, args.max_batch)
                 batch[(name, b)], probes[(name, b)] = fit, pr
                 log(f"[long] {s.label} {name}{'@' + budget_label(b) if b is not None else ''}: batch {fit} "
                     f"(probes {pr})")
