@@ -26,11 +26,14 @@ from keyformer.core.policies import POLICIES
 from keyformer.core.policies.base import Context
 
 N, NEW = 36, 10
-# the naive forward needs the AttentionInterface (MPT: physical == mask only); gemma3_text: hybrid
-# sliding/global
-# layers, QK-norm, query_pre_attn_scalar; gemma2: sliding layers and logit soft-capping (tests/test_archs.py)
-ARCHS = ("llama", "gptj", "gpt2", "gemma3_text", "gemma2")
-MODEL_ARCHS = ("llama", "gptj", "gpt2", "mpt", "gemma3_text", pytest.param("gemma2", marks=pytest.mark.slow))
+# The naive forward needs the AttentionInterface (MPT: physical == mask only). gemma3_text: hybrid
+# sliding/global layers, QK-norm, query_pre_attn_scalar; gemma2: sliding layers and logit soft-capping
+# (tests/test_archs.py). With -m slow: gemma2's model tests, mistral, qwen2 (hybrid: layer 0 global, layer 1
+# sliding), qwen3 and phi3.
+_SLOW = tuple(pytest.param(a, marks=pytest.mark.slow) for a in ("mistral", "qwen2", "qwen3", "phi3"))
+ARCHS = ("llama", "gptj", "gpt2", "gemma3_text", "gemma2", *_SLOW)
+MODEL_ARCHS = ("llama", "gptj", "gpt2", "mpt", "gemma3_text", pytest.param("gemma2", marks=pytest.mark.slow),
+               *_SLOW)
 
 
 def _policy(name: str, **kw):
