@@ -68,12 +68,12 @@ step() { echo "== $1 ($(( $(date +%s) - t0 )) s)" | tee -a "$log"; }
 
 step "on-device tests: captured decode step == eager"
 set +e
-"$PY" -m pytest -q -p no:cacheprovider -m on_device tests/test_graphs.py -rs 2>&1 | tee "$out/tests_graphs.txt" | tail -3 | tee -a "$log"
+"$PY" -m pytest -p no:cacheprovider -m on_device tests/test_graphs.py -rs 2>&1 | tee "$out/tests_graphs.txt" | tail -3 | tee -a "$log"
 step "on-device tests: all (capped at ${tests_cap} s)"
 if [[ $mode == dry ]]; then
   echo "dry run: the full on_device suite runs on the GPU only" | tee "$out/tests_on_device.txt" | tee -a "$log"
 else
-  timeout "$tests_cap" "$PY" -m pytest -q -p no:cacheprovider -m on_device -x 2>&1 | tee "$out/tests_on_device.txt" \
+  timeout "$tests_cap" "$PY" -m pytest -p no:cacheprovider -m on_device -x 2>&1 | tee "$out/tests_on_device.txt" \
     | tail -3 | tee -a "$log"
 fi
 set -e

@@ -104,6 +104,7 @@ def test_gpu_script_dry_run(tmp_path):
     """scripts/gpu_bench.sh --dry-run: the prepared GPU run's steps on CPU with tiny shapes (a few
     minutes)."""
     import os
+    import re
     import subprocess
     import sys
     from pathlib import Path
@@ -122,4 +123,4 @@ def test_gpu_script_dry_run(tmp_path):
         for p, r in c["runs"].items():
             assert r["same_tokens"] and r["captured"]["captured_steps"] == 0 and r["captured"]["reason"], p
     tests = (tmp_path / "tests_graphs.txt").read_text()
-    assert "passed" in tests or "skipped" in tests
+    assert re.search(r"\d+ skipped", tests)  # CPU: the captured == eager tests skip (summary line)
