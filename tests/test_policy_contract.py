@@ -61,9 +61,8 @@ def arch(request):
 
 @pytest.fixture(autouse=True)
 def _skip_where_the_policy_refuses_the_arch(request):
-    """A policy may refuse an architecture in one line (Expected Attention reads the model's RoPE and knows
-    one RoPE per model, not Gemma 3's per-layer-type RoPE): its tests on that arch are skipped with that
-    line."""
+    """A policy may refuse an architecture in one line (``model_info``: Expected Attention reads the model's
+    RoPE): its tests on that arch are skipped with that line."""
     name = getattr(getattr(request.node, "callspec", None), "params", {}).get("name")
     if name is None or "model" not in request.fixturenames or not hasattr(POLICIES[name], "model_info"):
         return
