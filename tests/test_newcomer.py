@@ -137,6 +137,9 @@ def test_unknown_keys_with_did_you_mean():
     ok = ["policy=h2o", "budget=0.3", "policy.recent=0.2", "+policy.max_new_tokens=4", "hydra.job.name=x",
           "output_dir=/tmp/x", "~logger", "dataset.path=/x.jsonl", "-m", "seed=1,2"]
     assert V.check_keys(ok, cfg) is None
+    exp = ["+experiment=exp4_attention", "attention_stats.row_stride=1"]  # a key the experiment adds
+    assert V._group_overrides(exp) == ["+experiment=exp4_attention"]
+    assert V.check_keys(exp, composed(*V._group_overrides(exp))) is None
 
 
 def test_kv_quant_message_names_the_option():
@@ -252,6 +255,8 @@ def test_interrupted_message_names_the_resume_command(tmp_path, monkeypatch):
     assert msg.endswith(f"resume: python run.py model=tiny_llama n_samples=5 output_dir={out}")
     V.ACTIVE_JOB.clear()
     assert "nothing was written" in V.interrupted_message()
+    sweep = V.resume_command(tmp_path / "sweep" / "0_policy=h2o", ["-m", "policy=h2o,full", "stop_after=2"])
+    assert sweep == f"python run.py -m policy=h2o,full hydra.sweep.dir={tmp_path / 'sweep'}"
 
 
 def test_sweep_precheck_trusts_a_remote_jobs_device():

