@@ -1,0 +1,68 @@
+"""Write experiment 10's queue files (experiments/exp10_ruler.md): RULER 4k, 11 tasks, 5 samples per task.
+
+    python experiments/queues/exp10_make.py  # tiers 1-2 here (committed), 3-4 in multirun/exp10_ruler/queues
+    STEP=5 bash scripts/run_points.sh experiments/queues/exp10_core.txt \\
+        experiments/queues/exp10_core_agnostic.txt multirun/exp10_ruler/queues/exp10_budgets.txt \\
+        multirun/exp10_ruler/queues/exp10_field.txt
+
+Tiers 3-4 (1056 points) are not committed as queue files: tests/test_configs.py composes every line of
+experiments/queues/*.txt, which would take half an hour on the 2-core machine. Points are listed policy-major
+(every task of a policy, then the next policy), so a policy's RULER average is complete as early as possible.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+         "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"]
+TOKENS = {"vt": 30, "cwe": 120, "fwe": 50}  # RULER's tokens to generate; NIAH 128
+CORE = ["full", "keyformer", "h2o", "snapkv", "window"]
+FIELD = ["tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer", "streaming", "expected_attention", "keydiff",
+         "kvzip", "rkv"]
+RECORDS = 5
+HEADER = """# Experiment 10 (experiments/exp10_ruler.md), {what}.
+# RULER 4k on SmolLM2-135M-Instruct, {records} samples per task; written by experiments/queues/exp10_make.py.
+# Line: <folder> <records> <run.py overrides>; run with STEP={records} so a point finishes in one call.
+"""
+
+
+def line(setting: str, task: str, policy: str, budget: float) -> str:
+    folder = f"multirun/exp10_ruler/{setting}/task={task},budget={budget},policy={policy}"
+    agnostic = " dataset.query_agnostic=true" if setting == "agnostic" else ""
+    return (f"{folder} {RECORDS} +experiment=exp10_ruler dataset.ruler_task={task} "
+            f"generation.max_new_tokens={TOKENS.get(task, 128)}{agnostic} policy={policy} budget={budget}")
+
+
+def points(setting: str, policies: list[str], budget: float) -> list[str]:
+    return [line(setting, t, p, 1.0 if p == "full" else budget) for p in policies for t in TASKS]
+
+
+def tiers() -> dict[str, tuple[str, list[str]]]:
+    both = ("aware", "agnostic")
+    return {
+        "exp10_core.txt": ("tier 1: question-aware, ratio 0.5 (budget 0.5), full / Keyformer / H2O / SnapKV "
+                           "/ window", points("aware", CORE, 0.5)),
+        "exp10_core_agnostic.txt": ("tier 2: the same points, query-agnostic (context compressed once)",
+                                    points("agnostic", CORE, 0.5)),
+        "exp10_budgets.txt": ("tier 3: Keyformer / H2O / SnapKV / window at ratios 0.25, 0.75, 0.875, both "
+                              "settings",
+                              [x for b in (0.75, 0.25, 0.125) for s in both for x in points(s, CORE[1:], b)]),
+        "exp10_field.txt": ("tier 4: every other registered policy at the 4 ratios, both settings",
+                            [x for b in (0.5, 0.75, 0.25, 0.125) for s in both for x in points(s, FIELD, b)]),
+    }
+
+
+def main(argv: list[str]) -> None:
+    here = Path(__file__).resolve().parent
+    late = Path(argv[0]) if argv else here.parent.parent / "multirun" / "exp10_ruler" / "queues"
+    for name, (what, lines) in tiers().items():
+        out = (here if name in ("exp10_core.txt", "exp10_core_agnostic.txt") else late) / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(HEADER.format(what=what, records=RECORDS) + "\n".join(lines) + "\n")
+        print(f"{out}: {len(lines)} points")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
