@@ -236,7 +236,8 @@ def lm_eval_metrics(root: Path) -> list[Path]:
 
 
 def _lm_eval_provenance(cfg: dict, m: dict) -> dict:
-    """``device``, ``code_version`` and ``provenance = run`` of an lm-eval run (what it recorded, else None)."""
+    """``device``, ``code_version`` and ``provenance = run`` of an lm-eval run (what it recorded, else
+    None)."""
     ident = cfg.get("resolved") or {}
     device = m.get("device") or ident.get("device")
     if device is None and cfg.get("device") not in (None, "auto"):

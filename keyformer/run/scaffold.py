@@ -39,7 +39,8 @@ from keyformer.run.validate import ConfigError, UserError, first_line
 
 # Source files (relative to the package) whose code changes what every task computes.
 CORE_CODE = ("core", "run/loading.py")
-TASKS = {"generate": "keyformer.run.tasks.generate:GenerateTask", "lm_eval": "keyformer.run.tasks.lm_eval.task:LmEvalTask"}
+TASKS = {"generate": "keyformer.run.tasks.generate:GenerateTask",
+         "lm_eval": "keyformer.run.tasks.lm_eval.task:LmEvalTask"}
 
 
 class Task:
@@ -78,7 +79,7 @@ def task_for(cfg: Mapping[str, Any]) -> Task:
     return getattr(importlib.import_module(mod), cls)()
 
 
-# -- identity --------------------------------------------------------------------------------------------------
+# -- identity ------------------------------------------------------------------------------------------------
 @functools.cache
 def code_version(files: Sequence[str] = CORE_CODE) -> str:
     """``<package version>+<12 hex>``: a hash of the source files that change outputs, so a resumed run
@@ -128,7 +129,8 @@ def model_revision(model: Mapping[str, Any]) -> str | None:
 
 
 def resolved(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
-    """The job's identity: what ``device``/``dtype`` resolve to, the model revision, output-changing versions."""
+    """The job's identity: what ``device``/``dtype`` resolve to, the model revision, output-changing
+    versions."""
     from keyformer.run.validate import resolve_device, resolve_dtype
 
     device = resolve_device(cfg["device"])
@@ -144,7 +146,7 @@ def resolved(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
     return out
 
 
-# -- the job ---------------------------------------------------------------------------------------------------
+# -- the job -------------------------------------------------------------------------------------------------
 class Job:
     """What a task sees of the scaffold: the config, the results folder, and begin/add."""
 
@@ -282,7 +284,7 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
     return metrics
 
 
-# -- Hydra glue ------------------------------------------------------------------------------------------------
+# -- Hydra glue ----------------------------------------------------------------------------------------------
 def job_config(cfg: Any) -> dict[str, Any]:
     """The resolved job config (a plain dict, without the ``hydra`` node) of a Hydra config."""
     from omegaconf import OmegaConf
@@ -367,7 +369,8 @@ def check_overrides(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> str | Non
         if group.startswith("hydra") or o.is_delete() or not (conf_dir / group).is_dir():
             continue
         try:
-            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+            values = (list(o.sweep_string_iterator()) if o.is_sweep_override()
+                      else [o.get_value_element_as_str()])
         except Exception:  # noqa: BLE001 - ranges, globs...: left to Hydra
             continue
         allowed = sorted(str(p.relative_to(conf_dir / group).with_suffix(""))

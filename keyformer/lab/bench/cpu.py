@@ -144,7 +144,8 @@ def measure_bandwidth(mb: int, repeats: int = 5) -> dict[str, float]:
         a.sum()
         read_t.append(time.perf_counter() - t0)
     nbytes = n * 4
-    return {"buffer_mb": mb, "copy_gbs": 2 * nbytes / median(copy_t) / 1e9, "read_gbs": nbytes / median(read_t) / 1e9}
+    return {"buffer_mb": mb, "copy_gbs": 2 * nbytes / median(copy_t) / 1e9, "read_gbs": nbytes
+            / median(read_t) / 1e9}
 
 
 def weight_bytes(model: Any) -> int:
@@ -170,7 +171,8 @@ def kv_bytes_per_token(model: Any, dtype: torch.dtype) -> int:
 
 @dataclass
 class Config:
-    """One benchmarked configuration of a group: ``full``, ``hf`` (transformers DynamicCache) or policy@budget."""
+    """One benchmarked configuration of a group: ``full``, ``hf`` (transformers DynamicCache) or
+    policy@budget."""
 
     policy: str
     budget: float | None = None
@@ -199,7 +201,8 @@ def new_cache(model: Any, conf: Config, mask: torch.Tensor, new_tokens: int, see
     return make_cache(model, policy, mask, max_new_tokens=new_tokens, seed=seed)
 
 
-def prefill(model: Any, ids: torch.Tensor, conf: Config, new_tokens: int, seed: int) -> tuple[Snapshot, float]:
+def prefill(model: Any, ids: torch.Tensor, conf: Config, new_tokens: int,
+            seed: int) -> tuple[Snapshot, float]:
     """Prompt forward into a fresh cache; returns the cache, the first greedy token and the seconds."""
     mask = torch.ones_like(ids)
     cache = new_cache(model, conf, mask, new_tokens, seed)
@@ -322,14 +325,16 @@ def run_group(model: Any, cfg: dict[str, Any], g: dict[str, Any], prompts: torch
     return list(results.values()), snaps
 
 
-def apply_bytes_model(results: list[Result], w_bytes: int, per_token: int, n_new: int, read_gbs: float) -> None:
+def apply_bytes_model(results: list[Result], w_bytes: int, per_token: int, n_new: int,
+                      read_gbs: float) -> None:
     """Bytes read per decode step (weights + K/V attended, averaged over the decode) and the prediction."""
     by_group: dict[str, list[Result]] = {}
     for r in results:
         by_group.setdefault(r.group, []).append(r)
     for rs in by_group.values():
         for r in rs:
-            if r.policy in ("full", "hf", "hf_static"):  # grows from L to L + n_new - 1 over the decode, plus the new token
+            # grows from L to L + n_new - 1 over the decode, plus the new token
+            if r.policy in ("full", "hf", "hf_static"):
                 r.kv_read_bytes_per_step = r.kv_live_bytes + r.batch * per_token * (1 + (n_new - 1) / 2)
             else:  # stays at the budget; each step also attends the new token
                 r.kv_read_bytes_per_step = r.kv_live_bytes + r.batch * per_token
@@ -337,7 +342,8 @@ def apply_bytes_model(results: list[Result], w_bytes: int, per_token: int, n_new
         full = next((r for r in rs if r.policy == "full"), None)
         for r in rs:
             if full is not None:
-                r.predicted_speedup = (w_bytes + full.kv_read_bytes_per_step) / (w_bytes + r.kv_read_bytes_per_step)
+                r.predicted_speedup = (w_bytes + full.kv_read_bytes_per_step) / (w_bytes
+                                                                                 + r.kv_read_bytes_per_step)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -345,7 +351,8 @@ def apply_bytes_model(results: list[Result], w_bytes: int, per_token: int, n_new
 
 
 # data-movement ops: one of them writing a whole layer's K or V per step is a whole-cache copy
-MOVE_OPS = frozenset({"cat", "stack", "clone", "copy_", "_to_copy", "index_select", "gather", "index", "index_put_",
+MOVE_OPS = frozenset({"cat", "stack", "clone", "copy_", "_to_copy", "index_select", "gather", "index",
+                      "index_put_",
                       "masked_select", "where", "constant_pad_nd", "repeat", "repeat_interleave", "roll"})
 
 
@@ -385,9 +392,11 @@ def count_ops(model: Any, snap: Snapshot, steps: int, min_bytes: int) -> dict[st
         for _ in range(steps):
             out = model(input_ids=tok, cache=cache, logits_to_keep=1)
             tok = out.logits[:, -1].argmax(-1, keepdim=True)
-    return {"steps": steps, "aten_calls_per_step": counter.calls / steps, "cat_calls_per_step": counter.cat_calls / steps,
+    return {"steps": steps, "aten_calls_per_step": counter.calls / steps,
+            "cat_calls_per_step": counter.cat_calls / steps,
             "cat_bytes_per_step": counter.cat_bytes / steps, "cat_max_bytes": counter.cat_max,
-            "layer_kv_bytes": min_bytes, "whole_layer_moves_per_step": {k: v / steps for k, v in counter.big.items()},
+            "layer_kv_bytes": min_bytes,
+            "whole_layer_moves_per_step": {k: v / steps for k, v in counter.big.items()},
             "whole_cache_cat": counter.cat_max >= min_bytes}
 
 
@@ -404,7 +413,8 @@ def profile_ops(model: Any, snap: Snapshot, steps: int, top: int) -> dict[str, A
     total = sum(e.self_cpu_time_total for e in ev)
     ev.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
     return {"steps": steps, "aten_self_ms_per_step": total / 1000 / steps,
-            "top": [{"op": e.key, "ms_per_step": e.self_cpu_time_total / 1000 / steps, "calls_per_step": e.count / steps,
+            "top": [{"op": e.key, "ms_per_step": e.self_cpu_time_total / 1000 / steps,
+                     "calls_per_step": e.count / steps,
                      "share": e.self_cpu_time_total / total if total else 0.0} for e in ev[:top]]}
 
 
@@ -412,7 +422,8 @@ def profile_ops(model: Any, snap: Snapshot, steps: int, top: int) -> dict[str, A
 # Targets
 
 
-def _find(rows: list[dict[str, Any]], L: int, B: int, policy: str, budget: float | None) -> dict[str, Any] | None:
+def _find(rows: list[dict[str, Any]], L: int, B: int, policy: str, budget: float
+          | None) -> dict[str, Any] | None:
     for r in rows:
         if r["prompt_len"] == L and r["batch"] == B and r["policy"] == policy and (
                 budget is None or r["budget"] == budget):
@@ -420,7 +431,8 @@ def _find(rows: list[dict[str, Any]], L: int, B: int, policy: str, budget: float
     return None
 
 
-def _worst(vals: list[dict[str, Any]], key: str, limit: float, higher_is_better: bool = False) -> dict[str, Any]:
+def _worst(vals: list[dict[str, Any]], key: str, limit: float,
+           higher_is_better: bool = False) -> dict[str, Any]:
     xs = [v[key] for v in vals]
     if not xs:
         return {"met": None, "value": float("nan")}
@@ -428,9 +440,10 @@ def _worst(vals: list[dict[str, Any]], key: str, limit: float, higher_is_better:
     return {"met": bool(worst >= limit) if higher_is_better else bool(worst <= limit), "value": worst}
 
 
-def evaluate_targets(rows: list[dict[str, Any]], extra: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """The benchmark's targets (thresholds in ``cfg['targets']``) with their measured values (``met`` None when
-    not measured). Every ratio comes from interleaved runs of one process."""
+def evaluate_targets(rows: list[dict[str, Any]], extra: dict[str, Any],
+                     cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The benchmark's targets (thresholds in ``cfg['targets']``) with their measured values (``met`` None
+    when not measured). Every ratio comes from interleaved runs of one process."""
     t = cfg["targets"]
     out: list[dict[str, Any]] = []
     points = [(int(L), int(B)) for L, B in t["decode_points"]]
@@ -442,16 +455,20 @@ def evaluate_targets(rows: list[dict[str, Any]], extra: dict[str, Any], cfg: dic
             w = _find(rows, r["prompt_len"], r["batch"], "window", r["budget"])
             if w and w["decode_ratio"] and r["decode_ratio"]:
                 pair = [a / b for a, b in zip(r["decode_ratio"], w["decode_ratio"], strict=False)]
-                vals.append({"config": f"L{r['prompt_len']}xB{r['batch']} {r['label']}", "x_window": median(pair),
-                             "ms": r["decode_ms_stats"]["median"], "window_ms": w["decode_ms_stats"]["median"]})
-    out.append({"id": 1, "target": f"h2o & keyformer decode ms/token <= {t['scoring_overhead']}x window (same budget)",
+                vals.append({"config": f"L{r['prompt_len']}xB{r['batch']} {r['label']}",
+                             "x_window": median(pair),
+                             "ms": r["decode_ms_stats"]["median"],
+                             "window_ms": w["decode_ms_stats"]["median"]})
+    out.append({"id": 1, "target": f"h2o & keyformer decode ms/token <= {t['scoring_overhead']}x window "
+                                   f"(same budget)",
                 **_worst(vals, "x_window", t["scoring_overhead"]), "values": vals})
 
     # 2. prefill with scoring vs full at the long prompt, per policy
     L2 = int(t["prefill_prompt_len"])
     vals = [{"config": r["label"], "x_full": r["prefill_ratio"], "limit": t["prefill_overhead"][r["policy"]],
              "s": r["prefill_s_median"], "met": r["prefill_ratio"] <= t["prefill_overhead"][r["policy"]]}
-            for r in rows if r["prompt_len"] == L2 and r["batch"] == 1 and r["policy"] in t["prefill_overhead"]]
+            for r in rows if r["prompt_len"] == L2 and r["batch"] == 1
+            and r["policy"] in t["prefill_overhead"]]
     full = _find(rows, L2, 1, "full", None)
     limits = ", ".join(f"{k} <= {v}x" for k, v in t["prefill_overhead"].items())
     out.append({"id": 2, "target": f"prefill with scoring vs full prefill at {L2} tokens: {limits}",
@@ -465,7 +482,8 @@ def evaluate_targets(rows: list[dict[str, Any]], extra: dict[str, Any], cfg: dic
         r = _find(rows, L, B, "keyformer", float(t["budget"]))
         if r:
             m, p = r["speedup"], r["predicted_speedup"]
-            vals.append({"config": f"L{L}xB{B} {r['label']}", "measured": m, "predicted": p, "attainment": m / p,
+            vals.append({"config": f"L{L}xB{B} {r['label']}", "measured": m, "predicted": p, "attainment": m
+                         / p,
                          "gain_attainment": (m - 1) / (p - 1) if p > 1 else float("nan")})
     out.append({"id": 3, "target": f"keyformer@{t['budget']:g} decode speedup vs full >= "
                 f"{t['speedup_fraction']:.0%} of the bytes-model prediction",
@@ -473,23 +491,29 @@ def evaluate_targets(rows: list[dict[str, Any]], extra: dict[str, Any], cfg: dic
 
     # 4. end-to-end (prompt + generation) speedup vs full: share of the bytes model
     vals = [{"config": e["label"], "measured": e["speedup"], "predicted": e["predicted_speedup"],
-             "attainment": e["speedup"] / e["predicted_speedup"], "full_s": e["full_s"], "policy_s": e["policy_s"]}
+             "attainment": e["speedup"] / e["predicted_speedup"], "full_s": e["full_s"],
+             "policy_s": e["policy_s"]}
             for e in extra.get("e2e", [])]
-    out.append({"id": 4, "target": f"end-to-end speedup vs full >= {t['speedup_fraction']:.0%} of the bytes model",
+    out.append({"id": 4, "target": f"end-to-end speedup vs full >= {t['speedup_fraction']:.0%} of the bytes "
+                                   f"model",
                 **_worst(vals, "attainment", t["speedup_fraction"], higher_is_better=True), "values": vals})
 
     # 5. end-to-end throughput at equal KV memory
     tp = extra.get("throughput", {})
     gain = tp.get("e2e_gain", float("nan"))
-    out.append({"id": 5, "target": f"end-to-end throughput at equal KV memory >= {t['throughput_gain']}x full's",
+    out.append({"id": 5, "target": f"end-to-end throughput at equal KV memory >= {t['throughput_gain']}x "
+                                   f"full's",
                 "met": None if not tp else bool(gain >= t["throughput_gain"]), "value": gain, "values": tp})
 
     # 6. our full decode vs the fastest stock transformers cache (same group, interleaved)
     # a stock row's decode_ratio is stock ms / neighbouring ours-full ms, so ours / stock = 1 / ratio
-    vals = [{"config": f"L{r['prompt_len']}xB{r['batch']} {r['label']}", "ours_x_stock": 1.0 / median(r["decode_ratio"]),
-             "stock_ms": r["decode_ms_stats"]["median"]} for r in rows if r["policy"].startswith("hf") and r["decode_ratio"]]
+    vals = [{"config": f"L{r['prompt_len']}xB{r['batch']} {r['label']}", "ours_x_stock": 1.0
+             / median(r["decode_ratio"]),
+             "stock_ms": r["decode_ms_stats"]["median"]} for r in rows if r["policy"].startswith("hf")
+            and r["decode_ratio"]]
     fastest = max(vals, key=lambda v: v["ours_x_stock"], default=None)
-    out.append({"id": 6, "target": f"our full decode <= {t['full_vs_stock']}x the fastest stock transformers cache",
+    out.append({"id": 6, "target": f"our full decode <= {t['full_vs_stock']}x the fastest stock transformers "
+                                   f"cache",
                 "met": None if fastest is None else bool(fastest["ours_x_stock"] <= t["full_vs_stock"]),
                 "value": float("nan") if fastest is None else fastest["ours_x_stock"], "values": vals})
 
@@ -498,7 +522,8 @@ def evaluate_targets(rows: list[dict[str, Any]], extra: dict[str, Any], cfg: dic
     ours = {k: v for k, v in ops.items() if not k.startswith("hf")}
     out.append({"id": 7, "target": "no whole-cache torch.cat per decode step in any policy",
                 "met": (not any(v["whole_cache_cat"] for v in ours.values())) if ours else None,
-                "value": max((v["cat_max_bytes"] for v in ours.values()), default=float("nan")), "values": ops})
+                "value": max((v["cat_max_bytes"] for v in ours.values()), default=float("nan")),
+                "values": ops})
     return out
 
 
@@ -518,7 +543,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         s = r["decode_ms_stats"]
         lines.append(
             f"{r['group']:<10} {r['label']:<14} {r['prefill_s_median']:9.2f} {r['prefill_ratio']:6.2f} "
-            f"{s['median']:8.1f} [{s['q1']:5.1f},{s['q3']:6.1f}] {r['speedup']:7.3f} {r['predicted_speedup']:6.3f} "
+            f"{s['median']:8.1f} [{s['q1']:5.1f},{s['q3']:6.1f}] {r['speedup']:7.3f} "
+            f"{r['predicted_speedup']:6.3f} "
             f"{r['tokens_per_s']:7.2f} {_mib(r['kv_live_bytes']):8.1f} {_mib(r['kv_tensor_bytes']):8.1f} "
             f"{r['peak_rss_delta_mb']:9.1f}")
     return "\n".join(lines)
@@ -541,14 +567,20 @@ def format_targets(targets: list[dict[str, Any]]) -> str:
             for side in ("full", "policy"):
                 s = v[side]
                 lines.append(f"    {s['label']}: batch {s['batch']} (KV {_mib(s['kv_bytes']):.0f} MiB of "
-                             f"{_mib(v['kv_memory_bytes']):.0f}), {v['prompt_len']} + {v['new_tokens']} tokens: "
-                             f"end-to-end {_fmt(s['e2e_tok_s'])} tok/s [runs {', '.join(f'{x:.2f}' for x in s['e2e_tok_s_runs'])}]")
-            lines.append(f"    end-to-end throughput gain {v['e2e_gain']:.3f}x (decode only {v['gain']:.3f}x)")
+                             f"{_mib(v['kv_memory_bytes']):.0f}), {v['prompt_len']} + {v['new_tokens']} "
+                             f"tokens: "
+                             f"end-to-end {_fmt(s['e2e_tok_s'])} tok/s [runs "
+                             f"{', '.join(f'{x:.2f}' for x in s['e2e_tok_s_runs'])}]")
+            lines.append(f"    end-to-end throughput gain {v['e2e_gain']:.3f}x (decode only "
+                         f"{v['gain']:.3f}x)")
         elif t["id"] == 7:
             for k, v in t["values"].items():
-                lines.append(f"    {k:<14} aten ops/step {v['aten_calls_per_step']:.0f}, cat/step {v['cat_calls_per_step']:.1f}, cat bytes/step "
-                             f"{v['cat_bytes_per_step'] / 2**10:.1f} KiB, largest cat {v['cat_max_bytes'] / 2**10:.1f} KiB "
-                             f"(one layer's K = {v['layer_kv_bytes'] / 2**10:.0f} KiB), copies of >= one layer's K per step "
+                lines.append(f"    {k:<14} aten ops/step {v['aten_calls_per_step']:.0f}, cat/step "
+                             f"{v['cat_calls_per_step']:.1f}, cat bytes/step "
+                             f"{v['cat_bytes_per_step'] / 2**10:.1f} KiB, largest cat "
+                             f"{v['cat_max_bytes'] / 2**10:.1f} KiB "
+                             f"(one layer's K = {v['layer_kv_bytes'] / 2**10:.0f} KiB), copies of >= one "
+                             f"layer's K per step "
                              f"{v['whole_layer_moves_per_step']}")
     return "\n".join(lines)
 
@@ -561,8 +593,10 @@ def environment() -> dict[str, Any]:
         cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "threads": torch.get_num_threads(), "cpu": cpu, "cores": os.cpu_count(), "loadavg": list(os.getloadavg()),
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "threads": torch.get_num_threads(), "cpu": cpu, "cores": os.cpu_count(),
+            "loadavg": list(os.getloadavg()),
             "git_commit": git_commit()}
 
 
@@ -588,8 +622,8 @@ def e2e_run(model: Any, ids: torch.Tensor, conf: Config, n_new: int, seed: int) 
 def e2e_section(model: Any, cfg: dict[str, Any], text_ids: list[int] | None, vocab: int, w_bytes: int,
                 per_token: int, read_gbs: float, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """End-to-end runs in the paper's shape (prompt + generation), full and policy interleaved
-    (full, policy, full, ..., full); speedup = median of policy time over the mean of its neighbouring full runs.
-    Bytes model: equal prefill, and every decode step reads the weights plus the K/V it attends."""
+    (full, policy, full, ..., full); speedup = median of policy time over the mean of its neighbouring full
+    runs. Bytes model: equal prefill, and every decode step reads the weights plus the K/V it attends."""
     outs = []
     for e in cfg["e2e"]["runs"]:
         L, B, n_new = int(e["prompt_len"]), int(e["batch"]), int(e["new_tokens"])
@@ -609,7 +643,8 @@ def e2e_section(model: Any, cfg: dict[str, Any], text_ids: list[int] | None, voc
             pol_t.append(pre_p + dec_p)
             ratios.append((pre_p + dec_p) / ((prev + nxt) / 2))
             prev = nxt
-            log(f"  e2e L{L}+{n_new} B{B} round {rnd + 1}: full {nxt:.1f} s, {pol.label} {pre_p + dec_p:.1f} s "
+            log(f"  e2e L{L}+{n_new} B{B} round {rnd + 1}: full {nxt:.1f} s, {pol.label} {pre_p + dec_p:.1f} "
+                f"s "
                 f"(prefill {pre_p:.1f} s)")
         # bytes model: prefill equal (the full one measured); decode steps at weights + attended K/V bytes
         full_pre = pre
@@ -619,8 +654,10 @@ def e2e_section(model: Any, cfg: dict[str, Any], text_ids: list[int] | None, voc
         pol_kv = B * per_token * (k + 1)
         ms = lambda kvb: (w_bytes + kvb) / (read_gbs * 1e9)  # noqa: E731 - seconds per step
         pred = (full_pre + steps * ms(full_kv)) / (full_pre + steps * ms(pol_kv))
-        outs.append({"label": f"L{L}+{n_new}xB{B} {pol.label}", "prompt_len": L, "batch": B, "new_tokens": n_new,
-                     "policy": pol.policy, "budget": pol.budget, "full_s": median(full_t), "policy_s": median(pol_t),
+        outs.append({"label": f"L{L}+{n_new}xB{B} {pol.label}", "prompt_len": L, "batch": B,
+                     "new_tokens": n_new,
+                     "policy": pol.policy, "budget": pol.budget, "full_s": median(full_t),
+                     "policy_s": median(pol_t),
                      "full_s_runs": full_t, "policy_s_runs": pol_t, "speedup": 1.0 / median(ratios),
                      "speedup_stats": spread([1.0 / r for r in ratios]), "predicted_speedup": pred,
                      "kv_tensor_bytes_full": kv["full"], "kv_tensor_bytes_policy": kv["policy"]})
@@ -643,7 +680,8 @@ def throughput_section(model: Any, cfg: dict[str, Any], text_ids: list[int] | No
     runs: dict[str, list[tuple[float, float]]] = {"full": [], "policy": []}
     kv: dict[str, int] = {}
     for rnd in range(int(tp["rounds"])):
-        pre, dec, kv["full"] = e2e_run(model, make_prompts(text_ids, vocab, L, fb, seed), Config("full"), n_new, seed)
+        pre, dec, kv["full"] = e2e_run(model, make_prompts(text_ids, vocab, L, fb, seed), Config("full"),
+                                       n_new, seed)
         runs["full"].append((pre, dec))
         if full_bytes is None:
             full_bytes = kv["full"]
@@ -661,7 +699,8 @@ def throughput_section(model: Any, cfg: dict[str, Any], text_ids: list[int] | No
         e2e = [b * n_new / (p + d) for p, d in runs[name]]
         dec = [b * (n_new - 1) / d for p, d in runs[name]]
         res[name] = {"label": side["conf"].label, "batch": b, "kv_bytes": kv[name], "e2e_tok_s": median(e2e),
-                     "e2e_tok_s_runs": e2e, "decode_tok_s": median(dec), "prefill_s": median([p for p, _ in runs[name]])}
+                     "e2e_tok_s_runs": e2e, "decode_tok_s": median(dec),
+                     "prefill_s": median([p for p, _ in runs[name]])}
     res["gain"] = res["policy"]["decode_tok_s"] / res["full"]["decode_tok_s"]
     res["e2e_gain"] = res["policy"]["e2e_tok_s"] / res["full"]["e2e_tok_s"]
     return res
@@ -693,7 +732,8 @@ def run(cfg: dict[str, Any], log: Callable[[str], None] = _print) -> dict[str, A
     with torch.inference_mode():
         wl = int(cfg["warmup"]["prompt_len"])
         ids = make_prompts(text_ids, vocab, wl, 1, 0)
-        for conf in [Config("full"), Config("hf"), Config("hf_static"), *[Config(p, 0.5) for p in cfg["policies"]]]:
+        for conf in [Config("full"), Config("hf"), Config("hf_static"),
+                     *[Config(p, 0.5) for p in cfg["policies"]]]:
             snap, _ = prefill(model, ids, conf, int(cfg["warmup"]["new_tokens"]), 0)
             decode(model, snap, int(cfg["warmup"]["new_tokens"]))
         log(f"[bench] warm-up done ({time.perf_counter() - t_start:.0f} s)")
@@ -732,7 +772,8 @@ def run(cfg: dict[str, Any], log: Callable[[str], None] = _print) -> dict[str, A
             if budget is not None and float(budget) != float(ops_cfg["budget"]):
                 continue
             n_tok = int(og["prompt_len"]) if budget is None else int(int(og["prompt_len"]) * float(budget))
-            layer_bytes = int(og["batch"]) * c.num_key_value_heads * n_tok * head_dim * torch.finfo(dtype).bits // 8
+            layer_bytes = (int(og["batch"]) * c.num_key_value_heads * n_tok * head_dim
+                           * torch.finfo(dtype).bits // 8)
             extra["ops"][label] = count_ops(model, snap, int(ops_cfg["steps"]), layer_bytes)
             extra["profile"][label] = profile_ops(model, snap, int(ops_cfg["steps"]), int(ops_cfg["top"]))
         del profile_snaps
@@ -741,16 +782,20 @@ def run(cfg: dict[str, Any], log: Callable[[str], None] = _print) -> dict[str, A
     elapsed = time.perf_counter() - t_start
     env["loadavg_end"] = list(os.getloadavg())
     report = {"config": cfg, "environment": env, "bandwidth": bw, "weight_bytes": w_bytes,
-              "kv_bytes_per_token": per_token, "rows": rows, "targets": targets, **extra, "elapsed_s": elapsed,
+              "kv_bytes_per_token": per_token, "rows": rows, "targets": targets, **extra,
+              "elapsed_s": elapsed,
               "prompts": "cnn_dailymail text" if text_ids is not None else "random token ids"}
     table = format_table(rows)
     text = "\n".join([
         f"KV-cache eviction benchmark ({env['cpu']}, {env['threads']} threads, torch {env['torch']}, "
-        f"{'fp32' if dtype == torch.float32 else str(dtype)}, model {cfg['model_name']}, prompts: {report['prompts']})",
+        f"{'fp32' if dtype == torch.float32 else str(dtype)}, model {cfg['model_name']}, prompts: "
+        f"{report['prompts']})",
         f"bandwidth: copy {bw['copy_gbs']:.1f} GB/s (R+W), read {bw['read_gbs']:.1f} GB/s; weights "
-        f"{_mib(w_bytes):.0f} MiB; KV {per_token} B/token; {cfg['new_tokens']} new tokens; {cfg['rounds']} rounds; "
+        f"{_mib(w_bytes):.0f} MiB; KV {per_token} B/token; {cfg['new_tokens']} new tokens; {cfg['rounds']} "
+        f"rounds; "
         f"load avg start {env['loadavg']} end {env['loadavg_end']}",
-        "speedup = full ms / policy ms (median of interleaved ratios); bytes = bytes-model predicted speedup; "
+        "speedup = full ms / policy ms (median of interleaved ratios); bytes = bytes-model predicted "
+        "speedup; "
         "xfull = prefill vs neighbouring full runs; KV MiB = live K/V after the prompt; alloc = K/V tensors; "
         "peakΔ = peak RSS increase during the prefill",
         "", table, "", format_targets(targets), "", profile_text(extra.get("profile", {})),
@@ -769,8 +814,10 @@ def profile_text(profiles: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-CSV_FIELDS = ("group", "prompt_len", "batch", "policy", "budget", "prefill_s_median", "prefill_ratio", "decode_ms",
-              "decode_ms_q1", "decode_ms_q3", "decode_ms_min", "decode_ms_max", "speedup", "predicted_speedup",
+CSV_FIELDS = ("group", "prompt_len", "batch", "policy", "budget", "prefill_s_median", "prefill_ratio",
+              "decode_ms",
+              "decode_ms_q1", "decode_ms_q3", "decode_ms_min", "decode_ms_max", "speedup",
+              "predicted_speedup",
               "predicted_ms", "tokens_per_s", "kv_live_bytes", "kv_tensor_bytes", "kv_read_bytes_per_step",
               "peak_rss_mb", "peak_rss_delta_mb")
 
@@ -784,7 +831,8 @@ def write_outputs(out: Path, report: dict[str, Any], rows: list[dict[str, Any]],
             s = r["decode_ms_stats"]
             vals = {**r, "decode_ms": s["median"], "decode_ms_q1": s["q1"], "decode_ms_q3": s["q3"],
                     "decode_ms_min": s["min"], "decode_ms_max": s["max"]}
-            f.write(",".join("" if vals[k] is None else (f"{vals[k]:.6g}" if isinstance(vals[k], float) else str(vals[k]))
+            f.write(",".join("" if vals[k] is None
+                             else (f"{vals[k]:.6g}" if isinstance(vals[k], float) else str(vals[k]))
                              for k in CSV_FIELDS) + "\n")
     (out / "table.txt").write_text(text + "\n")
     (out / "command.txt").write_text(" ".join(["keyformer-bench", *sys.argv[1:]]) + "\n")

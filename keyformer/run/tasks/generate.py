@@ -226,7 +226,8 @@ def _generate_all(
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         if int(head_dim) % kv_quant.group_size:
             raise ConfigError("kv_quant.group_size", kv_quant.group_size,
-                              f"does not divide this model's head dim {head_dim}; valid: a divisor of {head_dim}")
+                              f"does not divide this model's head dim {head_dim}; valid: a divisor of "
+                              f"{head_dim}")
     gen_kwargs = dict(max_new_tokens=int(gen["max_new_tokens"]), num_beams=int(gen["num_beams"]),
                       seed=int(cfg["seed"]), mode=gen.get("mode", "physical"), eos_token_id=tok.eos_token_id,
                       pad_token_id=pad_id, min_new_tokens=int(gen.get("min_new_tokens", 0)),
@@ -235,7 +236,8 @@ def _generate_all(
     with torch.inference_mode():
         if cfg.get("warmup", True):
             ids, mask = _left_pad([encoded[0][0][-32:]], pad_id, device)
-            backend.generate(model, ids, mask, policy, **{**gen_kwargs, "max_new_tokens": 2, "min_new_tokens": 0})
+            backend.generate(model, ids, mask, policy,
+                             **{**gen_kwargs, "max_new_tokens": 2, "min_new_tokens": 0})
         bar = tqdm(total=total, initial=n_done, unit="sample", disable=not cfg.get("progress", True))
         for start in range(0, len(todo), bs):
             batch, enc = todo[start:start + bs], encoded[start:start + bs]
@@ -273,7 +275,8 @@ def split_question(tok: Any, rec: Mapping[str, Any], template: str, instruction:
     if rec.get("answer_prefix"):
         n_after += len(tok(rec["answer_prefix"], add_special_tokens=False)["input_ids"])
     if n_after == 0:
-        raise ConfigError("dataset.template", template, "query_agnostic needs text after {document} (the question)")
+        raise ConfigError("dataset.template", template, "query_agnostic needs text after {document} (the "
+                                                        "question)")
     return list(ids[: len(ids) - n_after]), list(ids[len(ids) - n_after:]), cut
 
 
@@ -310,7 +313,8 @@ def _generate_agnostic(
     """``dataset.query_agnostic=true``: per record, prefill and compress the context once (no question), then
     answer each of its questions (:func:`record_queries`) from a copy of the compressed cache
     (``keyformer.core.generate.generate_from_context``). One row per record: its metrics are the mean over its
-    questions; ``predictions`` lists the answers when there are several. Batch size 1 (one context at a time)."""
+    questions; ``predictions`` lists the answers when there are several. Batch size 1 (one context at a
+    time)."""
     import torch
     from tqdm import tqdm
 
