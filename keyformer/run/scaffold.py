@@ -179,7 +179,8 @@ class Job:
         if self.began:
             return
         commit = getattr(getattr(model, "config", None), "_commit_hash", None)
-        if commit and self.identity.get("model_revision") is None and self.cfg["model"].get("source") == "hub":
+        hub = self.cfg["model"].get("source") == "hub"
+        if commit and self.identity.get("model_revision") is None and hub:
             self.identity["model_revision"] = str(commit)
         if self.fresh or not self.task.resumable:
             self.rd.clear()
