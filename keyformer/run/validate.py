@@ -384,7 +384,9 @@ def check_cli(argv: list[str]) -> str | None:
                 pkg = plugin.split(".")[1].replace("_", "-")
                 return (f"error: hydra/launcher={name} needs the {pkg} plugin, which is not installed: "
                         "pip install -e '.[launchers]'")
-    if any(a in ("--help", "-h", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc") for a in argv):
+    skip = ("--help", "-h", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc",  # help
+            "-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir")  # another config
+    if any(a in skip or a.startswith(tuple(f"{f}=" for f in skip if f.startswith("--"))) for a in argv):
         return None
     try:
         from hydra import compose, initialize_config_dir
