@@ -208,6 +208,8 @@ def test_config_checks(monkeypatch):
     check_options(ds)
     with pytest.raises(ConfigError, match="ruler_task"):
         check_options({**ds, "ruler_task": "qa_1"})
+    with pytest.raises(ConfigError, match="string_match_all"):
+        check_options({**ds, "metrics": ["accuracy"]})
     monkeypatch.delenv("KEYFORMER_DATA_DIR", raising=False)
     check_source(ds)  # niah_single_1: noise haystack, no file needed
     with pytest.raises(DataError, match="essay haystack"):

@@ -274,6 +274,9 @@ def check_options(ds: Mapping[str, Any]) -> None:
         if ds.get("ruler_task") not in RULER_TASKS:
             raise ConfigError("dataset.ruler_task", ds.get("ruler_task"), f"allowed: "
                                                                           f"{', '.join(RULER_TASKS)}")
+        if "accuracy" in metrics:
+            raise ConfigError("dataset.metrics", "accuracy", "ruler records have several answers: use "
+                              "string_match_all (RULER's metric) or string_match_part")
         for key, low in (("length", 256), ("n", 1)):
             v = ds.get(key)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
