@@ -2,12 +2,13 @@
 by how much the model needs each cached token to *reconstruct the context*.
 
 Before generation, one extra forward runs over ``prompt + repeat_ids + prompt`` (the model asked to repeat its
-context; ``repeat_ids`` are the token ids of kvpress's instruction ``"\\n\\nRepeat the previous context
-exactly."`` followed by the chat template's assistant header, or ``"\\n"``; the runner fills them from the
-tokenizer, and ``None`` repeats the prompt with no instruction). The score of prompt token ``j`` in (layer, KV
-head) is the maximum, over the repeated tokens' queries and the query heads of the group, of its softmax
-attention probability (the softmax over the prompt and the repeated tokens so far, causal). The first
-``n_sink`` positions are always kept (kvpress sets their score to 1).
+context). ``repeat_ids = "auto"`` (default) is kvpress's instruction ``"\\n\\nRepeat the previous context
+exactly."`` followed by the chat template's assistant header (or ``"\\n"``), tokenized by the tokenizer stored
+with the model (``config.name_or_path``, local files only); where none is stored (tiny random test models) the
+prompt is repeated with no instruction, as with ``None``; a list gives the ids. The score of prompt token
+``j`` in (layer, KV head) is the maximum, over the repeated tokens' queries and the query heads of the group,
+of its softmax attention probability (the softmax over the prompt and the repeated tokens so far, causal). The
+first ``n_sink`` positions are always kept (kvpress sets their score to 1).
 
 The cut is per layer and head-adaptive: a layer keeps ``H * k`` (head, token) pairs, the highest-scored across
 its ``H`` KV heads, with no per-head safeguard (kvpress's ``layerwise=True``; its default,
@@ -17,11 +18,12 @@ docs/policies_2025.md). Every generated token is then kept (prompt compression, 
 **Cost.** The reconstruction forward covers about twice the prompt (``2 n + r`` tokens, its attention over up
 to ``2 n + r`` keys) on top of the normal prefill: roughly one to three extra prefills of compute (kvpress:
 "2-3 times the initial prefilling cost"). ``scripts/kvzip_cost.py`` measures it. It runs per sample on the
-unpadded prompt (so a sample's result does not depend on its batchmates) and only through
-:func:`keyformer.core.generate.generate`; a cache made without it refuses with one line."""
+unpadded prompt (so a sample's result does not depend on its batchmates), from a one-shot forward pre-hook
+that :func:`keyformer.core.generate.make_cache` installs; a cache made otherwise refuses with one line."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -102,11 +104,35 @@ def _mpt_recorder(attn: Any):
     return forward
 
 
+INSTRUCTION = "\n\nRepeat the previous context exactly."
+
+
+@functools.lru_cache(maxsize=8)
+def instruction_ids(path: str) -> list[int] | None:
+    """kvpress's repeat instruction in the tokenizer stored with the model at ``path`` (local files only): the
+    instruction, then the chat template's assistant header (``"\\n"`` without a template); None where no
+    tokenizer is stored there (tiny random test models)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, TypeError):
+        return None
+    suffix = "\n"
+    if tok.chat_template is not None:  # the assistant header, as kvpress extracts it
+        dummy = "dummy context"
+        sep = "\n" + "#" * len(dummy)
+        text = tok.apply_chat_template([{"role": "user", "content": dummy + sep}], add_generation_prompt=True,
+                                       tokenize=False)
+        suffix = text.split(sep)[1]
+    return tok.encode(INSTRUCTION, add_special_tokens=False) + tok.encode(suffix, add_special_tokens=False)
+
+
 @dataclass
 class KVzipPolicy(AdaKVMixin, Policy):
     recent: float = 0.0
     n_sink: int = 4
-    repeat_ids: list[int] | None = None
+    repeat_ids: list[int] | str | None = "auto"
     alpha_safeguard: float = 0.0  # KVzip shares a layer's budget among its heads with no safeguard
 
     name: ClassVar[str] = "kvzip"
@@ -118,7 +144,11 @@ class KVzipPolicy(AdaKVMixin, Policy):
         self._check_ada()
         if isinstance(self.n_sink, bool) or not isinstance(self.n_sink, int) or self.n_sink < 0:
             raise ValueError(f"n_sink={self.n_sink!r} must be an int >= 0")
-        if self.repeat_ids is not None:
+        if isinstance(self.repeat_ids, str):
+            if self.repeat_ids != "auto":
+                raise ValueError(f"repeat_ids={self.repeat_ids!r} is unknown; "
+                                 "valid: auto, null or a list of token ids")
+        elif self.repeat_ids is not None:
             self.repeat_ids = [int(t) for t in self.repeat_ids]
 
     def prepare(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, Any]:
@@ -126,9 +156,10 @@ class KVzipPolicy(AdaKVMixin, Policy):
         extra forward; see the module docstring)."""
         B, N = input_ids.shape
         out: list[torch.Tensor] | None = None
+        repeat = self.repeat_ids if self.repeat_ids != "auto" else instruction_ids(model.config.name_or_path)
         for b in range(B):
             ids = input_ids[b][attention_mask[b].bool()]
-            per_layer = reconstruction_scores(model, ids, self.repeat_ids)
+            per_layer = reconstruction_scores(model, ids, repeat)
             if out is None:
                 out = [s.new_zeros(B, s.shape[0], N) for s in per_layer]
             for li, s in enumerate(per_layer):
