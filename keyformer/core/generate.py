@@ -183,9 +183,9 @@ class QuestionOutput:
 
 @torch.inference_mode()
 def generate_from_context(model: PreTrainedModel, context_ids: torch.Tensor, questions: list[list[int]],
-                          policy: Policy | None, max_new_tokens: int = 64, seed: int = 0, mode: str = "physical",
-                          eos_token_id: int | None = None, kv_quant: KVQuant | None = None
-                          ) -> tuple[float, list[QuestionOutput]]:
+                          policy: Policy | None, max_new_tokens: int = 64, seed: int = 0,
+                          mode: str = "physical", eos_token_id: int | None = None,
+                          kv_quant: KVQuant | None = None) -> tuple[float, list[QuestionOutput]]:
     """Query-agnostic generation: compress the context once, then answer each question from a copy of it.
 
     ``context_ids`` [1, N]: one unpadded context. Its prefill is the prompt forward of ``policy`` (its prompt
