@@ -203,3 +203,29 @@ def test_replication_says_whether_each_finding_holds():
     assert list(t["holds"]) == ["yes", "partial", "no", "pending"]
     assert list(t["smol_reads"]) == [">"] * 4 and list(t["gemma_reads"][:3]) == [">", ">", "<"]
     assert t["smol_diff"].iloc[0] == pytest.approx(4.0) and t["gemma_diff"].iloc[2] == pytest.approx(-4.0)
+
+
+def test_report_section_prints_the_replication_table(tmp_path, capsys):
+    """keyformer-report's exp9_gemma section on hand-made needle rows: SmolLM2's and Gemma's readings of
+    window - Keyformer and H2O - Keyformer, and whether each holds; nothing is printed without
+    results/exp9_gemma/."""
+    import pandas as pd
+
+    from keyformer.lab.report import gemma
+
+    gemma(tmp_path)
+    assert capsys.readouterr().out == ""
+    hit = {"a": 100.0, "b": 100.0, "c": 100.0, "d": 100.0, "e": 0.0}  # the window finds 4 of 5 needles
+    miss = dict.fromkeys(hit, 0.0)
+    for folder, window in (("exp7_field/needle", hit), ("exp9_gemma/needle", miss)):
+        points, samples = _rows({(p, b): (window if p == "window" else miss)
+                                 for p in ("window", "h2o", "keyformer") for b in (0.2, 0.5)})
+        (tmp_path / folder).mkdir(parents=True)
+        points.to_csv(tmp_path / folder / "points.csv", index=False)
+        samples.rename(columns={"m": "accuracy"}).to_csv(tmp_path / folder / "samples.csv", index=False)
+    gemma(tmp_path)
+    out = capsys.readouterr().out.splitlines()
+    rows = {ln.split(" | ")[3]: ln for ln in out if ln.startswith("| exp7 | needle")}
+    assert rows["window > keyformer"].endswith("| window ≈ keyformer | 0.2,0.5 | 5 | no |")
+    assert rows["h2o ≈ keyformer"].endswith("| h2o ≈ keyformer | 0.2,0.5 | 5 | yes |")
+    assert pd.read_csv(tmp_path / "exp9_gemma/needle/points.csv")["complete"].all()
