@@ -361,3 +361,20 @@ def test_kvzip_instruction_from_the_models_tokenizer():
     assert text == "\n\nRepeat the previous context exactly.<|im_end|>\n<|im_start|>assistant\n"
     with pytest.raises(ValueError, match="repeat_ids"):
         make_policy("kvzip", repeat_ids="yes")
+
+
+@pytest.mark.parametrize("name", ["keydiff", "expected_attention", "kvzip", "rkv"])
+def test_beams(name):
+    """Beam search: the per-layer memo (query statistics, R-KV's window queries) and KVzip's per-sample scores
+    follow the beams: prompt-once beams == transformers' way, and physical == mask."""
+    model = tiny_model("llama")
+    ids = torch.randint(3, 256, (2, N), generator=torch.Generator().manual_seed(8))
+    pol = _rkv() if name == "rkv" else make_policy(name, budget=0.5)
+    kw = dict(max_new_tokens=NEW, num_beams=2, output_logits=True)
+    once = generate(model, ids, None, pol, **kw)
+    for other in (generate(model, ids, None, pol, prompt_once=False, **kw),
+                  generate(model, ids, None, pol, mode="mask", **kw)):
+        assert torch.equal(once.sequences, other.sequences)
+        assert (once.logits - other.logits).abs().max() < 1e-4
+        for li in range(len(once.cache.layers)):
+            assert once.cache.kept_positions(li) == other.cache.kept_positions(li)
