@@ -372,3 +372,32 @@ def test_ruler_report_section(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "**question-aware**" in out and "**query-agnostic**" in out and "| h2o | 0.5 | 0.5 | 50.0 [" in out
     assert "Question-aware vs query-agnostic" in out and "| keyformer | 0.5 | 41.7 | 41.7 | +0.0 |" in out
+
+
+@pytest.mark.slow  # ~12 s CPU: every policy on a tiny model
+@pytest.mark.skipif(not HAS_CORE, reason="needs the core")
+def test_agnostic_runs_every_policy_within_its_rule(one_thread):
+    """Every registered policy runs the query-agnostic path; step-wise policies hold the context's budget
+    while the question and answer are read, prompt-only ones (compress = "prompt") append them uncompressed
+    (and R-KV until its buffer of decode steps fills)."""
+    import torch
+
+    from keyformer.core.generate import generate_from_context
+    from keyformer.core.models import tiny_model
+    from keyformer.core.policies import POLICIES, make_policy
+
+    model = tiny_model("llama", seed=0)
+    g = torch.Generator().manual_seed(1)
+    ctx = torch.randint(3, 256, (1, 80), generator=g)
+    q = torch.randint(3, 256, (5,), generator=g).tolist()
+    for name in sorted(POLICIES):
+        if name == "full":
+            continue
+        pol = make_policy(name, budget=0.25)
+        _, (out,) = generate_from_context(model, ctx, [q], pol, max_new_tokens=4, seed=3)
+        per_token = out.kv_bytes_full // (80 + 5 + 3)
+        held = out.kv_bytes // per_token
+        if pol.compress == "prompt" or name == "rkv":  # R-KV cuts once per `buffer` (128) decode steps
+            assert held > 20 + 5, name  # the cut context (20) plus the question and the answer so far
+        else:
+            assert held <= 20 + 1, name
