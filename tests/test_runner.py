@@ -324,7 +324,7 @@ def test_unknown_group_option_is_one_line():
 
     allowed = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "policy").glob("*.yaml")))
     assert check_overrides(["policy=foo"]) == f"error: unknown policy='foo'; allowed: {allowed}"
-    assert "full, h2o, keyformer" in allowed
+    assert {"full", "h2o", "keyformer"} <= set(allowed.split(", "))
     assert (check_overrides(["-m", "model=smollm2,nope", "budget=0.2"]).startswith("error: unknown "
                                                                                    "model='nope'"))
     assert check_overrides(["-m", "policy=h2o,keyformer", "+experiment=exp1_cnndm", "model.name=x/y",
