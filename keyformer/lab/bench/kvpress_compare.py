@@ -46,7 +46,10 @@ INSTRUCTION = "Summarize the following news article in three sentences.\n\n"
 
 
 def default_model_dir() -> str:
-    return os.environ.get("KEYFORMER_CACHE_DIR") or str(Path.home() / ".cache" / "keyformer" / "smollm2")
+    """SmolLM2's converted folder, as the loader resolves it (``$KEYFORMER_CACHE_DIR/smollm2``)."""
+    from keyformer.run.loading import cache_dir
+
+    return str(cache_dir())
 
 
 def make_step_clock(base: type) -> Any:
