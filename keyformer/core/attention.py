@@ -10,8 +10,8 @@
 
 The attention function finds the cache layer through the ``_kf_layer`` attribute that
 :meth:`keyformer.core.cache.EvictingLayer.update` sets on the key view it returns; with any other cache the
-model's usual SDPA path runs unchanged. A policy sees a :class:`keyformer.core.policies.base.Context`; this module
-only builds it.
+model's usual SDPA path runs unchanged. A policy sees a :class:`keyformer.core.policies.base.Context`; this
+module only builds it.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ _NO_CUDNN = _NoCudnnSDPA()
 
 
 def _sdpa_backends(device: torch.device):
-    """SDPA without cuDNN on CUDA; the other backends stay as the caller set them. cuDNN's SDPA, PyTorch's first
-    choice on Hopper, plans a graph per key length, and every decode step has a new one: on an H200, GPT-J-6B
-    at batch 1 decoded at 96.6 ms/step with it and 33.4 with flash (``results/bench/gpu``)."""
+    """SDPA without cuDNN on CUDA; the other backends stay as the caller set them. cuDNN's SDPA, PyTorch's
+    first choice on Hopper, plans a graph per key length, and every decode step has a new one: on an H200,
+    GPT-J-6B at batch 1 decoded at 96.6 ms/step with it and 33.4 with flash (``results/bench/gpu``)."""
     if device.type == "cuda" and torch.backends.cuda.cudnn_sdp_enabled():
         return _NO_CUDNN
     return contextlib.nullcontext()
@@ -88,8 +88,8 @@ def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor,
     scoring = policy.needs_attention and layer.window is None and (
         layer.length == 0 or policy.compress in ("step", "interval"))
     if scoring and layer.length > 0 and q > 1:
-        raise NotImplementedError("multi-token forwards over a non-empty evicting cache (chunked prefill) are "
-                                  "not supported by scoring policies")
+        raise NotImplementedError("multi-token forwards over a non-empty evicting cache (chunked prefill) "
+                                  "are not supported by scoring policies")
     mask = layer.attention_mask()  # bool, True = attend
     if scoring and q == 1 and layer.length > 0:
         bias = _alibi(layer, slopes) if slopes is not None else None
@@ -246,11 +246,13 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
 
 
 def _prompt_noise(seeds, layer_idx, heads, qpos, kpos, Hkv, G):
-    """Thunk: Exp(1) noise of query rows at ``qpos`` [B, r] over keys at ``kpos`` [B, c] -> [B, Hkv, G, r, c]."""
+    """Thunk: Exp(1) noise of query rows at ``qpos`` [B, r] over keys at ``kpos`` [B, c] -> [B, Hkv, G, r,
+    c]."""
 
     def noise(draw: int = 0) -> torch.Tensor:
         B, r = qpos.shape
-        rk = gumbel.row_keys(gumbel.draw_seeds(seeds, draw), layer_idx, heads, qpos.clamp(min=0)).view(B, Hkv, G, r, 1)
+        rk = gumbel.row_keys(gumbel.draw_seeds(seeds, draw), layer_idx, heads, qpos.clamp(min=0))
+        rk = rk.view(B, Hkv, G, r, 1)
         return gumbel.exp_noise_fast(rk, gumbel.col_keys(kpos.clamp(min=0)).view(B, 1, 1, 1, -1))
 
     return noise

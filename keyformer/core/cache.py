@@ -12,11 +12,12 @@ Layout of one layer (physical mode)::
 evicts down to the budget and compacts the survivors back into [0, count[b]). After the prompt the buffers are
 re-allocated at the budget plus one spare slot, so the bytes held are the bytes of the tensors.
 
-**Steady state.** Once every sample holds its budget (always, right after the prompt, unless an absolute budget
-exceeds a prompt), a decode step has static shapes and no host synchronisation. Per layer: write the new token
-into the spare slot ``L``, attend over the ``L + 1`` slots, fold its scores into the state, pick one victim per
-(sample, head) among the non-recent slots (lowest priority, ties: the oldest), and move the spare into the
-victim's slot. The full policy preallocates ``prompt + max_new_tokens`` slots and only writes the new token.
+**Steady state.** Once every sample holds its budget (always, right after the prompt, unless an absolute
+budget exceeds a prompt), a decode step has static shapes and no host synchronisation. Per layer: write the
+new token into the spare slot ``L``, attend over the ``L + 1`` slots, fold its scores into the state, pick
+one victim per (sample, head) among the non-recent slots (lowest priority, ties: the oldest), and move the
+spare into the victim's slot. The full policy preallocates ``prompt + max_new_tokens`` slots and only writes
+the new token.
 
 Mask-simulation mode (``mode="mask"``, what the authors' code does) applies the same policy but never moves
 or frees anything: evicted slots are only masked out of attention. It is the naive reference in the tests.
@@ -73,11 +74,15 @@ class EvictingLayer(CacheLayerMixin):
             self.slots = KV_QUANT
             for d in self.dims:
                 qz.check_dim(d)
-            u8, f16 = dict(dtype=torch.uint8, device=self.device), dict(dtype=torch.float16, device=self.device)
+            u8 = dict(dtype=torch.uint8, device=self.device)
+            f16 = dict(dtype=torch.float16, device=self.device)
             (kd, vd), g = self.dims, qz.group_size
-            self.keys, self.values = torch.empty(B, H, 0, qz.code_width(kd), **u8), torch.empty(B, H, 0, qz.code_width(vd), **u8)
-            self.kscale, self.kzero = torch.empty(B, H, 0, kd // g, **f16), torch.empty(B, H, 0, kd // g, **f16)
-            self.vscale, self.vzero = torch.empty(B, H, 0, vd // g, **f16), torch.empty(B, H, 0, vd // g, **f16)
+            self.keys = torch.empty(B, H, 0, qz.code_width(kd), **u8)
+            self.values = torch.empty(B, H, 0, qz.code_width(vd), **u8)
+            self.kscale = torch.empty(B, H, 0, kd // g, **f16)
+            self.kzero = torch.empty(B, H, 0, kd // g, **f16)
+            self.vscale = torch.empty(B, H, 0, vd // g, **f16)
+            self.vzero = torch.empty(B, H, 0, vd // g, **f16)
         self.pos = torch.empty(B, H, 0, dtype=torch.long, device=self.device)
         self.score = torch.empty(B, H, 0, dtype=torch.float32, device=self.device)
         self.alive = torch.empty(B, H, 0, dtype=torch.bool, device=self.device)  # mask mode only
@@ -143,7 +148,9 @@ class EvictingLayer(CacheLayerMixin):
             return
         cap = max(needed, self.cache.capacity_hint(needed), 2 * self.capacity)
         grow = cap - self.capacity
-        pad = lambda t, fill: torch.cat([t, t.new_full((*t.shape[:2], grow, *t.shape[3:]), fill)], dim=2)  # noqa: E731
+        def pad(t: torch.Tensor, fill: float | int | bool) -> torch.Tensor:
+            return torch.cat([t, t.new_full((*t.shape[:2], grow, *t.shape[3:]), fill)], dim=2)
+
         for name in self.slots:
             setattr(self, name, pad(getattr(self, name), 0))
         self.pos, self.score, self.alive = pad(self.pos, -1), pad(self.score, 0.0), pad(self.alive, False)
@@ -161,7 +168,8 @@ class EvictingLayer(CacheLayerMixin):
         rows = self._rows(key_states, value_states)
         for name, r in zip(self.slots, rows, strict=True):
             getattr(self, name)[:, :, L : L + q] = r
-        new_pos, new_real = self.cache.new_positions(self.layer_idx, self.seen, q, B, self.device)  # [B, q] each
+        # [B, q] each
+        new_pos, new_real = self.cache.new_positions(self.layer_idx, self.seen, q, B, self.device)
         self.pos[:, :, L : L + q] = new_pos.unsqueeze(1)
         self.new_kv = rows
         if self.cache.policy.needs_attention:
@@ -215,7 +223,8 @@ class EvictingLayer(CacheLayerMixin):
         return live & self.alive[:, :, :S] if self.cache.mode == "mask" else live
 
     def held_keys(self, S: int) -> torch.Tensor:
-        """[B, H, S, D] the keys of the slots [0, S) in the model's dtype (dequantized if stored quantized)."""
+        """[B, H, S, D] the keys of the slots [0, S) in the model's dtype (dequantized if stored
+        quantized)."""
         if self.slots is KV:
             return self.keys[:, :, :S]
         qz = self.cache.kv_quant
@@ -293,7 +302,8 @@ class EvictingLayer(CacheLayerMixin):
             self.k_bh = torch.where(n_live > k, keep_n, k.expand_as(keep_n))
         by_pos = pos.argsort(dim=-1, descending=True, stable=True)  # ties: keep the more recent
         order = by_pos.gather(-1, prio.gather(-1, by_pos).argsort(dim=-1, descending=True, stable=True))
-        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(S, device=self.device).expand_as(order))
+        rank = (torch.empty_like(order).scatter_(-1, order,
+                                                 torch.arange(S, device=self.device).expand_as(order)))
         keep = rank < keep_n.unsqueeze(-1)
         if cache.mode == "mask":
             self.alive[:, :, :S] = keep
@@ -352,14 +362,16 @@ class EvictingLayer(CacheLayerMixin):
         S = L + 1
         pos = self.pos[:, :, :S]
         prio = self._priority(S).masked_fill(pos > self.cache.recent_floor, torch.inf)
-        if not self.dense:  # samples below the longest budget: their dead slots (position -1) are never victims
+        # samples below the longest budget: their dead slots (position -1) are never victims
+        if not self.dense:
             prio = prio.masked_fill(pos < 0, torch.inf)
         lowest = prio == prio.amin(dim=-1, keepdim=True)
         if not self.dense:
             lowest &= pos >= 0
         victim = pos.masked_fill(~lowest, LONG_MAX).argmin(dim=-1, keepdim=True)  # [B, H, 1]
         vic = victim.unsqueeze(-1)
-        for name, r in zip(self.slots, self.new_kv, strict=True):  # the new token moves into the victim's slot
+        # the new token moves into the victim's slot
+        for name, r in zip(self.slots, self.new_kv, strict=True):
             getattr(self, name).scatter_(2, vic.expand(-1, -1, 1, r.shape[-1]), r)
         self.pos.scatter_(2, victim, self.cache.cur.view(-1, 1, 1).expand_as(victim))
         if self.cache.policy.needs_attention:
@@ -385,7 +397,8 @@ class EvictingLayer(CacheLayerMixin):
         self.dense = bool((self.count == self.length).all())
         self.steady = bool((self.count.view(-1, 1) == self.budget()).all())
         if self.steady and self.capacity > self.length + 1:
-            self._compact(torch.arange(self.length, device=self.device).expand(*pos.shape[:2], -1), self.length,
+            self._compact(torch.arange(self.length, device=self.device).expand(*pos.shape[:2], -1),
+                          self.length,
                           self.count)
 
     def _compact(self, idx: torch.Tensor, new_len: int, count: torch.Tensor) -> None:
@@ -444,13 +457,14 @@ class KVCache(Cache):
         max_new_tokens: used to preallocate the full cache and as the horizon of schedules (Keyformer's tau).
         seed: noise seed; ``seeds`` ([B] ints) sets one per sample.
         mode: ``physical`` (evict and free) or ``mask`` (simulate eviction with attention masks).
-        beam_groups: with beam search, ``num_beams`` for the authors' semantics: the beam copies of a sample are
-            noised independently, their scores summed, and one kept set is shared by them; 1 (default): every
-            beam row keeps its own scores and set.
+        beam_groups: with beam search, ``num_beams`` for the authors' semantics: the beam copies of a sample
+            are noised independently, their scores summed, and one kept set is shared by them; 1 (default):
+            every beam row keeps its own scores and set.
     """
 
     def __init__(self, policy: Policy | None, num_layers: int, *, prompt_mask: torch.Tensor | None = None,
-                 max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None, mode: str = "physical",
+                 max_new_tokens: int = 0, seed: int = 0, seeds: list[int] | None = None,
+                 mode: str = "physical",
                  beam_groups: int = 1, kv_quant: KVQuant | None = None,
                  windows: list[int | None] | None = None):
         if mode not in MODES:
@@ -466,7 +480,8 @@ class KVCache(Cache):
         self.mode, self.max_new_tokens = mode, max_new_tokens
         self.seed, self._seeds = seed, seeds
         self.prompt_mask = prompt_mask
-        self.prompt_expand = 1  # > 1: the prompt forward runs once per sample, then expand_prompt_rows() (beams)
+        # > 1: the prompt forward runs once per sample, then expand_prompt_rows() (beams)
+        self.prompt_expand = 1
         super().__init__(layers=[EvictingLayer(self, i) for i in range(num_layers)])
         self._set_windows(windows)
 
@@ -527,16 +542,19 @@ class KVCache(Cache):
             self.w = torch.zeros_like(self.n)
         self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)  # recent window: pos > this
         self._layer_k: dict[int, torch.Tensor] = {}
-        rows = B * self.prompt_expand  # the decode batch (prompt-once beams: B samples now, B * nb rows later)
+        # the decode batch (prompt-once beams: B samples now, B * nb rows later)
+        rows = B * self.prompt_expand
         reps = rows // (len(self._seeds) if self._seeds else rows)
         seeds = [s for s in self._seeds for _ in range(reps)] if self._seeds else [self.seed] * rows
         if rows % self.beam_groups:
             raise ValueError(f"beam_groups={self.beam_groups} does not divide the model batch {rows}")
         self.seed_t = hashnoise.seeds_tensor(seeds, device)  # [rows] per-row noise seeds
-        if self.beam_groups > 1:  # rows are sample-major: beam r % nb of sample r // nb gets its own noise field
+        # rows are sample-major: beam r % nb of sample r // nb gets its own noise field
+        if self.beam_groups > 1:
             beam = torch.arange(rows, device=device) % self.beam_groups
             self.seed_t = hashnoise.mix32((self.seed_t ^ (beam * 0x7FEB352D)) & hashnoise.M32)
-        if self.prompt_expand > 1:  # the beams' seeds wait for expand_prompt_rows; the prompt rows use beam 0's
+        # the beams' seeds wait for expand_prompt_rows; the prompt rows use beam 0's
+        if self.prompt_expand > 1:
             self.beam_seed_t, self.seed_t = self.seed_t, self.seed_t[:: self.prompt_expand]
 
     def new_positions(self, layer_idx: int, seen: int, q: int, B: int, device: torch.device):
@@ -572,8 +590,8 @@ class KVCache(Cache):
         return self.cur
 
     def select_rows(self, idx: torch.Tensor) -> None:
-        """Make row ``b`` a copy of row ``idx[b]`` (after a prompt forward): fork shared contexts, as lm-eval's
-        requests with one context and several continuations do. The batch may grow or shrink."""
+        """Make row ``b`` a copy of row ``idx[b]`` (after a prompt forward): fork shared contexts, as
+        lm-eval's requests with one context and several continuations do. The batch may grow or shrink."""
         idx = idx.to(self.real.device)
         for layer in self.layers:
             layer.reorder_cache(idx)
@@ -617,13 +635,14 @@ class KVCache(Cache):
         return self.pool_beams(s)[::nb]
 
     def pool_beams(self, s: torch.Tensor) -> torch.Tensor:
-        """This forward's per-row scores [B, H, S], summed over the beams of each sample (``beam_groups`` > 1), so
-        the rows of a sample keep identical states, positions and kept sets."""
+        """This forward's per-row scores [B, H, S], summed over the beams of each sample (``beam_groups`` >
+        1), so the rows of a sample keep identical states, positions and kept sets."""
         nb = self.beam_groups
         if nb == 1:
             return s
         B = s.shape[0]
-        return s.view(B // nb, nb, *s.shape[1:]).sum(1, keepdim=True).expand(-1, nb, *s.shape[1:]).reshape(s.shape)
+        summed = s.view(B // nb, nb, *s.shape[1:]).sum(1, keepdim=True)
+        return summed.expand(-1, nb, *s.shape[1:]).reshape(s.shape)
 
     def capacity_hint(self, needed: int) -> int:
         grows = not self.policy.evicts or self.policy.compress == "prompt"
@@ -645,8 +664,8 @@ class KVCache(Cache):
         """Exp(1) noise of this decode forward at the layer's held slots: a thunk for :class:`Context`.
 
         In the steady state with one budget for every layer, the first layer's call computes the noise of all
-        layers at once (their slots are known: last step's survivors plus the new token in the spare slot), so a
-        step pays one kernel launch, not one per layer; values are identical to the per-layer ones."""
+        layers at once (their slots are known: last step's survivors plus the new token in the spare slot),
+        so a step pays one kernel launch, not one per layer; values are identical to the per-layer ones."""
         S = layer.length + layer.q_len
 
         def noise(draw: int = 0) -> torch.Tensor:
@@ -654,7 +673,8 @@ class KVCache(Cache):
                 if layer.layer_idx == 0 or self._step_noise is None:
                     self._step_noise = self._all_layers_noise(S, group)
                 return self._step_noise[layer.layer_idx]
-            return hashnoise.noise_at(self.seed_t, layer.layer_idx, self.cur, layer.pos[:, :, :S], group, draw)
+            return (hashnoise.noise_at(self.seed_t, layer.layer_idx, self.cur, layer.pos[:, :, :S], group,
+                                       draw))
 
         return noise
 
@@ -668,10 +688,12 @@ class KVCache(Cache):
         """[layers, B, Hkv, G, S] noise of this step for every layer."""
         nl = len(self.layers)
         pos = torch.stack([lay.pos[:, :, :S] for lay in self.layers])  # [layers, B, Hkv, S]
-        pos[..., S - 1] = self.cur.view(1, -1, 1)  # the spare slot: this step's token, in layers not yet updated
+        # the spare slot: this step's token, in layers not yet updated
+        pos[..., S - 1] = self.cur.view(1, -1, 1)
         B = pos.shape[1]
         layers = torch.arange(nl, device=pos.device).repeat_interleave(B)
-        out = hashnoise.noise_at(self.seed_t.repeat(nl), layers, self.cur.repeat(nl), pos.flatten(0, 1), group)
+        out = (hashnoise.noise_at(self.seed_t.repeat(nl), layers, self.cur.repeat(nl), pos.flatten(0, 1),
+                                  group))
         return out.view(nl, B, *out.shape[1:])
 
     # -- measurements ---------------------------------------------------------------------------------------
@@ -714,4 +736,5 @@ class KVCache(Cache):
         live = pos >= 0
         if self.mode == "mask":
             live &= layer.alive[:, :, :S]
-        return [[set(pos[b, h][live[b, h]].tolist()) for h in range(pos.shape[1])] for b in range(pos.shape[0])]
+        return [[set(pos[b, h][live[b, h]].tolist()) for h in range(pos.shape[1])]
+                for b in range(pos.shape[0])]

@@ -119,7 +119,8 @@ def _prefill_once(model: PreTrainedModel, cache: KVCache):
 @torch.inference_mode()
 def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
              policy: Policy | None, max_new_tokens: int = 64, num_beams: int = 1, seed: int = 0,
-             seeds: list[int] | None = None, mode: str = "physical", eos_token_id: int | list[int] | None = None,
+             seeds: list[int] | None = None, mode: str = "physical",
+             eos_token_id: int | list[int] | None = None,
              pad_token_id: int | None = None, min_new_tokens: int = 0, beam_scores: str = "per_beam",
              kv_quant: KVQuant | None = None, prompt_once: bool = True, **kwargs) -> GenerationOutput:
     """Greedy or beam generation with ``policy`` over a left-padded batch.

@@ -42,8 +42,10 @@ def seed32(seed: int) -> int:
     return ((s & M32) ^ ((s >> 32) & M32) ^ ((s >> 64) & M32)) & M32
 
 
-def row_keys(seeds: torch.Tensor, layer: int | torch.Tensor, heads: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
-    """Keys of query rows: ``seeds`` [B], ``layer`` an int or [B], ``heads`` [Hq], ``qpos`` [B, r] -> [B, Hq, r]."""
+def row_keys(seeds: torch.Tensor, layer: int | torch.Tensor, heads: torch.Tensor,
+             qpos: torch.Tensor) -> torch.Tensor:
+    """Keys of query rows: ``seeds`` [B], ``layer`` an int or [B], ``heads`` [Hq], ``qpos`` [B, r] -> [B, Hq,
+    r]."""
     if isinstance(layer, torch.Tensor):
         layer = layer.view(-1, 1)
     base = mix32((seeds.view(-1, 1) * C1 + layer * C2) & M32)  # [B, 1]
@@ -64,8 +66,9 @@ def exp_noise(rkey: torch.Tensor, ckey: torch.Tensor) -> torch.Tensor:
 def exp_of_hash(h: torch.Tensor) -> torch.Tensor:
     """Exp(1) draws from 32-bit hashes (their top 24 bits), fp32, always > 0."""
     u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
-    # (2**24 - 1) + 0.5 rounds to 2**24 in fp32, so u would be 1 and E = 0 (score p / 0 = inf, then NaN) once in
-    # 2**24 draws; the largest u below 1 gives E = 6e-8 (Gumbel g = 16.6) and leaves every other draw unchanged
+    # (2**24 - 1) + 0.5 rounds to 2**24 in fp32, so u would be 1 and E = 0 (score p / 0 = inf, then NaN) once
+    # in 2**24 draws; the largest u below 1 gives E = 6e-8 (Gumbel g = 16.6) and leaves every other draw
+    # unchanged
     return -torch.log(u.clamp_(max=U_MAX))
 
 
@@ -74,12 +77,13 @@ def draw_seeds(seeds: torch.Tensor, draw: int) -> torch.Tensor:
     return seeds if draw == 0 else mix32((seeds ^ (draw * 0x632BE5AB)) & M32)
 
 
-def noise_at(seeds: torch.Tensor, layer: int | torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor, group: int,
+def noise_at(seeds: torch.Tensor, layer: int | torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor,
+             group: int,
              draw: int = 0) -> torch.Tensor:
     """Noise of one query per row at given key positions (a decode step over its held slots).
 
-    ``seeds`` [B]; ``layer`` an int or [B] per row; ``qpos`` [B]; ``kpos`` [B, Hkv, S] -> [B, Hkv, G, S] for query
-    heads ``hkv * G + g``. About 50 small integer ops: one fused compiled kernel on CPU (see
+    ``seeds`` [B]; ``layer`` an int or [B] per row; ``qpos`` [B]; ``kpos`` [B, Hkv, S] -> [B, Hkv, G, S] for
+    query heads ``hkv * G + g``. About 50 small integer ops: one fused compiled kernel on CPU (see
     :func:`exp_noise_fast`); an entry's value does not depend on the shape it is computed in."""
     fn = compiled("at", _noise_at) if use_compile(kpos) else _noise_at
     if not isinstance(layer, torch.Tensor):  # a tensor, so that there is no recompilation per layer
@@ -105,15 +109,19 @@ def seeds_tensor(seeds: list[int], device: torch.device) -> torch.Tensor:
 
 
 def prompt_noise(seed: int, layer: int, r0: int, r1: int, heads: int, device: torch.device) -> torch.Tensor:
-    """Noise of unpadded prompt rows [r0, r1) over keys [0, r1): [heads, r1 - r0, r1] (a reference accessor)."""
+    """Noise of unpadded prompt rows [r0, r1) over keys [0, r1): [heads, r1 - r0, r1] (a reference
+    accessor)."""
     rows = torch.arange(r0, r1, device=device)
-    rk = row_keys(seeds_tensor([seed], device), layer, torch.arange(heads, device=device), rows.view(1, -1))[0]
+    rk = (row_keys(seeds_tensor([seed], device), layer, torch.arange(heads, device=device),
+                   rows.view(1, -1))[0])
     return exp_noise(rk.unsqueeze(-1), col_keys(torch.arange(r1, device=device)).view(1, 1, -1))
 
 
 def decode_noise(seed: int, p: int, layers: int, heads: int, device: torch.device) -> torch.Tensor:
-    """Noise of the query at position ``p`` over keys [0, p], every layer: [layers, p + 1, heads] (reference)."""
-    return torch.stack([prompt_noise(seed, layer, p, p + 1, heads, device)[:, 0].t() for layer in range(layers)])
+    """Noise of the query at position ``p`` over keys [0, p], every layer: [layers, p + 1, heads]
+    (reference)."""
+    return (torch.stack([prompt_noise(seed, layer, p, p + 1, heads, device)[:, 0].t()
+                         for layer in range(layers)]))
 
 
 _COMPILED: dict[str, object] = {}
@@ -121,11 +129,13 @@ _COMPILED: dict[str, object] = {}
 
 def use_compile(t: torch.Tensor) -> bool:
     """Whether CPU kernels on ``t`` run compiled (``KEYFORMER_COMPILE``, default on; off after a failure)."""
-    return t.device.type == "cpu" and os.environ.get("KEYFORMER_COMPILE", "1") != "0" and _COMPILED.get("ok", True)
+    return (t.device.type == "cpu" and os.environ.get("KEYFORMER_COMPILE", "1") != "0"
+            and _COMPILED.get("ok", True))
 
 
 def compiled(name: str, fn):
-    """``torch.compile(fn, dynamic=True)``, made once per name, falling back to ``fn`` on any compiler error."""
+    """``torch.compile(fn, dynamic=True)``, made once per name, falling back to ``fn`` on any compiler
+    error."""
     if name not in _COMPILED:
         _COMPILED[name] = torch.compile(fn, dynamic=True)
     return _guarded(_COMPILED[name], fn)
@@ -138,7 +148,8 @@ def _guarded(fast, eager):
         try:
             return fast(*args)
         except Exception as e:  # noqa: BLE001 - any compiler failure: eager is always correct
-            warnings.warn(f"torch.compile failed for Keyformer's kernels ({type(e).__name__}: {e}); using eager",
+            warnings.warn(f"torch.compile failed for Keyformer's kernels ({type(e).__name__}: {e}); using "
+                          f"eager",
                           stacklevel=3)
             _COMPILED["ok"] = False
             return eager(*args)

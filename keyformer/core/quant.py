@@ -32,14 +32,16 @@ class KVQuant:
 
     def __post_init__(self) -> None:
         if isinstance(self.bits, bool) or self.bits not in BITS:
-            raise ValueError(f"kv_quant.bits={self.bits!r} is not supported; valid: {', '.join(map(str, BITS))}")
+            raise ValueError(f"kv_quant.bits={self.bits!r} is not supported; valid: "
+                             f"{', '.join(map(str, BITS))}")
         g = self.group_size
         if isinstance(g, bool) or not isinstance(g, int) or g < 2 or g % 2:
             raise ValueError(f"kv_quant.group_size={g!r} must be an even int >= 2")
 
     def check_dim(self, d: int) -> None:
         if d % self.group_size:
-            raise ValueError(f"kv_quant.group_size={self.group_size} does not divide this model's head dim {d}; "
+            raise ValueError(f"kv_quant.group_size={self.group_size} does not divide this model's head dim "
+                             f"{d}; "
                              f"valid: a divisor of {d}")
 
     def code_width(self, d: int) -> int:
@@ -47,7 +49,8 @@ class KVQuant:
         return d * self.bits // 8
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``x`` [..., D] -> (codes uint8 [..., D * bits / 8], scale fp16 [..., D / g], zero fp16 [..., D / g])."""
+        """``x`` [..., D] -> (codes uint8 [..., D * bits / 8], scale fp16 [..., D / g], zero fp16 [..., D /
+        g])."""
         try:
             from hqq.core.quantize import Quantizer
         except ImportError as e:  # pragma: no cover - the [quant] extra is installed in CI

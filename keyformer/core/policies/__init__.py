@@ -25,7 +25,8 @@ POLICIES: dict[str, type[Policy]] = Policy.registry
 
 
 def policy_class(target: str) -> type[Policy]:
-    """The policy class of a name (``h2o``) or a ``_target_`` path (``keyformer.core.policies.h2o.H2OPolicy``)."""
+    """The policy class of a name (``h2o``) or a ``_target_`` path
+    (``keyformer.core.policies.h2o.H2OPolicy``)."""
     if target in POLICIES:
         return POLICIES[target]
     if "." in str(target):
@@ -65,5 +66,6 @@ def build_policy(node: Mapping[str, Any]) -> Policy:
     return make_policy(name, **kwargs)
 
 
-__all__ = ["POLICIES", "Context", "Policy", "ScorePolicy", "FullPolicy", "WindowPolicy", "StreamingPolicy", "H2OPolicy",
+__all__ = ["POLICIES", "Context", "Policy", "ScorePolicy", "FullPolicy", "WindowPolicy", "StreamingPolicy",
+           "H2OPolicy",
            "KeyformerPolicy", "make_policy", "build_policy", "split_node", "policy_class"]

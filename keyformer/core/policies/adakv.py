@@ -44,7 +44,8 @@ class AdaKVMixin:
         if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0:
             raise ValueError(f"alpha_safeguard={a!r} must be in [0, 1] (share of k every head keeps)")
         if not isinstance(self.budget, float):  # type: ignore[attr-defined]
-            raise ValueError(f"budget={self.budget!r}: Ada-KV needs a fractional budget in (0, 1] "  # type: ignore[attr-defined]
+            budget = self.budget  # type: ignore[attr-defined]
+            raise ValueError(f"budget={budget!r}: Ada-KV needs a fractional budget in (0, 1] "
                              "(per-head budgets are shared out of a cut prompt)")
 
     def head_budgets(self, prio: torch.Tensor, keep_n: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -78,4 +79,5 @@ class AdaKVKeyformerPolicy(AdaKVMixin, KeyformerPolicy):
         super().__post_init__()
         self._check_ada()
         if self.head_reduction != "per_head":
-            raise ValueError(f"head_reduction={self.head_reduction!r}: Ada-KV allocates per head; valid: per_head")
+            raise ValueError(f"head_reduction={self.head_reduction!r}: Ada-KV allocates per head; valid: "
+                             f"per_head")

@@ -10,12 +10,13 @@ A policy decides, for every (sample, layer, KV head), which cached tokens surviv
 2. The attention path sums the scores over those query rows and over the query heads of a GQA group, then
    ``accumulate(state, s, ctx)`` folds them into the per-slot state [B, Hkv, S] (default: add; TOVA-like
    policies replace). After the prompt ``after_prompt(state, ctx)`` may transform it (pooling).
-3. ``priority(state, ctx)``: keep-priority of the slots (higher is kept); ``ctx.pos``, ``ctx.cur``, ``ctx.w`` and
-   ``ctx.step`` say where they are. The cache keeps the recent window, then the highest-priority tokens,
+3. ``priority(state, ctx)``: keep-priority of the slots (higher is kept); ``ctx.pos``, ``ctx.cur``, ``ctx.w``
+   and ``ctx.step`` say where they are. The cache keeps the recent window, then the highest-priority tokens,
    evicting ties oldest first.
 
-Every hook takes the :class:`Context` (``layer_budget(k, n, ctx)`` and ``head_budgets(prio, keep_n, ctx)`` too).
-A scorer-only policy subclasses :class:`ScorePolicy` and writes ``score``; the other hooks are opt-in overrides.
+Every hook takes the :class:`Context` (``layer_budget(k, n, ctx)`` and ``head_budgets(prio, keep_n, ctx)``
+too). A scorer-only policy subclasses :class:`ScorePolicy` and writes ``score``; the other hooks are opt-in
+overrides.
 
 ``compress`` says when the cache is cut: ``"step"`` (after the prompt and at every decode step) or
 ``"prompt"`` (once after the prompt; decode tokens are then all kept) or ``"interval"`` (after the prompt,
@@ -91,11 +92,13 @@ class Policy:
         if isinstance(b, bool) or not isinstance(b, (int, float)):
             raise ValueError(f"budget={b!r} must be a float in (0, 1] or an int token count >= 1")
         if isinstance(b, float) and not 0.0 < b <= 1.0:
-            raise ValueError(f"budget={b!r} is outside (0, 1]; pass a fraction of the prompt in (0, 1] or an int >= 1")
+            raise ValueError(f"budget={b!r} is outside (0, 1]; pass a fraction of the prompt in (0, 1] or an "
+                             f"int >= 1")
         if isinstance(b, int) and b < 1:
             raise ValueError(f"budget={b!r} is a token count < 1; absolute budgets must be >= 1")
         if not 0.0 <= float(self.recent) <= 1.0:
-            raise ValueError(f"recent={self.recent!r} is outside [0, 1] (fraction of the budget kept as recent window)")
+            raise ValueError(f"recent={self.recent!r} is outside [0, 1] (fraction of the budget kept as "
+                             f"recent window)")
         if not isinstance(self.prefill_only, bool):
             raise ValueError(f"prefill_only={self.prefill_only!r} must be true or false")
         if self.prefill_only:
@@ -114,16 +117,18 @@ class Policy:
         return (k.double() * self.recent).floor().long()
 
     def layer_budget(self, k: torch.Tensor, n: torch.Tensor, ctx: Context) -> torch.Tensor:
-        """Budget [B] of layer ``ctx.layer`` (of ``ctx.num_layers``) from the per-sample budget ``k`` [B] and prompt
-        lengths ``n`` [B]. Default: ``k`` in every layer; per-layer policies (PyramidKV) keep the mean at ``k``."""
+        """Budget [B] of layer ``ctx.layer`` (of ``ctx.num_layers``) from the per-sample budget ``k`` [B] and
+        prompt lengths ``n`` [B]. Default: ``k`` in every layer; per-layer policies (PyramidKV) keep the mean
+        at ``k``."""
         return k
 
     adaptive_heads: ClassVar[bool] = False  # head_budgets() shares a layer's budget among its heads (Ada-KV)
 
     def head_budgets(self, prio: torch.Tensor, keep_n: torch.Tensor, ctx: Context) -> torch.Tensor:
-        """Tokens kept per (sample, KV head) at the prompt cut, [B, H], from keep-priorities ``prio`` [B, H, S]
-        (recent window +inf, dead slots -inf), positions ``ctx.pos`` [B, H, S] and the uniform counts ``keep_n``
-        [B, H]; called only when ``adaptive_heads``. These budgets then hold at every decode step."""
+        """Tokens kept per (sample, KV head) at the prompt cut, [B, H], from keep-priorities ``prio`` [B, H,
+        S] (recent window +inf, dead slots -inf), positions ``ctx.pos`` [B, H, S] and the uniform counts
+        ``keep_n`` [B, H]; called only when ``adaptive_heads``. These budgets then hold at every decode
+        step."""
         return keep_n
 
     # -- scoring ----------------------------------------------------------------------------------
@@ -143,9 +148,9 @@ class Policy:
         return state
 
     def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
-        """Keep-priority of the slots (higher is kept) from the state [B, Hkv, S]; ``ctx.pos`` [B, Hkv, S] slot
-        positions, ``ctx.cur`` [B] newest position, ``ctx.w`` [B] recent-window size, ``ctx.step`` 0 at the
-        prompt. The recent window is kept regardless."""
+        """Keep-priority of the slots (higher is kept) from the state [B, Hkv, S]; ``ctx.pos`` [B, Hkv, S]
+        slot positions, ``ctx.cur`` [B] newest position, ``ctx.w`` [B] recent-window size, ``ctx.step`` 0 at
+        the prompt. The recent window is kept regardless."""
         return state
 
 

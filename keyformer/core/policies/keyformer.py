@@ -52,14 +52,19 @@ class KeyformerPolicy(Policy):
             raise ValueError(f"tau_init={self.tau_init!r} must be > 0")
         if self.tau_end < self.tau_init:
             raise ValueError(f"tau_end={self.tau_end!r} must be >= tau_init={self.tau_init!r}")
-        if isinstance(self.noise_samples, bool) or not isinstance(self.noise_samples, int) or self.noise_samples < 1:
+        if isinstance(self.noise_samples, bool) or not isinstance(self.noise_samples,
+                                                                  int) or self.noise_samples < 1:
             raise ValueError(f"noise_samples={self.noise_samples!r} must be an int >= 1")
         if self.candidates not in CANDIDATE_RULES:
-            raise ValueError(f"candidates={self.candidates!r} is unknown; valid: {', '.join(CANDIDATE_RULES)}")
+            raise ValueError(f"candidates={self.candidates!r} is unknown; valid: "
+                             f"{', '.join(CANDIDATE_RULES)}")
         if self.head_reduction not in HEAD_REDUCTIONS:
-            raise ValueError(f"head_reduction={self.head_reduction!r} is unknown; valid: {', '.join(HEAD_REDUCTIONS)}")
-        if self.max_new_tokens is not None and (isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1):
-            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be null (the generation's length) or >= 1")
+            raise ValueError(f"head_reduction={self.head_reduction!r} is unknown; valid: "
+                             f"{', '.join(HEAD_REDUCTIONS)}")
+        if self.max_new_tokens is not None and (isinstance(self.max_new_tokens, bool) or self.max_new_tokens
+                                                < 1):
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be null (the generation's length) "
+                             f"or >= 1")
 
     @property
     def uses_noise(self) -> bool:  # type: ignore[override]
@@ -80,7 +85,8 @@ class KeyformerPolicy(Policy):
             return gumbel_score(probs, ctx.noise() if self.noise else None, tau)
         total = gumbel_score(probs.clone(), ctx.noise(0), tau)
         for draw in range(1, self.noise_samples):
-            total += gumbel_score(probs.clone() if draw + 1 < self.noise_samples else probs, ctx.noise(draw), tau)
+            total += (gumbel_score(probs.clone() if draw + 1 < self.noise_samples else probs,
+                                   ctx.noise(draw), tau))
         return total.div_(self.noise_samples)
 
     def priority(self, score: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -95,7 +101,8 @@ class KeyformerPolicy(Policy):
 def gumbel_score(probs: torch.Tensor, noise: torch.Tensor | None, tau: float) -> torch.Tensor:
     """``normalise((probs / noise) ** (1 / tau))`` over the last axis (in place when eager). On CPU, a large
     block (the prompt's) is one compiled kernel instead of four passes over memory; a decode row stays eager:
-    profiled at a 1k prompt, a compiled call took 114 us per layer against about 30 us for the four small ops."""
+    profiled at a 1k prompt, a compiled call took 114 us per layer against about 30 us for the four small
+    ops."""
     if noise is None and tau == 1.0:
         return probs
     if noise is not None and probs.numel() >= FUSE_MIN and hashnoise.use_compile(probs):

@@ -1,9 +1,9 @@
 """PyramidKV (Cai et al. 2024): SnapKV with per-layer budgets that shrink with depth.
 
 Scores and the single prompt cut are SnapKV's (observation window of the last ``window_size`` queries,
-pooled). Every layer keeps the window ``w = min(window_size, k)``; the budget outside it, ``k - w`` on average,
-falls linearly from ``max`` at the first layer to ``min`` at the last, with ``min = (k - w) / beta`` and
-``max = 2 (k - w) - min``, so the mean over layers is ``k`` (the same total as SnapKV, up to rounding). If
+pooled). Every layer keeps the window ``w = min(window_size, k)``; the budget outside it, ``k - w`` on
+average, falls linearly from ``max`` at the first layer to ``min`` at the last, with ``min = (k - w) / beta``
+and ``max = 2 (k - w) - min``, so the mean over layers is ``k`` (the same total as SnapKV, up to rounding). If
 ``max`` would exceed ``n - w`` it is capped there and ``min = 2 (k - w) - max``. This is the authors'
 KVCache-Factory rule (``PyramidKVCluster``: the pyramid is over the budget outside the window). Budgets are
 clamped to [1, n]. Defaults are the authors' (beta 20, window 64, kernel 5).

@@ -51,5 +51,6 @@ class SnapKVPolicy(Policy):
         B, H, n = state.shape
         window = ctx.pos[..., :n] > (ctx.cur - self.window_size).view(-1, 1, 1)
         state = state.masked_fill(window, 0.0)
-        pooled = F.avg_pool1d(state.reshape(B * H, 1, n), self.kernel_size, stride=1, padding=self.kernel_size // 2)
+        pooled = (F.avg_pool1d(state.reshape(B * H, 1, n), self.kernel_size, stride=1,
+                               padding=self.kernel_size // 2))
         return pooled.view(B, H, n)

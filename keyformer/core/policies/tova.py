@@ -31,7 +31,8 @@ class TOVAPolicy(Policy):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.head_reduction not in HEAD_REDUCTIONS:
-            raise ValueError(f"head_reduction={self.head_reduction!r} is unknown; valid: {', '.join(HEAD_REDUCTIONS)}")
+            raise ValueError(f"head_reduction={self.head_reduction!r} is unknown; valid: "
+                             f"{', '.join(HEAD_REDUCTIONS)}")
 
     def accumulate(self, state: torch.Tensor, s: torch.Tensor, ctx: Context) -> None:
         if self.head_reduction == "layer":  # every KV head gets the layer's mean: one kept set per layer
