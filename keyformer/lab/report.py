@@ -691,6 +691,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     "attention": attention,
     "ablations": ablations,
     "kvpress": kvpress,
+    "kvpress_new": lambda res: kvpress(res, "crosscheck_kvpress/new_policies"),
     "bench_targets": bench_targets,
     "exp10_ruler": ruler,
 }
