@@ -393,9 +393,7 @@ def _git_state() -> dict[str, Any]:
         except (OSError, subprocess.CalledProcessError):
             return ""
 
-    paths = ["keyformer/core/cache.py", "keyformer/core/attention.py", "keyformer/core/generate.py",
-             "keyformer/core/models.py",
-             "keyformer/policies"]  # what decides the kept sets and tokens
+    paths = ["keyformer/core"]  # what decides the kept sets and tokens
     return {"commit": git("rev-parse", "HEAD"), "dirty": git("status", "--porcelain", *paths).splitlines()}
 
 
