@@ -282,6 +282,10 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
                      f"{resume_command(rd.path)}")
     print("\n".join(lines), flush=True)
     rd.append_log("\n".join(lines))  # run.log: the run's own log beside its results
+    if cfg.get("progress", True):
+        from keyformer.run.validate import thread_hint
+
+        thread_hint()  # after a finished run only: a refused config stays one error line
     return metrics
 
 

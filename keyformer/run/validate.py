@@ -406,7 +406,6 @@ def check_cli(argv: list[str]) -> str | None:
     model = composed.get("model") or {}
     if isinstance(model, Mapping) and model.get("source") == "hub":
         hub_fail_fast()
-    thread_hint()
     return None
 
 
