@@ -403,9 +403,10 @@ def test_queue_records_become_n_samples():
     assert records_override(3, ["n_samples=5", "policy=h2o"]) == []
 
 
-def test_run_log_modes_and_resume_lines(tmp_path, capsys):
+def test_run_log_modes_and_resume_lines(tmp_path, capsys, monkeypatch):
     """A partial run prints (and logs to run.log) its resume command; the next call says where it resumes;
     every result file has one mode."""
+    monkeypatch.setattr(sys, "argv", ["run.py"])  # the resume line echoes the command line, not pytest's
     from test_runner import FakeCore
 
     from keyformer.run.tasks.generate import run
