@@ -108,7 +108,7 @@ def test_thread_hint_on_a_busy_machine(monkeypatch, capsys):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (2.3, 2.0, 2.0))
     hint = V.thread_hint()
-    assert hint and "OMP_NUM_THREADS=1" in hint and "172 s" in hint and "\n" not in hint
+    assert hint and "OMP_NUM_THREADS=1" in hint and "\n" not in hint
     monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1))
     assert V.thread_hint() is None
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

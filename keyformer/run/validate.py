@@ -439,8 +439,8 @@ def hub_fail_fast() -> bool:
 
 def thread_hint() -> str | None:
     """A one-line hint (printed, and returned) when the machine is busy and the thread count is torch's
-    default: on a loaded 2-core machine the default run took 172 s with 2 threads, 49 s with
-    ``OMP_NUM_THREADS=1`` (identical predictions)."""
+    default: on a loaded 2-core machine OpenMP's two threads stall when a core is taken, and
+    ``OMP_NUM_THREADS=1`` is often several times faster (identical predictions)."""
     if os.environ.get("OMP_NUM_THREADS") or not hasattr(os, "getloadavg"):
         return None
     cores = os.cpu_count() or 1
@@ -448,7 +448,7 @@ def thread_hint() -> str | None:
     if cores > 8 or load < cores - 0.5:
         return None
     hint = (f"[keyformer] this machine is busy (load {load:.1f} on {cores} cores): OMP_NUM_THREADS=1 is "
-            "often several times faster here (e.g. 49 s vs 172 s for the default run)")
+            "often several times faster on a shared machine (same predictions)")
     print(hint, file=sys.stderr, flush=True)
     return hint
 
