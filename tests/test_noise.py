@@ -128,3 +128,51 @@ def test_exp_noise_is_never_zero():
     assert bool((e > 0).all()) and bool(e.isfinite().all())
     lo = exp_of_hash(torch.arange(0, 4096, dtype=torch.int64) << 8)  # the other end: large, finite draws
     assert bool(lo.isfinite().all()) and float(lo.max()) < 18.0
+
+
+def test_compiler_failure_falls_back_to_eager_once_and_is_recorded(monkeypatch):
+    """A compiled kernel that fails (here: a corrupt inductor cache's unloadable kernel, simulated) falls back
+    to eager with one warning naming the reason, and :func:`kernel_record` says so (metrics.json's
+    ``noise_kernel``); the values are the eager ones."""
+    import warnings
+
+    fail = []
+
+    def fast_at(*args):  # stands in for the compiled kernel; fails once ``fail`` is set
+        if fail:
+            raise RuntimeError("backend='inductor' raised:\n...") from ImportError(
+                "/tmp/torchinductor_root/x/y.so: invalid ELF header\nmore lines")
+        return nz._noise_at(*args)
+
+    monkeypatch.setenv("KEYFORMER_COMPILE", "1")
+    monkeypatch.setattr(nz, "_COMPILED", {"at": fast_at})
+    monkeypatch.setattr(nz, "_RAN", set())
+    monkeypatch.setattr(nz, "_FALLBACK", [])
+    seeds, cur, pos = nz.seeds_tensor([3, 4], "cpu"), torch.tensor([39, 39]), torch.randint(0, 40, (2, 2, 9))
+    expected = nz._noise_at(seeds, torch.full((1,), 5), cur, pos, 3)
+    assert nz.kernel_record() is None  # no noise drawn yet
+    assert torch.equal(nz.noise_at(seeds, 5, cur, pos, 3), expected)
+    assert nz.kernel_record() == {"kernels": ["compiled"], "fallback": None}
+    fail.append(True)
+    with pytest.warns(RuntimeWarning, match="invalid ELF header") as caught:
+        got = nz.noise_at(seeds, 5, cur, pos, 3)
+    assert len(caught) == 1 and "TORCHINDUCTOR_CACHE_DIR" in str(caught[0].message)
+    assert torch.equal(got, expected)
+    reason = ("RuntimeError: backend='inductor' raised: (from ImportError: /tmp/torchinductor_root/x/y.so: "
+              "invalid ELF header)")
+    assert nz.kernel_record() == {"kernels": ["compiled", "eager"], "fallback": reason}
+    nz.reset_kernel_record()  # the next job of this process: eager from the start, the reason still given
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per process, not per call
+        assert torch.equal(nz.noise_at(seeds, 5, cur, pos, 3), expected)
+        rk, ck = nz.row_keys(seeds, 5, torch.arange(6), cur.view(-1, 1)), nz.col_keys(torch.arange(40))
+        assert torch.equal(nz.exp_noise_fast(rk.unsqueeze(-1), ck.view(1, 1, 1, -1)),
+                           nz.exp_noise(rk.unsqueeze(-1), ck.view(1, 1, 1, -1)))
+    assert not nz.use_compile(pos) and nz.kernel_record() == {"kernels": ["eager"], "fallback": reason}
+
+
+def test_eager_by_choice_is_recorded_without_a_fallback(monkeypatch):
+    monkeypatch.setenv("KEYFORMER_COMPILE", "0")
+    monkeypatch.setattr(nz, "_RAN", set())
+    nz.noise_at(nz.seeds_tensor([1], "cpu"), 0, torch.tensor([3]), torch.arange(4).view(1, 1, 4), 2)
+    assert nz.kernel_record() == {"kernels": ["eager"], "fallback": None}

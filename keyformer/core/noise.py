@@ -85,7 +85,7 @@ def noise_at(seeds: torch.Tensor, layer: int | torch.Tensor, qpos: torch.Tensor,
     ``seeds`` [B]; ``layer`` an int or [B] per row; ``qpos`` [B]; ``kpos`` [B, Hkv, S] -> [B, Hkv, G, S] for
     query heads ``hkv * G + g``. About 50 small integer ops: one fused compiled kernel on CPU (see
     :func:`exp_noise_fast`); an entry's value does not depend on the shape it is computed in."""
-    fn = compiled("at", _noise_at) if use_compile(kpos) else _noise_at
+    fn = compiled("at", _noise_at) if use_compile(kpos) else _eager(_noise_at)
     if not isinstance(layer, torch.Tensor):  # a tensor, so that there is no recompilation per layer
         layer = torch.full((1,), layer, dtype=torch.long, device=kpos.device)
     return fn(draw_seeds(seeds, draw), layer, qpos, kpos, group)
@@ -125,12 +125,35 @@ def decode_noise(seed: int, p: int, layers: int, heads: int, device: torch.devic
 
 
 _COMPILED: dict[str, object] = {}
+_RAN: set[str] = set()  # "compiled" / "eager": what the kernels ran as since reset_kernel_record()
+_FALLBACK: list[str] = []  # why this process fell back to eager (the first failure), else empty
 
 
 def use_compile(t: torch.Tensor) -> bool:
     """Whether CPU kernels on ``t`` run compiled (``KEYFORMER_COMPILE``, default on; off after a failure)."""
     return (t.device.type == "cpu" and os.environ.get("KEYFORMER_COMPILE", "1") != "0"
             and _COMPILED.get("ok", True))
+
+
+def kernel_record() -> dict | None:
+    """What the noise kernels (:func:`noise_at`, :func:`exp_noise_fast` and the compiled Gumbel score) ran as
+    in this process since :func:`reset_kernel_record`: None when none ran, else ``{"kernels": ["compiled"],
+    ["eager"] or ["compiled", "eager"], "fallback": null or why the compiled kernels failed (exception type
+    and first line; process-wide: once failed, every later call is eager)}``. Eager without a fallback: by
+    choice (a device other than CPU, ``KEYFORMER_COMPILE=0``)."""
+    if not _RAN:
+        return None
+    return {"kernels": sorted(_RAN), "fallback": _FALLBACK[0] if _FALLBACK and "eager" in _RAN else None}
+
+
+def reset_kernel_record() -> None:
+    """Start a new :func:`kernel_record` (one per job); a fallback stays: it holds for the whole process."""
+    _RAN.clear()
+
+
+def _eager(fn):
+    _RAN.add("eager")
+    return fn
 
 
 def compiled(name: str, fn):
@@ -141,18 +164,34 @@ def compiled(name: str, fn):
     return _guarded(_COMPILED[name], fn)
 
 
+def failure_reason(e: BaseException) -> str:
+    """``Type: first line`` of an exception, and of the compiler error it wraps (``BackendCompilerFailed``
+    holds the real one, e.g. a C++ compile error or an unloadable kernel from a corrupt inductor cache)."""
+    def one(x: BaseException) -> str:
+        first = next((line.strip() for line in str(x).splitlines() if line.strip()), "")
+        return f"{type(x).__name__}: {first}"[:300]
+
+    inner = getattr(e, "inner_exception", None) or e.__cause__
+    return one(e) + (f" (from {one(inner)})" if inner is not None and inner is not e else "")
+
+
 def _guarded(fast, eager):
     def call(*args):
         if not _COMPILED.get("ok", True):
-            return eager(*args)
+            return _eager(eager)(*args)
         try:
-            return fast(*args)
+            out = fast(*args)
         except Exception as e:  # noqa: BLE001 - any compiler failure: eager is always correct
-            warnings.warn(f"torch.compile failed for Keyformer's kernels ({type(e).__name__}: {e}); using "
-                          f"eager",
-                          stacklevel=3)
-            _COMPILED["ok"] = False
-            return eager(*args)
+            _COMPILED["ok"] = False  # once per process: every later call runs eager
+            _FALLBACK.append(failure_reason(e))
+            warnings.warn(f"Keyformer's compiled noise kernels failed ({_FALLBACK[0]}); this process now "
+                          f"runs them eager, whose log can differ from the compiled one in the last bit "
+                          f"(recorded as metrics.json's noise_kernel). A known cause: an inductor cache "
+                          f"(TORCHINDUCTOR_CACHE_DIR) corrupted by processes compiling into it at once.",
+                          RuntimeWarning, stacklevel=3)
+            return _eager(eager)(*args)
+        _RAN.add("compiled")
+        return out
 
     return call
 
@@ -164,7 +203,7 @@ def exp_noise_fast(rkey: torch.Tensor, ckey: torch.Tensor) -> torch.Tensor:
     values can differ in the last bit of ``log``; every path of one run uses the same one."""
     shape = torch.broadcast_shapes(rkey.shape, ckey.shape)
     if not use_compile(rkey):
-        return exp_noise(rkey, ckey)
+        return _eager(exp_noise)(rkey, ckey)
     B, c = shape[0], shape[-1]
     r2 = rkey.expand(*shape[:-1], 1).reshape(B, -1, 1)  # [B, M, 1]: few graphs (B == 1 or not)
     return compiled("block", exp_noise)(r2, ckey.reshape(B, 1, c)).view(shape)
