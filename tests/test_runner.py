@@ -238,6 +238,24 @@ def test_metrics_say_what_ran(tmp_path):
     assert m["model"] == "tiny-llama" and m["model_source"] == "tiny" and m["task"] == "generate"
     assert m["dtype"] == "float32" and m["device"] == "cpu" and m["code_version"].count("+") == 1
     assert OmegaConf.load(tmp_path / "config.yaml").resolved.versions.keyformer == m["code_version"]
+    assert m["noise_kernel"] is None  # the fake backend draws no noise
+
+
+@needs_model
+def test_metrics_record_the_noise_kernel(tmp_path, one_thread):
+    """A real Keyformer run on a tiny model records what its noise ran as (eager: tests run with
+    KEYFORMER_COMPILE=0); a resumed folder keeps what its earlier calls recorded."""
+    from keyformer.run.scaffold import noise_kernel
+
+    m = run(cfg_dict(tmp_path, "n_samples=1", "generation.max_new_tokens=4", "warmup=false"))
+    assert m["policy"] == "keyformer" and m["complete"]
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["noise_kernel"] == {"kernels": ["eager"], "fallback": None}
+    eager, compiled = {"kernels": ["eager"], "fallback": "X: y"}, {"kernels": ["compiled"], "fallback": None}
+    assert noise_kernel(compiled, {"noise_kernel": eager}) == {"kernels": ["compiled", "eager"],
+                                                               "fallback": "X: y"}
+    assert noise_kernel(None, {"noise_kernel": eager}) == eager and noise_kernel(compiled, None) == compiled
+    assert noise_kernel(None, {}) is None
 
 
 def test_gguf_model_cannot_be_renamed(tmp_path):

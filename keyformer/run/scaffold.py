@@ -235,6 +235,19 @@ def common_metrics(job: Job, wall_s: float) -> dict[str, Any]:
     }
 
 
+def noise_kernel(now: dict | None, previous: Mapping[str, Any] | None) -> dict | None:
+    """metrics.json's ``noise_kernel``: what Keyformer's noise kernels ran as (``compiled``/``eager``, and the
+    compiler failure when this process fell back to eager; see :func:`keyformer.core.noise.kernel_record`),
+    null when no noise was drawn. A resumed folder (``stop_after`` calls, each in its own job) keeps what its
+    earlier calls recorded: the kernels are the union, the fallbacks all listed."""
+    before = (previous or {}).get("noise_kernel")
+    if not (before and now):
+        return now or before
+    fallbacks = [f for f in (before.get("fallback"), now.get("fallback")) if f]
+    return {"kernels": sorted({*before.get("kernels", ()), *now["kernels"]}),
+            "fallback": "; ".join(dict.fromkeys(fallbacks)) or None}
+
+
 def quiet_logs() -> None:
     """Silence library chatter a user cannot act on (rouge-score's absl INFO, lm-eval's INFO/WARNING)."""
     logging.getLogger("absl").setLevel(logging.WARNING)
@@ -261,6 +274,9 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
     from keyformer.run.validate import ACTIVE_JOB, resume_command
 
     ACTIVE_JOB.update(output_dir=str(rd.path), total=cfg.get("n_samples"))  # what Ctrl-C's line names
+    from keyformer.core import noise
+
+    noise.reset_kernel_record()  # noise_kernel: what this job's noise ran as (a queue runs many per process)
     try:
         metrics = task.run(job)
     except BaseException:
@@ -269,6 +285,7 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
         raise  # ACTIVE_JOB stays set: run.py's Ctrl-C line names this job's folder
     ACTIVE_JOB.clear()
     metrics.update(common_metrics(job, time.perf_counter() - t_start))
+    metrics["noise_kernel"] = noise_kernel(noise.kernel_record(), rd.metrics())
     rd.write_metrics(metrics)
     logger = cfg.get("logger") or {}
     if logger.get("name") == "wandb":
