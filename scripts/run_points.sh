@@ -10,6 +10,11 @@
 # ROOT: where the folders go (default: this checkout). Run it from a frozen checkout (git worktree) when
 # the code you work on keeps changing: a point's folder only resumes with the code that started it.
 # On 2 cores two 1-thread workers beat one 2-thread process and do not collapse when something else runs.
+# Each worker compiles Keyformer's noise kernels (torch.compile, CPU) into its own inductor cache,
+# $TORCHINDUCTOR_CACHE_DIR/worker_<w> (default /tmp/torchinductor_$USER/worker_<w>): workers compiling into
+# one shared cache corrupted it ("invalid ELF header"), and a worker whose compiled kernel fails runs the
+# noise eager, whose log can differ in the last bit (metrics.json's noise_kernel records it). Two copies
+# of this script running at once need different TORCHINDUCTOR_CACHE_DIRs.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ROOT="${ROOT:-$HERE}"
@@ -20,8 +25,10 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 [ $# -ge 1 ] || { echo "usage: $0 QUEUE_FILE [QUEUE_FILE ...]" >&2; exit 2; }
 for q in "$@"; do [ -f "$q" ] || { echo "no such queue file: $q" >&2; exit 2; }; done
 "$PY" -m keyformer.lab.queue "$@" --root "$ROOT" --clear-locks --until 0 >/dev/null  # stale locks of a killed run
+INDUCTOR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_${USER:-$(id -un)}}"
 for w in $(seq 1 "$WORKERS"); do
-  "$PY" -m keyformer.lab.queue "$@" --root "$ROOT" --step "$STEP" --name "worker $w" &
+  TORCHINDUCTOR_CACHE_DIR="$INDUCTOR/worker_$w" \
+    "$PY" -m keyformer.lab.queue "$@" --root "$ROOT" --step "$STEP" --name "worker $w" &
   sleep 2
 done
 wait
