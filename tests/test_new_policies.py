@@ -308,7 +308,7 @@ def _kvzip_ref_kept(model, ids: torch.Tensor, kb: int, repeat: list[int],
     for a in att:  # [1, Hq, T, T]
         hq = a.shape[1]
         hkv = getattr(model.config, "num_key_value_heads", None) or hq
-        s = a[0, :, n + len(repeat):, :n].amax(1).view(hkv, hq // hkv, n).amax(1)  # [Hkv, n]
+        s = a[0, :, n:, :n].amax(1).view(hkv, hq // hkv, n).amax(1)  # [Hkv, n]: every row after the prompt
         pairs = [(math.inf if j < n_sink else float(s[h, j]), j, h) for h in range(hkv) for j in range(n)]
         top = sorted(pairs, key=lambda t: (-t[0], -t[1], t[2]))[: hkv * kb]
         kept.append([{j for _, j, hh in top if hh == h} for h in range(hkv)])
@@ -330,6 +330,33 @@ def _kvzip_diff(arch: str, repeat: list[int]) -> int:
 @pytest.mark.parametrize("arch,repeat", [("llama", [7, 8, 9]), ("gpt2", []), ("mpt", [7, 8])])
 def test_kvzip_matches_reconstruction_rule(arch, repeat):
     assert _kvzip_diff(arch, repeat) == 0
+
+
+def test_kvzip_scores_take_the_instruction_rows_too():
+    """The score is the max over every query after the prompt, the repeat instruction's included (the
+    authors' ``KVScore._get_score`` and kvpress's ``score_kvzip`` take all rows of ``instruction + prompt``).
+    Until the kvpress cross-check of KVzip, ours started at the repeated prompt and skipped the instruction's
+    rows; the second assertion shows that this check tells the two apart."""
+    from keyformer.core.policies.kvzip import reconstruction_scores
+
+    model = tiny_model("llama", seed=0)
+    ids = torch.randint(3, 256, (N,), generator=torch.Generator().manual_seed(6))
+    repeat = list(range(7, 19))
+    naive = model.__class__(copy.deepcopy(model.config)).eval()
+    naive.load_state_dict(model.state_dict())
+    naive.set_attn_implementation("eager")
+    seq = torch.cat([ids, torch.tensor(repeat), ids]).view(1, -1)
+    with torch.inference_mode():
+        att = naive(input_ids=seq, use_cache=False, output_attentions=True).attentions
+        ours = reconstruction_scores(model, ids, repeat)
+    hkv = model.config.num_key_value_heads
+
+    def ref(first_row: int, a: torch.Tensor) -> torch.Tensor:
+        return a[0, :, first_row:, :N].amax(1).view(hkv, -1, N).amax(1)
+
+    assert all(torch.allclose(s, ref(N, a), rtol=1e-5, atol=1e-7) for s, a in zip(ours, att, strict=True))
+    assert not all(torch.allclose(s, ref(N + len(repeat), a), rtol=1e-5, atol=1e-7)
+                   for s, a in zip(ours, att, strict=True))
 
 
 def test_kvzip_check_fails_reversed(monkeypatch):

@@ -6,9 +6,11 @@ context). ``repeat_ids = "auto"`` (default) is kvpress's instruction ``"\\n\\nRe
 exactly."`` followed by the chat template's assistant header (or ``"\\n"``), tokenized by the tokenizer stored
 with the model (``config.name_or_path``, local files only); where none is stored (tiny random test models) the
 prompt is repeated with no instruction, as with ``None``; a list gives the ids. The score of prompt token
-``j`` in (layer, KV head) is the maximum, over the repeated tokens' queries and the query heads of the group,
-of its softmax attention probability (the softmax over the prompt and the repeated tokens so far, causal). The
-first ``n_sink`` positions are always kept (kvpress sets their score to 1).
+``j`` in (layer, KV head) is the maximum, over the queries of everything after the prompt (the repeat
+instruction and the repeated prompt, as the authors' ``KVScore`` and kvpress take every row of the repeat
+input) and the query heads of the group, of its softmax attention probability (the softmax over the prompt and
+the tokens after it so far, causal). The first ``n_sink`` positions are always kept (kvpress gives them the
+highest score plus 1).
 
 The cut is per layer and head-adaptive: a layer keeps ``H * k`` (head, token) pairs, the highest-scored across
 its ``H`` KV heads, with no per-head safeguard (kvpress's ``layerwise=True``; its default,
@@ -66,12 +68,12 @@ AttentionMaskInterface.register(RECORD_IMPL, sdpa_mask)
 @torch.inference_mode()
 def reconstruction_scores(model: Any, ids: torch.Tensor, repeat_ids: list[int] | None) -> list[torch.Tensor]:
     """Per layer [Hkv, n]: KVzip's scores of one unpadded prompt ``ids`` [n] from one forward over
-    ``ids + repeat_ids + ids``."""
+    ``ids + repeat_ids + ids``: the max over every row after the prompt, the instruction's included."""
     n = ids.numel()
     extra = torch.tensor(list(repeat_ids or []), dtype=ids.dtype, device=ids.device)
     seq = torch.cat([ids, extra, ids]).view(1, -1)
     layers = model.config.get_text_config().num_hidden_layers
-    _RECORD.update(scores=[None] * layers, n=n, **{"from": n + extra.numel()})
+    _RECORD.update(scores=[None] * layers, n=n, **{"from": n})
     if model.config.model_type == "mpt":  # MPT's own eager attention returns its probabilities: wrap it
         blocks = model.transformer.blocks
         saved = [b.attn.forward for b in blocks]
