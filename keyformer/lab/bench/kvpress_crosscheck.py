@@ -8,9 +8,10 @@ counts, and the greedy agreement between the sides and with each side's own full
 
 kvpress's kept sets come from its real code: the press's ``compress`` is wrapped, and the key vectors it
 returns are matched (exactly) against the uncompressed keys it was given; a press that masks instead of
-cutting (``AdaKVPress``) leaves ``module.masked_key_indices``, whose complement is the kept set. Ours come
-from :meth:`keyformer.core.cache.KVCache.kept_positions` (prompt positions only; ``prefill_only`` never evicts
-later). Methods whose policy is not registered here yet are reported as skipped.
+cutting (``AdaKVPress``) leaves ``module.masked_key_indices``, whose complement is the kept set
+(``KVzipPress`` never calls ``compress``: :mod:`keyformer.lab.bench.kvpress_kvzip` runs it and reads those
+indices). Ours come from :meth:`keyformer.core.cache.KVCache.kept_positions` (prompt positions only;
+``prefill_only`` never evicts later). Methods whose policy is not registered here yet are reported as skipped.
 
 ``DIAGNOSTICS`` are kvpress presses changed in one named respect each (kvpress-side only) to test an
 explanation of a difference: if the changed press agrees with ours, that respect is the cause.
@@ -39,6 +40,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from keyformer.lab.bench import kvpress_kvzip
 from keyformer.lab.bench.kvpress_compare import default_model_dir, run_sides, side_prompts
 
 DEFAULT_OUT = Path("results") / "crosscheck_kvpress"
@@ -65,6 +67,7 @@ METHODS: list[dict[str, Any]] = [
      "policy_kw": {"recent": 0.0, "prefill_only": True}},
     {"name": "ExpectedAttention", "press": {"cls": "ExpectedAttentionPress", "kw": EA},
      "policy": "expected_attention", "policy_kw": {**EA, "recent": 0.0, "prefill_only": True}},
+    *kvpress_kvzip.METHODS,  # layerwise KVzip; its own recorder (kvpress_kvzip.run_kvzip)
 ]
 
 # kvpress presses changed in one respect each (see side_kvpress): the same comparison with ours, to test a
@@ -75,6 +78,7 @@ DIAGNOSTICS: list[dict[str, Any]] = [
     {"name": "TOVA [kv: floor count, per KV head]",
      "press": {"cls": "TOVAPerKVHead", "kw": {}, "exact_count": True},
      "policy": "tova", "policy_kw": {"recent": 0.0, "prefill_only": True, "head_reduction": "per_head"}},
+    *kvpress_kvzip.DIAGNOSTICS,
 ]
 
 
@@ -285,7 +289,7 @@ def _variant_presses() -> dict[str, Any]:
             return F.pad(s, (0, 1), value=s.max().item() + 1)
 
     return {"SnapKVPoolAll": SnapKVPoolAll, "TOVAPerKVHead": TOVAPerKVHead,
-            "PyramidKVAligned": PyramidKVAligned}
+            "PyramidKVAligned": PyramidKVAligned, **kvpress_kvzip.variant_presses()}
 
 
 def _build_press(spec: dict[str, Any], budget: float, registry: dict[str, Any]) -> Any:
@@ -344,7 +348,10 @@ def side_kvpress(args: argparse.Namespace) -> None:
                                                   attn_implementation="sdpa").eval())
     registry = _variant_presses()
 
-    def run(press: Any, ids: list[int]) -> dict[str, Any]:
+    def run(press: Any, ids: list[int], kvzip: bool = False) -> dict[str, Any]:
+        if kvzip:  # KVzipPress never calls compress: its own recorder
+            r = kvpress_kvzip.run_kvzip(model, press, ids, n_new)
+            return {"tokens": r["tokens"], "kept": [[encode_kept(h) for h in layer] for layer in r["kept"]]}
         x = torch.tensor([ids])
         kept: dict[int, list[list[int]]] = {}
         kw = dict(input_ids=x, attention_mask=torch.ones_like(x), past_key_values=DynamicCache(),
@@ -372,7 +379,8 @@ def side_kvpress(args: argparse.Namespace) -> None:
             key = json.dumps([m["press"], b], sort_keys=True)
             if key not in done:
                 done[key] = [{"id": p["id"], "n": len(p["input_ids"]),
-                              **run(_build_press(m["press"], float(b), registry), p["input_ids"])}
+                              **run(_build_press(m["press"], float(b), registry), p["input_ids"],
+                                    kvzip=bool(m["press"].get("kvzip")))}
                              for p in spec["prompts"]]
                 print(f"[kvpress] {m['name']}@{b:g} done", flush=True)
             methods.append({"name": m["name"], "budget": b, "press": m["press"], "runs": done[key]})
