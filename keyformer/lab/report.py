@@ -692,6 +692,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     "ablations": ablations,
     "kvpress": kvpress,
     "kvpress_new": lambda res: kvpress(res, "crosscheck_kvpress/new_policies"),
+    "kvpress_kvzip": lambda res: kvpress(res, "crosscheck_kvpress/kvzip"),
     "bench_targets": bench_targets,
     "exp10_ruler": ruler,
 }
