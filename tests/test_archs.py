@@ -273,3 +273,26 @@ def test_a_budget_below_the_window_leaves_the_sliding_layers_whole():
     assert torch.equal(phys.sequences, sim.sequences) and (phys.logits - sim.logits).abs().max() < 1e-4
     held = [[len(h) for h in phys.cache.kept_positions(li)[0]] for li in range(3)]
     assert held == [[TINY_WINDOW - 1] * 2, [int(N * 0.2)] * 2, [TINY_WINDOW - 1] * 2]
+
+
+def test_pyramidkv_spreads_its_budget_over_the_global_layers_only():
+    """PyramidKV on a hybrid model: depth is the rank among the full-attention layers (the sliding ones keep
+    their window), so the three global layers of a 6-layer 1:1 model hold max, mean and min of the pyramid
+    (KVCache-Factory's rule over 3 layers, written out here) and their mean is the budget k, as for every
+    other policy; physical == mask."""
+    types = ["sliding_attention", "full_attention"] * 3
+    model = tiny_model("gemma3_text", num_hidden_layers=6, layer_types=types)
+    ids, (beta, ws) = _prompt(12), (4, 4)
+    pol = make_policy("pyramidkv", budget=0.5, window_size=ws, beta=beta)
+    phys = generate(model, ids, None, pol, max_new_tokens=NEW)
+    sim = generate(model, ids, None, pol, max_new_tokens=NEW, mode="mask")
+    assert torch.equal(phys.sequences, sim.sequences)
+    k = int(N * 0.5)  # 18: 14 outside the window, min 3.5, max 24.5 (below n - w, so no cap)
+    kk = k - ws
+    lo, hi = kk / beta, 2 * kk - kk / beta
+    want = [ws + round(hi), ws + round((hi + lo) / 2), ws + round(lo)]  # ranks 0, 1, 2 of 3
+    held = [len(phys.cache.kept_positions(li)[0][0]) for li in range(6)]
+    # the prompt cut, then every generated token kept (SnapKV family): NEW - 1 tokens added after the cut
+    assert [held[i] - (NEW - 1) for i in (1, 3, 5)] == want
+    assert abs(sum(want) - 3 * k) <= 1  # the pyramid's mean is k, up to rounding
+    assert [held[i] for i in (0, 2, 4)] == [TINY_WINDOW - 1] * 3

@@ -109,11 +109,14 @@ def test_budget_holds(model, name):
     cache = make_cache(model, pol, torch.ones_like(ids), max_new_tokens=NEW)
     k = int(pol.budget_tokens(torch.tensor([N]))[0]) if pol.evicts else N
     nl, grows = len(cache.layers), not pol.evicts or pol.compress == "prompt"
-    kl = [int(pol.layer_budget(torch.tensor([k]), torch.tensor([N]), Context(layer=li, num_layers=nl))[0])
+    windows = layer_windows(model.config)
+    acts = [li for li in range(nl) if windows[li] is None]  # the layers a policy acts on (not sliding)
+    ctxs = [Context(layer=li, num_layers=nl, policy_layer=acts.index(li) if li in acts else 0,
+                    policy_layers=len(acts)) for li in range(nl)]
+    kl = [int(pol.layer_budget(torch.tensor([k]), torch.tensor([N]), ctxs[li])[0])
           if pol.evicts else N
           for li in range(nl)]
     first: dict[int, list[int]] = {}
-    windows = layer_windows(model.config)
 
     def check(step):
         grow = step if grows else step % pol.interval if pol.compress == "interval" else 0
@@ -216,7 +219,9 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
     def layer_k(layer: int) -> int:
         if not policy.evicts:
             return k
-        ctx = Context(layer=layer, num_layers=_REF["layers"])
+        acts = _REF["acts"]  # the layers a policy acts on (hybrid models: not the sliding ones)
+        ctx = Context(layer=layer, num_layers=_REF["layers"],
+                      policy_layer=acts.index(layer) if layer in acts else 0, policy_layers=len(acts))
         return int(policy.layer_budget(torch.tensor([k]), torch.tensor([n]), ctx)[0])
 
     def ranked(items):  # (priority, position, head): kept first; ties to the more recent position
@@ -317,6 +322,7 @@ def test_matches_naive_reference(arch_name, name):
     naive.set_attn_implementation("kf_contract_naive")
     hkv = getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads
     _REF["layers"] = model.config.num_hidden_layers
+    _REF["acts"] = [li for li, w in enumerate(layer_windows(model.config)) if w is None]
     _REF["mask_fn"] = naive_masks(pol, N, hkv, seed=11, horizon=NEW)
     with torch.inference_mode():
         logits = naive(input_ids=seq, use_cache=False).logits[:, N - 1:]
@@ -340,6 +346,7 @@ def test_prefill_only_matches_naive_reference(name):
     naive.load_state_dict(model.state_dict())
     naive.set_attn_implementation("kf_contract_naive")
     _REF["layers"] = model.config.num_hidden_layers
+    _REF["acts"] = [li for li, w in enumerate(layer_windows(model.config)) if w is None]
     _REF["mask_fn"] = naive_masks(pol, N, model.config.num_key_value_heads, seed=3, horizon=NEW)
     with torch.inference_mode():
         logits = naive(input_ids=seq, use_cache=False).logits[:, N - 1:]

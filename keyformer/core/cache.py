@@ -580,7 +580,10 @@ class KVCache(Cache):
         if layer_idx not in self._layer_k:
             k = self.k
             if self.policy.evicts:
-                ctx = Context(layer=layer_idx, num_layers=len(self.layers), horizon=self.max_new_tokens)
+                acts = [i for i, lay in enumerate(self.layers) if lay.window is None]  # not sliding
+                ctx = Context(layer=layer_idx, num_layers=len(self.layers), horizon=self.max_new_tokens,
+                              policy_layer=acts.index(layer_idx) if layer_idx in acts else 0,
+                              policy_layers=len(acts))
                 k = self.policy.layer_budget(k, self.n, ctx)
             self._layer_k[layer_idx] = k
         return self._layer_k[layer_idx]

@@ -46,6 +46,10 @@ class Context:
 
     layer: int = 0
     num_layers: int = 1
+    # The layer's rank among the layers a policy acts on, and their count: on hybrid models the
+    # full-attention layers (sliding ones keep the model's window), else every layer (PyramidKV's depth).
+    policy_layer: int = 0
+    policy_layers: int = 1
     step: int = 0  # 0 at the prompt, t at the t-th decode step
     horizon: int = 0  # tokens this generation may produce (schedules such as Keyformer's tau span it)
     pos: torch.Tensor | None = None  # [B, Hkv, S] absolute position of each slot (-1: empty or pad)

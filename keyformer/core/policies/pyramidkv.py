@@ -8,6 +8,10 @@ and ``max = 2 (k - w) - min``, so the mean over layers is ``k`` (the same total 
 KVCache-Factory rule (``PyramidKVCluster``: the pyramid is over the budget outside the window). Budgets are
 clamped to [1, n]. Defaults are the authors' (beta 20, window 64, kernel 5).
 
+Depth is counted over the layers the policy acts on: on a hybrid model (Gemma 2/3) the full-attention layers,
+ranked by depth (the sliding layers keep the model's window), so the mean over those layers is still ``k``, as
+for every other policy; a model with one such layer gets ``k``.
+
 ``fallback``: kvpress falls back to uniform (SnapKV) budgets whenever its ``min`` is below ``window_size``,
 i.e. for every prompt shorter than about ``beta * window_size / (1 - compression)`` tokens; the paper has no
 such rule, so it is off by default and exists for the kvpress cross-check (applied here to the budget outside
@@ -38,7 +42,9 @@ class PyramidKVPolicy(SnapKVPolicy):
             raise ValueError(f"beta={self.beta!r} must be a number >= 1 (the pyramid's max/min budget ratio)")
 
     def layer_budget(self, k: torch.Tensor, n: torch.Tensor, ctx: Context) -> torch.Tensor:
-        layer, num_layers = ctx.layer, ctx.num_layers
+        layer, num_layers = ctx.policy_layer, ctx.policy_layers  # the layers it acts on (hybrid: global ones)
+        if num_layers == 1:  # one layer: the pyramid's mean is its only value
+            return torch.minimum(k.clamp(min=1), n)
         w = k.clamp(max=self.window_size).double()
         kk, nf = k.double() - w, n.double()
         lo = kk / self.beta
