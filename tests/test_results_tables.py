@@ -81,6 +81,19 @@ def test_collect_replace_merges_and_logs_old_and_new_provenance(tmp_path: Path, 
     assert len(pd.read_csv(out / "replaced.csv")) == 4
 
 
+def test_collect_refuses_to_drop_points_without_replace(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    collect.main([str(_sweep(tmp_path / "old", {"a": 1.0, "b": 2.0})), str(out)])
+    before = (out / "points.csv").read_text()
+    assert collect.main([str(_sweep(tmp_path / "new", {"b": 5.0})), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "a" in err.split("does not:")[1] and "--replace" in err
+    assert (out / "points.csv").read_text() == before  # nothing written
+    grown = _sweep(tmp_path / "grown", {"a": 1.0, "b": 2.0, "c": 3.0})  # a superset rewrites as before
+    assert collect.main([str(grown), str(out)]) == 0
+    assert list(pd.read_csv(out / "points.csv")["point"]) == ["a", "b", "c"]
+
+
 def test_merge_script_is_gone() -> None:
     assert not (ROOT / "scripts" / "merge_results.py").exists()
 

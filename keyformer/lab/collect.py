@@ -353,6 +353,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{e['new_git_commit'] or '?'} {e['new_device'] or '?'}) <- {where}")
         print(f"log: {args.out / 'replaced.csv'}")
         return 0
+    old = args.out / "points.csv"
+    dropped = sorted(set(pd.read_csv(old)["point"]) - set(points["point"])) if old.exists() else []
+    if dropped:  # overwriting would silently lose committed points the sweep folder no longer holds
+        print(f"error: {old} has {len(dropped)} point(s) that {where} does not: {', '.join(dropped[:5])}"
+              f"{', ...' if len(dropped) > 5 else ''}; rewriting would drop them. Use --replace to merge "
+              f"(the collected points replace theirs, the others stay), or remove {old} first",
+              file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     points.sort_values(["policy", "budget", "point"]).to_csv(args.out / "points.csv", index=False)
     samples.sort_values(["point", "id"]).to_csv(args.out / "samples.csv", index=False)
