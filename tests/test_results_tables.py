@@ -240,3 +240,25 @@ def test_demo_section_lists_each_policy_with_its_command(tmp_path: Path, capsys)
                         "| `python run.py policy=window` | 0.0 | 1.0 | 2.0 |"]
     report.demo(tmp_path / "nothing")
     assert capsys.readouterr().out == ""
+
+
+def test_git_dirty_names_the_changed_files(tmp_path: Path) -> None:
+    import subprocess
+
+    from keyformer.run.results import git_commit, git_dirty_files
+
+    assert git_dirty_files(tmp_path) is None and git_commit(tmp_path) is None  # not a checkout
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text("x = 1\n")
+    subprocess.run([*git, "add", "."], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], cwd=tmp_path, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True)
+    head = head.stdout.strip()
+    (tmp_path / "untracked.py").write_text("y = 2\n")  # untracked files do not make a checkout dirty
+    assert git_dirty_files(tmp_path) == [] and git_commit(tmp_path) == head
+    (tmp_path / "b.py").write_text("x = 2\n")
+    subprocess.run([*git, "mv", "a.py", "c.py"], cwd=tmp_path, check=True)
+    assert git_dirty_files(tmp_path) == ["b.py", "c.py"]
+    assert git_commit(tmp_path) == head + "-dirty"

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from keyformer.run.data import DataError
 from keyformer.run.loading import smollm2_available
-from keyformer.run.results import ResultsDir, ResumeError
+from keyformer.run.results import ResultsDir, ResumeError, git_dirty_files
 from keyformer.run.tasks.generate import Backend, run
 from keyformer.run.validate import ConfigError, JobError, UserError
 
@@ -109,8 +109,9 @@ def test_results_contract(tmp_path):
     for k in ("rouge1", "rouge2", "rougeL", "rougeLsum", "prefill_ms", "decode_ms_per_token", "tokens_per_s",
               "kv_bytes", "kv_bytes_full", "n_samples", "policy", "budget", "model", "dataset", "seed",
               "recent",
-              "policy_params", "versions", "git_commit", "complete"):
+              "policy_params", "versions", "git_commit", "git_dirty", "complete"):
         assert k in saved, k
+    assert saved["git_dirty"] == git_dirty_files()  # the checkout's changed files, [] when clean
     assert saved["complete"] is True and saved["n_samples"] == 3 and m["kv_bytes"] == 100
     assert saved["policy"] == "keyformer" and saved["model"] == "tiny-llama" and saved["dataset"] == "sample"
     rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]

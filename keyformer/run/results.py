@@ -204,19 +204,34 @@ class ResultsDir:
         atomic_write_json(self.path / METRICS, dict(metrics))
 
 
-def git_commit(repo: str | os.PathLike | None = None) -> str | None:
-    """HEAD commit of the project checkout (suffixed ``-dirty`` when there are local changes), or None."""
+def _git(args: list[str], cwd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=5)
+
+
+def git_dirty_files(repo: str | os.PathLike | None = None) -> list[str] | None:
+    """Tracked files of the project checkout with uncommitted changes (``git status --porcelain`` paths,
+    sorted; empty when clean), or None outside a git checkout."""
     cwd = str(repo or Path(__file__).resolve().parents[2])
     try:
-        head = (subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                               timeout=5))
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        return head.stdout.strip() + ("-dirty" if dirty else "")
+        out = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
     except (OSError, subprocess.SubprocessError):
         return None
+    if out.returncode != 0:
+        return None
+    return sorted(line[3:].split(" -> ")[-1] for line in out.stdout.splitlines() if line.strip())
+
+
+def git_commit(repo: str | os.PathLike | None = None) -> str | None:
+    """HEAD commit of the project checkout (suffixed ``-dirty`` when there are local changes; which files:
+    :func:`git_dirty_files`), or None."""
+    cwd = str(repo or Path(__file__).resolve().parents[2])
+    try:
+        head = _git(["rev-parse", "HEAD"], cwd)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("-dirty" if git_dirty_files(repo) else "")
 
 
 def versions() -> dict[str, str]:
