@@ -525,9 +525,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def bench_main() -> None:
     """The ``keyformer-bench`` entry point: ``--long`` runs this module's benchmark (argparse options),
-    anything else the CPU benchmark of :mod:`keyformer.lab.bench.cpu` (Hydra overrides)."""
+    ``--floors`` the probe of what stops the CPU targets (:mod:`keyformer.lab.bench.floors`), anything else
+    the CPU benchmark of :mod:`keyformer.lab.bench.cpu` (Hydra overrides)."""
     if "--long" in sys.argv[1:]:
         main([a for a in sys.argv[1:] if a != "--long"])
+        return
+    if "--floors" in sys.argv[1:]:
+        from .floors import main as floors_main
+
+        floors_main([a for a in sys.argv[1:] if a != "--floors"])
         return
     from .cpu import main as cpu_main
 
