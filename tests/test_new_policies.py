@@ -359,6 +359,83 @@ def test_kvzip_scores_take_the_instruction_rows_too():
                    for s, a in zip(ours, att, strict=True))
 
 
+def _chunked_ref_scores(model, ids: torch.Tensor, repeat: list[int], chunk: int, n_sink: int,
+                        restrict: bool = True) -> list[torch.Tensor]:
+    """Per layer [Hkv, n], written from kvpress's chunked KVzip: chunk c of the prompt is reconstructed after
+    ``repeat`` (chunk 0) or ``repeat + the previous chunk's last 8 tokens``; its keys are scored by the max,
+    over the rows after the prompt and the group's heads, of their probability in the softmax restricted to
+    the first min(n_sink, start) keys, the chunk and the rows after the prompt (the eager model's own
+    attentions, renormalised over those keys)."""
+    naive = model.__class__(copy.deepcopy(model.config)).eval()
+    naive.load_state_dict(model.state_dict())
+    if model.config.model_type != "mpt":
+        naive.set_attn_implementation("eager")
+    n = ids.numel()
+    hq = model.config.num_attention_heads if model.config.model_type != "mpt" else model.config.n_heads
+    hkv = getattr(model.config, "num_key_value_heads", None) or hq
+    out = None
+    for start in range(0, n, chunk):
+        end = min(n, start + chunk)
+        extra = repeat if start == 0 else repeat + ids[start - 8:start].tolist()
+        seq = torch.cat([ids, torch.tensor(extra, dtype=ids.dtype), ids[start:end]]).view(1, -1)
+        with torch.inference_mode():
+            att = naive(input_ids=seq, use_cache=False, output_attentions=True).attentions
+        if out is None:
+            out = [torch.zeros(hkv, n) for _ in att]
+        for o, a in zip(out, att, strict=True):
+            rows = a[0, :, n:, :].float()  # [Hq, R, T]
+            if restrict:
+                cols = [j for j in range(seq.shape[1])
+                        if j < min(n_sink, start) or start <= j < end or j >= n]
+                sub = rows[:, :, cols]
+                rows = torch.zeros_like(rows)
+                rows[:, :, cols] = sub / sub.sum(-1, keepdim=True)
+            o[:, start:end] = rows[:, :, start:end].amax(1).view(hkv, hq // hkv, end - start).amax(1)
+    return out
+
+
+@pytest.mark.parametrize("arch,repeat", [("llama", [7, 8, 9]), ("llama", []), ("mpt", [])])
+def test_kvzip_reconstructs_long_prompts_in_chunks(arch, repeat):
+    """Prompts longer than ``chunk_size`` are reconstructed chunk by chunk, as kvpress's ``KVzipPress``
+    (``chunk_size=2048``): scores and kept sets equal the reference; without the restricted softmax they
+    would differ; one chunk covering the prompt is the unchunked rule, bit for bit. (With an instruction, the
+    row of its first token, which sees only the sinks, the chunk and itself, holds the max for most keys of
+    a tiny random model, so the previous chunk's tokens show only with ``repeat = []``.)"""
+    from keyformer.core.policies.kvzip import reconstruction_scores
+
+    model = tiny_model(arch, seed=0)
+    n, chunk = 40, 16
+    ids = torch.randint(3, 256, (n,), generator=torch.Generator().manual_seed(6))
+    ours = reconstruction_scores(model, ids, repeat, chunk_size=chunk, n_sink=4)
+    ref = _chunked_ref_scores(model, ids, repeat, chunk, 4)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(ours, ref, strict=True))
+    plain = _chunked_ref_scores(model, ids, repeat, chunk, 4, restrict=False)
+    assert not all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(ours, plain, strict=True))
+    whole = reconstruction_scores(model, ids, repeat, chunk_size=n, n_sink=4)
+    one = reconstruction_scores(model, ids, repeat)
+    assert all(torch.equal(a, b) for a, b in zip(whole, one, strict=True))
+    # the policy's kept sets: each layer's H * k best (head, token) pairs of those scores, sinks first
+    pol = make_policy("kvzip", budget=0.5, repeat_ids=repeat, chunk_size=chunk)
+    cache = generate(model, ids.view(1, -1), None, pol, max_new_tokens=2).cache
+    hkv = ref[0].shape[0]
+    for li, s in enumerate(ref):
+        pairs = [(math.inf if j < 4 else float(s[h, j]), j, h) for h in range(hkv) for j in range(n)]
+        top = sorted(pairs, key=lambda t: (-t[0], -t[1], t[2]))[: hkv * (n // 2)]
+        kept = [{p for p in h if p < n} for h in cache.kept_positions(li)[0]]
+        assert kept == [{j for _, j, hh in top if hh == h} for h in range(hkv)], li
+
+
+def test_kvzip_repeat_pieces_by_hand():
+    from keyformer.core.policies.kvzip import RepeatPieces
+
+    ids = torch.arange(100, 130)
+    p = RepeatPieces(first=(1, 2), later=(3,), suffix=(4, 5), overlap=3)
+    assert p.extra(ids, 0, 10) == [1, 2]
+    assert p.extra(ids, 2, 10) == [3, 117, 118, 119, 4, 5]  # chunk 1 = ids[10:20]: its last 3
+    with pytest.raises(ValueError, match="chunk_size=0"):
+        make_policy("kvzip", chunk_size=0)
+
+
 def test_kvzip_check_fails_reversed(monkeypatch):
     from keyformer.core.policies.kvzip import KVzipPolicy
 
