@@ -59,13 +59,20 @@ def test_quick_run_via_keyformer_bench(tmp_path, monkeypatch):
     from keyformer.lab.bench.long import bench_main
 
     monkeypatch.setenv("KEYFORMER_COMPILE", "0")  # eager noise: no compile in the default suite
+    out = tmp_path / "bench" / "floors"
     monkeypatch.setattr(sys, "argv", ["keyformer-bench", "--floors", "--quick", "--profile-steps", "0",
-                                      "--out", str(tmp_path / "o")])
+                                      "--out", str(out)])
     bench_main()
-    r = json.loads((tmp_path / "o" / "floors.json").read_text())
+    r = json.loads((out / "floors.json").read_text())
     assert set(r["prefill"]["runs"]) == set(floors.PREFILL)
     assert set(r["decode"][0]["runs"]) == set(floors.DECODE) and "e2e" not in r
-    assert "Decode L48xB1" in (tmp_path / "o" / "floors.txt").read_text()
+    assert "Decode L48xB1" in (out / "floors.txt").read_text()
+    from keyformer.lab import report
+
+    table = report.render("bench_floors", tmp_path)  # the table docs/performance-analysis.md quotes
+    pf = r["prefill"]["floors"]
+    assert f"| 2: prefill at 48 tokens vs full | H2O {pf['h2o']['x_full']:.2f}x" in table
+    assert "| 1: decode L48xB1 vs window |" in table and "| 3: decode L48xB1, share" in table
 
 
 def test_bad_options_name_the_value():

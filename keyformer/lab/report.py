@@ -427,6 +427,45 @@ def bench_targets(res: Path, name: str = "bench") -> None:
         print(f"| {m[1]} | {m[2]} | {m[3].lower()} | {m[4]} |")
 
 
+def bench_floors(res: Path, name: str = "bench/floors") -> None:
+    """What stops each unmet CPU target, as ``keyformer-bench --floors`` measured it (``floors.json``)."""
+    f = res / name / "floors.json"
+    if not f.exists():
+        return
+    r = json.loads(f.read_text(encoding="utf-8"))
+    env, pf = r["environment"], r["prefill"]["floors"]
+    print(f"\n### What stops each unmet target, measured (`{name}/floors.txt`: git "
+          f"{str(env['git_commit'])[:7]}, {env['cpu']}, {env['threads']} threads, {r['args']['rounds']} "
+          f"interleaved rounds, medians)\n")
+    print("| target | measured | the floor under it |\n|---|---|---|")
+    c = pf["components_x_full"]
+    print(f"| 2: prefill at {r['prefill']['prompt_len']} tokens vs full | H2O {pf['h2o']['x_full']:.2f}x, "
+          f"Keyformer {pf['keyformer']['x_full']:.2f}x | over full's prefill: materialised probabilities + "
+          f"column sums {c['scores']:+.2f}, Gumbel temperature softmax {c['gumbel']:+.2f}, hash noise "
+          f"{c['noise']:+.2f}; Keyformer without noise {pf['keyformer']['x_full_without_noise']:.2f}x |")
+    for d in r["decode"]:
+        fl = d["floors"]
+        o, kf, sh = fl["overhead"], fl["overhead"]["keyformer"], fl["share_of_bytes"]
+        print(f"| 1: decode {fl['point']} vs window | H2O {o['h2o']['x_window']:.3f}x, Keyformer "
+              f"{kf['x_window']:.3f}x | over window's {fl['window_ms']:.1f} ms: scores "
+              f"{kf['scores_ms']:+.1f} ms, Gumbel softmax {kf['gumbel_ms']:+.1f} ms, noise "
+              f"{kf['noise_ms']:+.1f} ms |")
+        print(f"| 3: decode {fl['point']}, share of the bytes model | Keyformer "
+              f"{100 * sh['keyformer']:.0f} %, H2O {100 * sh['h2o']:.0f} %, window "
+              f"{100 * sh['window']:.0f} % | compute floor {fl['floor_ms']:.1f} ms = "
+              f"{100 * fl['floor_share_of_full']:.0f} % of full's "
+              f"{fl['full_ms']:.1f} ms step: an evicted step can reach {fl['bound_speedup']:.3f}x vs the "
+              f"bytes model's {fl['bytes_speedup']:.3f}x, at most {100 * fl['max_share_of_bytes']:.0f} % |")
+    e = r.get("e2e")
+    if e:
+        pp = e["policy_parts"]
+        print(f"| 5: end to end at equal KV memory ({e['setting']}, {e['policy']}) | {e['e2e_gain']:.3f}x "
+              f"(decode alone {e['decode_gain']:.3f}x) | its prompt is {100 * pp['prefill_share']:.0f} % of "
+              f"its time, at {e['policy_prefill_x_full_per_sample']:.2f}x full's per-sample prefill; at "
+              f"full's rate the gain would be {e['e2e_gain_if_prefill_at_full_rate']:.3f}x (from "
+              f"`{str(e['commit'])[:7]}`'s run) |")
+
+
 PROVENANCE = ("device", "dtype", "batch_size", "git_commit", "code_version", "provenance")
 
 
@@ -694,6 +733,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     "kvpress_new": lambda res: kvpress(res, "crosscheck_kvpress/new_policies"),
     "kvpress_kvzip": lambda res: kvpress(res, "crosscheck_kvpress/kvzip"),
     "bench_targets": bench_targets,
+    "bench_floors": bench_floors,
     "exp10_ruler": ruler,
 }
 README_FILES = (Path("README.md"), Path("results/README.md"))
