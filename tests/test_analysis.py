@@ -241,6 +241,10 @@ def test_attention_stats_entry_point(tmp_path):
     layers = pd.read_csv(out / "layers.csv")
     assert set(layers["stat"]) == {"row_mass", "acc_mass", "last_mass", "sparsity"}
     assert len(pd.read_csv(out / "summary.csv"))
+    # n_samples=all (as run.py takes it): every record the dataset has (the sample set holds 16)
+    assert attention.main(["model=tiny_llama", "dataset=sample", "n_samples=all", "max_prompt_tokens=96",
+                           "attention_stats.row_stride=8", f"attention_stats.out={out}_all"]) == 0
+    assert json.loads((tmp_path / "exp4_all" / "meta.json").read_text())["n_prompts"] == 16
 
 
 def test_report_new_stream_table(tmp_path: Path, capsys) -> None:

@@ -205,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = load_model(cfg)
     ds = cfg["dataset"]
     chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
-    records = load_records(ds, int(cfg["n_samples"]), 0)
+    from keyformer.run.validate import ALL
+
+    records = load_records(ds, None if cfg["n_samples"] == ALL else int(cfg["n_samples"]), 0)  # all: every
     limit = int(cfg["max_prompt_tokens"])
     prompts = [encode_prompt(tok, r, ds.get("template", "alpaca"), ds.get("instruction", ""), limit, chat)[0]
                for r in records]
