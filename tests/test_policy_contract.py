@@ -23,7 +23,7 @@ from keyformer import generate, make_cache, make_policy, tiny_model
 from keyformer.core.models import layer_windows
 from keyformer.core.noise import prompt_noise
 from keyformer.core.policies import POLICIES
-from keyformer.core.policies.base import Context
+from keyformer.core.policies.base import Context, Policy
 
 N, NEW = 36, 10
 # The naive forward needs the AttentionInterface (MPT: physical == mask only). gemma3_text: hybrid
@@ -101,6 +101,21 @@ class _Every(LogitsProcessor):
         return scores
 
 
+def layer_budgets(policy, k: int, n: int, acts: list[int], layers: int) -> list[int]:
+    """Each layer's budget, from the policies' rules rather than their classes: PyramidKV's pyramid over the
+    layers it acts on (``acts``; the hand formula of ``test_policy_rules.pyramid_budgets``), ``k`` for every
+    other policy (they keep the base rule: a new override needs its formula here)."""
+    from test_policy_rules import pyramid_budgets  # noqa: E402  (the rule tests' hand formula)
+
+    if policy.name != "pyramidkv":
+        assert type(policy).layer_budget is Policy.layer_budget, f"{policy.name}: write its per-layer rule"
+        return [k] * layers
+    assert not policy.fallback  # the contract tests run the default (no fallback to uniform budgets)
+    per = (pyramid_budgets(k, min(policy.window_size, k), n, policy.beta, len(acts)) if len(acts) > 1
+           else [min(max(k, 1), n)])
+    return [per[acts.index(li)] if li in acts else k for li in range(layers)]
+
+
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_budget_holds(model, name):
     """Each layer holds its budget (per-layer policies: the layer's share; Ada-KV: the layer's budget shared
@@ -111,11 +126,7 @@ def test_budget_holds(model, name):
     nl, grows = len(cache.layers), not pol.evicts or pol.compress == "prompt"
     windows = layer_windows(model.config)
     acts = [li for li in range(nl) if windows[li] is None]  # the layers a policy acts on (not sliding)
-    ctxs = [Context(layer=li, num_layers=nl, policy_layer=acts.index(li) if li in acts else 0,
-                    policy_layers=len(acts)) for li in range(nl)]
-    kl = [int(pol.layer_budget(torch.tensor([k]), torch.tensor([N]), ctxs[li])[0])
-          if pol.evicts else N
-          for li in range(nl)]
+    kl = layer_budgets(pol, k, N, acts, nl) if pol.evicts else [N] * nl
     first: dict[int, list[int]] = {}
 
     def check(step):
@@ -219,10 +230,7 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
     def layer_k(layer: int) -> int:
         if not policy.evicts:
             return k
-        acts = _REF["acts"]  # the layers a policy acts on (hybrid models: not the sliding ones)
-        ctx = Context(layer=layer, num_layers=_REF["layers"],
-                      policy_layer=acts.index(layer) if layer in acts else 0, policy_layers=len(acts))
-        return int(policy.layer_budget(torch.tensor([k]), torch.tensor([n]), ctx)[0])
+        return layer_budgets(policy, k, n, _REF["acts"], _REF["layers"])[layer]  # hybrid: global layers
 
     def ranked(items):  # (priority, position, head): kept first; ties to the more recent position
         return sorted(items, key=lambda t: (-t[0], -t[1], t[2]))
