@@ -203,6 +203,13 @@ def test_replication_says_whether_each_finding_holds():
     assert list(t["holds"]) == ["yes", "partial", "no", "pending"]
     assert list(t["smol_reads"]) == [">"] * 4 and list(t["gemma_reads"][:3]) == [">", ">", "<"]
     assert t["smol_diff"].iloc[0] == pytest.approx(4.0) and t["gemma_diff"].iloc[2] == pytest.approx(-4.0)
+    # Ada-KV over b vs b, identical on every sample (one KV head): n/a, not "no"; any difference: judged
+    smol2 = _rows({("adakv_b", 0.2): zero, ("b", 0.2): up})
+    same = _rows({("adakv_b", 0.2): up, ("b", 0.2): up})
+    off = _rows({("adakv_b", 0.2): {**up, "z": 5.5}, ("b", 0.2): up})
+    fs = [Finding("exp7", t, "m", "adakv_b", "b", (0.2,), "smol") for t in ("same", "off")]
+    t = replication(lambda f: smol2, lambda task: {"same": same, "off": off}[task], fs, n_boot=500)
+    assert list(t["holds"]) == ["n/a", "no"]
 
 
 def test_report_section_prints_the_replication_table(tmp_path, capsys):

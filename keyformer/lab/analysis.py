@@ -485,7 +485,9 @@ def replication(load_smol, load_gemma, findings: Sequence[Finding] = EXP9_FINDIN
                 seed: int = 0) -> pd.DataFrame:
     """Experiment 9's table: per finding, SmolLM2's and Gemma's pooled paired difference with its CI, how each
     reads (:func:`ci_reading`) and ``holds``: ``yes`` when Gemma's reading equals SmolLM2's, ``no`` when it
-    differs, ``partial`` when it matches but Gemma ran fewer budgets, ``pending`` without Gemma's points.
+    differs, ``partial`` when it matches but Gemma ran fewer budgets, ``pending`` without Gemma's points, and
+    ``n/a`` when the finding compares Ada-KV over a policy with that policy and Gemma's outputs are identical
+    on every sample (with one KV head there are no heads to share a layer's budget among).
     ``load_smol(folder)`` / ``load_gemma(task)`` return ``(points, samples)`` (complete points only) or
     None."""
     rows = []
@@ -503,8 +505,11 @@ def replication(load_smol, load_gemma, findings: Sequence[Finding] = EXP9_FINDIN
                 row.update({f"{who}_diff": d.mean, f"{who}_lo": d.lo, f"{who}_hi": d.hi, f"{who}_n": d.n,
                             f"{who}_budgets": ",".join(f"{b:g}" for b in used),
                             f"{who}_reads": ci_reading(d.lo, d.hi)})
+        same = {f.a, f.b} in ({f.a, f"adakv_{f.a}"}, {f.b, f"adakv_{f.b}"})  # Ada-KV over the other policy
         if "gemma_reads" not in row or "smol_reads" not in row:
             row["holds"] = "pending"
+        elif same and row["gemma_diff"] == row["gemma_lo"] == row["gemma_hi"] == 0:
+            row["holds"] = "n/a"  # identical outputs on every sample: the comparison does not exist here
         elif row["gemma_reads"] != row["smol_reads"]:
             row["holds"] = "no"
         else:

@@ -598,6 +598,10 @@ def gemma(res: Path, name: str = "exp9_gemma") -> None:
         print(f"| {r['source']} | {r['task']} | {r['metric']} | {said} | {got['smol'][0]} | "
               f"{got['gemma'][0]} | "
               f"{reads} | {got['gemma'][2]} | {got['gemma'][3]} | {r['holds']} |")
+    if (t["holds"] == "n/a").any():
+        print("\nn/a: Ada-KV over a policy and that policy gave identical outputs on every sample. Gemma 3 "
+              "270M has one KV head, so Ada-KV has no heads to share a layer's budget among and is its base "
+              "policy; the finding cannot be tested on this model.")
 
 
 def _slot_bytes(q: str, head_dim: int) -> int:
