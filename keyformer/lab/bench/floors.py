@@ -251,7 +251,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     out.mkdir(parents=True, exist_ok=True)
     (out / "floors.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out / "floors.txt").write_text(text + "\n")
-    (out / "command.txt").write_text(" ".join(["keyformer-bench --floors", *sys.argv[1:]]) + "\n")
+    argv = sys.argv[1:] if "--floors" in sys.argv[1:] else ["--floors", *sys.argv[1:]]
+    (out / "command.txt").write_text(" ".join(["keyformer-bench", *argv]) + "\n")
     log("\n" + text)
     return report
 
