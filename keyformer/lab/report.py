@@ -736,6 +736,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     "kvpress": kvpress,
     "kvpress_new": lambda res: kvpress(res, "crosscheck_kvpress/new_policies"),
     "kvpress_kvzip": lambda res: kvpress(res, "crosscheck_kvpress/kvzip"),
+    "kvpress_kvzip_long": lambda res: kvpress(res, "crosscheck_kvpress/kvzip_long"),
     "bench_targets": bench_targets,
     "bench_floors": bench_floors,
     "exp10_ruler": ruler,
