@@ -314,12 +314,15 @@ def test_bad_inputs_on_the_command_line(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_is_one_line_with_the_resume_command(tmp_path):
     out = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *TINY, "n_samples=400", f"output_dir={out}",
+    # 4000 samples, polled every 0.1 s: the run must still be going when the signal lands (with 400 and 0.5 s,
+    # a loaded machine once saw exit code 0 and no output, most likely a run that had already finished)
+    p = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *TINY, "n_samples=4000", f"output_dir={out}",
                           "generation.max_new_tokens=8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=ENV, cwd=tmp_path)
     deadline = time.time() + 240
     while time.time() < deadline and not (out / "predictions.jsonl").is_file():
-        time.sleep(0.5)
+        time.sleep(0.1)
+    assert p.poll() is None, "the run ended before the test could interrupt it"
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     lines = [ln for ln in err.splitlines() if ln.strip()]
