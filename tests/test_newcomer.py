@@ -324,7 +324,12 @@ def test_ctrl_c_is_one_line_with_the_resume_command(tmp_path):
         time.sleep(0.1)
     assert p.poll() is None, "the run ended before the test could interrupt it"
     p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=120)
+    try:
+        _, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()  # do not leave a 4000-sample run behind
+        p.communicate()
+        pytest.fail("run.py did not stop within 120 s of SIGINT")
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
     assert lines[-1].startswith("error: interrupted (Ctrl-C) after ") and f"output_dir={out}" in lines[-1]
