@@ -221,9 +221,9 @@ def git_dirty_files(repo: str | os.PathLike | None = None) -> list[str] | None:
     return sorted(line[3:].split(" -> ")[-1] for line in out.stdout.splitlines() if line.strip())
 
 
-def git_commit(repo: str | os.PathLike | None = None) -> str | None:
+def git_commit(repo: str | os.PathLike | None = None, dirty: list[str] | None = None) -> str | None:
     """HEAD commit of the project checkout (suffixed ``-dirty`` when there are local changes; which files:
-    :func:`git_dirty_files`), or None."""
+    :func:`git_dirty_files`, or ``dirty`` when the caller already has them), or None."""
     cwd = str(repo or Path(__file__).resolve().parents[2])
     try:
         head = _git(["rev-parse", "HEAD"], cwd)
@@ -231,7 +231,7 @@ def git_commit(repo: str | os.PathLike | None = None) -> str | None:
         return None
     if head.returncode != 0:
         return None
-    return head.stdout.strip() + ("-dirty" if git_dirty_files(repo) else "")
+    return head.stdout.strip() + ("-dirty" if (git_dirty_files(repo) if dirty is None else dirty) else "")
 
 
 def versions() -> dict[str, str]:

@@ -227,11 +227,12 @@ def common_metrics(job: Job, wall_s: float) -> dict[str, Any]:
     cfg, ident = job.cfg, job.identity
     vers = versions()
     vers.update({k: v for k, v in ident["versions"].items() if k != "keyformer"})
+    dirty = git_dirty_files()  # one `git status` for both fields
     return {
         "task": job.task.name, "model": cfg["model"]["name"], "model_source": cfg["model"].get("source"),
         "model_revision": ident.get("model_revision"), "device": ident["device"], "dtype": ident["dtype"],
         "seed": cfg["seed"], "versions": vers, "code_version": ident["versions"]["keyformer"],
-        "git_commit": git_commit(), "git_dirty": git_dirty_files(), "wall_s": wall_s,
+        "git_commit": git_commit(dirty=dirty), "git_dirty": dirty, "wall_s": wall_s,
     }
 
 

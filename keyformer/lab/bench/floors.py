@@ -31,7 +31,6 @@ Run on a quiet machine: ``keyformer-bench --floors --out results/bench/floors`` 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -47,6 +46,7 @@ from keyformer.core.policies import make_policy
 
 from .cpu import (
     Snapshot,
+    decode,
     environment,
     kv_bytes_per_token,
     load_bench_model,
@@ -85,12 +85,8 @@ def prefill(model: Any, ids: torch.Tensor, label: str, budget: float, n_new: int
 
 
 def decode_ms(model: Any, snap: Snapshot, steps: int) -> float:
-    """Mean ms per greedy step over ``steps`` steps from a copy of ``snap``."""
-    cache, tok = copy.deepcopy(snap.cache), snap.first_token
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        tok = model(input_ids=tok, cache=cache, logits_to_keep=1).logits[:, -1].argmax(-1, keepdim=True)
-    return 1000 * (time.perf_counter() - t0) / steps
+    """Mean ms per greedy step over ``steps`` steps from a copy of ``snap`` (keyformer-bench's loop)."""
+    return 1000 * decode(model, snap, steps) / steps
 
 
 def interleaved(labels: Sequence[str], rounds: int, one: Callable[[str], float]) -> dict[str, dict[str, Any]]:
