@@ -173,9 +173,9 @@ PART_INSTRUCTION = "\n\nRepeat the part of the previous context exactly, startin
 @functools.lru_cache(maxsize=8)
 def instruction_pieces(path: str) -> RepeatPieces | None:
     """kvpress's repeat inputs in the tokenizer stored with the model at ``path`` (local files only): chunk 0
-    after the instruction and the chat template's assistant header (``"\\n"`` without a template), later chunks
-    after the "part" instruction, the previous chunk's last 8 tokens and the header; None where no tokenizer
-    is stored there (tiny random test models)."""
+    after the instruction and the chat template's assistant header (``"\\n"`` without a template), later
+    chunks after the "part" instruction, the previous chunk's last 8 tokens and the header; None where no
+    tokenizer is stored there (tiny random test models)."""
     from transformers import AutoTokenizer
 
     try:
