@@ -67,7 +67,7 @@ def test_quick_run_writes_only_its_out_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     lb.main(["--quick", "--beams", "0", "--memory-ref", "32+8"])  # = the default here (the longest setting)
     out = tmp_path / "outputs" / "bench_long"
-    assert sorted(p.name for p in out.iterdir()) == ["command.txt", "long.json", "long.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["command.txt", "journal.jsonl", "long.json", "long.txt"]
     assert not (tmp_path / "results").exists()
     report = json.loads((out / "long.json").read_text())
     limit = report["kv_memory_budget_bytes"]
@@ -97,6 +97,72 @@ def test_quick_run_with_beams_via_keyformer_bench(tmp_path, monkeypatch):
     report = json.loads((tmp_path / "o" / "long.json").read_text())
     assert report["beams"]["num_beams"] == 2
     assert all(r["same_sequences"] for r in report["beams"]["rows"])
+
+
+def test_journal_resumes_refuses_other_settings_and_drops_a_torn_line(tmp_path):
+    from keyformer.lab.bench.journal import Journal
+
+    path = tmp_path / "j" / "journal.jsonl"
+    j = Journal(path, {"model": "tiny", "seed": 0}, log=lambda m: None)
+    calls = []
+    assert j.once("a", lambda: calls.append(1) or {"x": 1.5}) == {"x": 1.5}
+    assert j.once("a", lambda: calls.append(1) or {"x": 9}) == {"x": 1.5} and len(calls) == 1
+    j.check("prompts", "abc", "the prompts")
+    with open(path, "a") as f:
+        f.write('{"key": "b", "val')  # a kill in the middle of a write
+    logs = []
+    j2 = Journal(path, {"model": "tiny", "seed": 0}, log=logs.append)
+    assert j2.resumed == 2 and j2.get("a") == {"x": 1.5} and "b" not in j2
+    assert any("cut short" in m for m in logs)
+    assert all(json.loads(line) for line in path.read_text().splitlines())  # the torn line is gone
+    with pytest.raises(SystemExit, match="the prompts changed.*'abc' there, 'abd' now"):
+        j2.check("prompts", "abd", "the prompts")
+    with pytest.raises(SystemExit, match="seed: 0 there, 1 now"):
+        Journal(path, {"model": "tiny", "seed": 1}, log=lambda m: None)
+
+
+def test_quick_run_resumes_from_its_journal(tmp_path, monkeypatch):
+    """A run killed during its second timed run resumes: what finished is reused (same numbers), only the rest
+    is measured; a finished run re-run measures nothing; more rounds measure only the new rounds."""
+    real = lb.timed_run
+    timed, floors = [], []  # the timed runs (8 tokens in --quick) and the compute-floor runs (9 tokens)
+
+    def counting(model, ids, name, budget, n_new, seed=0):
+        if n_new == 8:
+            timed.append((name, budget))
+            if kill and len(timed) == 2:
+                raise KeyboardInterrupt  # the kill
+        elif n_new == 9:
+            floors.append(ids.shape[0])
+        return real(model, ids, name, budget, n_new, seed)
+
+    args = ["--quick", "--beams", "0", "--out", str(tmp_path / "o"), "--budgets", "16"]
+    monkeypatch.setattr(lb, "timed_run", counting)
+    kill = True
+    with pytest.raises(KeyboardInterrupt):
+        lb.main(args)
+    kill = False
+    lines = (tmp_path / "o" / "journal.jsonl").read_text().splitlines()
+    first = {r["key"]: r["value"] for r in map(json.loads, lines[1:])}
+    runs = [k for k in first if k.startswith("run/")]
+    assert len(runs) == 1 and runs[0].startswith("run/32+8/full/B2/r0")
+    assert timed == [("full", None), ("h2o", 16)] and floors == []
+    timed.clear()
+    report = lb.run(lb.parse_args(args), log=lambda m: None)
+    assert timed == [("h2o", 16)]  # only the run that was killed
+    assert len(floors) == len({r["batch"] for r in report["rows"]})
+    full = next(r for r in report["rows"] if r["policy"] == "full")
+    assert full["decode_tok_s"]["median"] == pytest.approx(2 * 7 / first[runs[0]]["decode_s"])  # reused
+    assert report["complete"] and report["journal"]["resumed_measurements"] == len(first)
+    timed.clear(), floors.clear()
+    again = lb.run(lb.parse_args(args), log=lambda m: None)
+    assert timed == [] and floors == []  # every measurement from the journal
+    assert again["rows"] == report["rows"]
+    report = lb.run(lb.parse_args([*args, "--rounds", "2"]), log=lambda m: None)
+    assert timed == [("full", None), ("h2o", 16)]  # round 2 only
+    assert all(r["policy"] == "full" or r["agreement"]["rows"] == 2 for r in report["rows"])
+    with pytest.raises(SystemExit, match="max_batch: 8 there, 4 now"):
+        lb.run(lb.parse_args([*args, "--max-batch", "4"]), log=lambda m: None)
 
 
 @pytest.mark.slow

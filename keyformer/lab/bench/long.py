@@ -26,7 +26,11 @@ long generations ("batch gain x throughput gain"). This module does that for our
   with the prompt run once per sample (default) and once per beam (transformers' way), same sequences.
 
 Outputs go to ``--out`` (default ``outputs/bench_long``, git-ignored; never ``results/`` unless asked):
-``long.json``, ``long.txt`` (the table) and ``command.txt``.
+``long.json``, ``long.txt`` (the table) and ``command.txt``, rewritten after every setting, and
+``journal.jsonl``: every finished measurement (memory budget, batch probes, timed runs, floors, beams) as it
+ends. The same command run again resumes from the journal: finished measurements are skipped, more
+``--rounds`` or settings add to it, and a run with other measurement options (model, dtype, seed, threads,
+memory budget, git commit) is refused (:mod:`keyformer.lab.bench.journal`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +62,7 @@ from .cpu import (
     spread,
     weight_bytes,
 )
+from .journal import Journal
 from .memory import reset_peak_rss, status_mb
 
 DEFAULT_OUT = "outputs/bench_long"
@@ -260,7 +266,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     longest = (parse_settings(args.memory_ref)[0] if args.memory_ref
                else max(settings, key=lambda s: s.prompt_len + s.new_tokens))
     text_ids = prompt_tokens(cfg, tok, max(s.prompt_len for s in [*settings, longest]) * (args.max_batch + 1))
-    bw = measure_bandwidth(args.bandwidth_mb)
+    journal = Journal(Path(args.out) / "journal.jsonl", journal_header(args, env), log)
+    bw = journal.once("bandwidth", lambda: measure_bandwidth(args.bandwidth_mb))
     w_bytes, per_token = weight_bytes(model), kv_bytes_per_token(model, dtype)
     pool: dict[Setting, torch.Tensor] = {}
 
@@ -274,18 +281,19 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         limit = int(args.memory_mb * 2**20)
         limit_src = f"--memory-mb {args.memory_mb}"
     else:
-        limit = (peak_kv_bytes(model, prompts(longest, args.full_batch), "full", None, longest.new_tokens,
-                               args.seed))
+        limit = journal.once("limit", lambda: peak_kv_bytes(model, prompts(longest, args.full_batch), "full",
+                                                            None, longest.new_tokens, args.seed))
         limit_src = f"full cache at batch {args.full_batch}, {longest.label} (measured)"
     log(f"[long] KV memory budget {limit / 2**20:.2f} MiB = {limit} B ({limit_src}); bandwidth "
         f"{bw['read_gbs']:.1f} GB/s read; "
         f"weights {w_bytes / 2**20:.0f} MiB; K/V {per_token} B/token")
     rows: list[dict[str, Any]] = []
     floors: dict[int, float] = {}
-    measured: dict[tuple, int] = {}  # peak K/V bytes per (policy, kept tokens, setting, batch)
     with torch.inference_mode():
         timed_run(model, prompts(settings[0], 1), policies[0], budgets[0], 3, args.seed)  # warm-up
         for s in settings:
+            journal.check(f"prompts/{s.label}", prompt_digest(prompts(s, args.max_batch + 1)),
+                          f"the {s.label} prompts")
             confs = [("full", None)] + [(p, b) for b in budgets for p in policies]
             batch: dict[tuple[str, Any], int] = {}
             probes: dict[tuple[str, Any], list[list[int]]] = {}
@@ -295,37 +303,79 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
 
                 def measure(n: int, s=s, name=name, b=b, k=k) -> int:
                     """Measured once per identical cache (same policy, kept tokens, lengths and batch)."""
-                    key = (name, k, s, n)
-                    if key not in measured:
-                        measured[key] = peak_kv_bytes(model, prompts(s, n), name, b, s.new_tokens, args.seed)
-                    return measured[key]
+                    return journal.once(f"probe/{name}/{k}/{s.label}/{n}", lambda: peak_kv_bytes(
+                        model, prompts(s, n), name, b, s.new_tokens, args.seed))
 
                 fit, pr = largest_batch(measure, limit, args.max_batch)
                 batch[(name, b)], probes[(name, b)] = fit, pr
                 log(f"[long] {s.label} {name}{'@' + budget_label(b) if b is not None else ''}: batch {fit} "
                     f"(probes {pr})")
             runs: dict[tuple[str, Any], list[dict[str, Any]]] = {c: [] for c in confs if batch[c] > 0}
+            ref: torch.Tensor | None = None  # full's first-round tokens: the agreement reference
             for rnd in range(args.rounds):
                 for c in runs:
-                    r = timed_run(model, prompts(s, batch[c]), c[0], c[1], s.new_tokens, args.seed)
+                    cfg = f"{c[0]}{'@' + budget_label(c[1]) if c[1] is not None else ''}"
+                    key = f"run/{s.label}/{cfg}/B{batch[c]}/r{rnd}"
+                    done = key in journal
+                    if not done:
+                        r = timed_run(model, prompts(s, batch[c]), c[0], c[1], s.new_tokens, args.seed)
+                        r["loadavg"] = list(os.getloadavg())
+                        if c[0] == "full":
+                            r["tokens"] = r["tokens"].tolist() if rnd == 0 else None
+                        else:
+                            r["agreement"] = agreement(r.pop("tokens"), ref) if ref is not None else None
+                        journal.put(key, r)
+                    r = journal.get(key)
+                    if c[0] == "full" and rnd == 0:
+                        ref = torch.tensor(r["tokens"])
                     runs[c].append(r)
-                    log(f"  {s.label} round {rnd + 1} "
-                        f"{c[0]}{'@' + budget_label(c[1]) if c[1] is not None else ''} "
-                        f"B{batch[c]}: prefill {r['prefill_s']:.2f} s, decode {r['decode_s']:.2f} s")
+                    log(f"  {s.label} round {rnd + 1} {cfg} B{batch[c]}: prefill {r['prefill_s']:.2f} s, "
+                        f"decode {r['decode_s']:.2f} s{' (journal)' if done else ''}")
             for bsz in {batch[c] for c in runs}:
                 if bsz not in floors:
-                    floors[bsz] = step_floor_ms(model, bsz, vocab, seed=args.seed)
+                    floors[bsz] = journal.once(
+                        f"floor/B{bsz}", lambda bsz=bsz: step_floor_ms(model, bsz, vocab, seed=args.seed))
             rows += summarize(s, runs, batch, probes, floors, w_bytes, per_token, bw["read_gbs"])
-    beams = beam_section(model, text_ids, vocab, policies, args, log) if args.beams > 1 else None
-    report = {"method": __doc__, "environment": env, "command": " ".join(sys.argv), "bandwidth": bw,
-              "weight_bytes": w_bytes, "kv_bytes_per_token": per_token, "kv_memory_budget_bytes": limit,
-              "kv_memory_budget_source": limit_src, "settings": [asdict(s) for s in settings],
-              "budgets": budgets, "policies": policies, "rounds": args.rounds, "rows": rows, "beams": beams,
-              "seconds": time.perf_counter() - t_start}
+            report = make_report(args, env, bw, w_bytes, per_token, limit, limit_src, settings, budgets,
+                                 policies, rows, None, t_start, journal, complete=False)
+            write_outputs(Path(args.out), report, format_table(report))  # a table after every setting
+    beams = (journal.once("beams", lambda: beam_section(model, text_ids, vocab, policies, args, log))
+             if args.beams > 1 else None)
+    report = make_report(args, env, bw, w_bytes, per_token, limit, limit_src, settings, budgets, policies,
+                         rows, beams, t_start, journal, complete=True)
     text = format_table(report)
     log(text)
     write_outputs(Path(args.out), report, text)
     return report
+
+
+def journal_header(args: argparse.Namespace, env: dict[str, Any]) -> dict[str, Any]:
+    """What must not change between the sessions of one resumed run (rounds, settings, budgets, policies and
+    beams may grow: they are part of each measurement's key)."""
+    keep = ("model", "dtype", "prompt", "seed", "threads", "memory_mb", "memory_ref", "full_batch",
+            "max_batch", "bandwidth_mb")
+    return {**{k: getattr(args, k) for k in keep}, "git_commit": env["git_commit"], "cpu": env["cpu"],
+            "torch": env["torch"], "transformers": env["transformers"]}
+
+
+def prompt_digest(ids: torch.Tensor) -> str:
+    """sha256 of a prompt tensor's ids (a resumed run must time the same prompts)."""
+    import hashlib
+
+    return hashlib.sha256(ids.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+
+
+def make_report(args: argparse.Namespace, env: dict[str, Any], bw: dict[str, float], w_bytes: int,
+                per_token: int, limit: int, limit_src: str, settings: list[Setting], budgets: list,
+                policies: list[str], rows: list[dict[str, Any]], beams: dict[str, Any] | None, t_start: float,
+                journal: Journal, complete: bool) -> dict[str, Any]:
+    return {"method": __doc__, "environment": env, "command": " ".join(sys.argv), "bandwidth": bw,
+            "weight_bytes": w_bytes, "kv_bytes_per_token": per_token, "kv_memory_budget_bytes": limit,
+            "kv_memory_budget_source": limit_src, "settings": [asdict(s) for s in settings],
+            "budgets": budgets, "policies": policies, "rounds": args.rounds, "rows": rows, "beams": beams,
+            "complete": complete,
+            "journal": {"path": str(journal.path), "resumed_measurements": journal.resumed},
+            "seconds_this_session": time.perf_counter() - t_start}
 
 
 def summarize(s: Setting, runs: dict, batch: dict, probes: dict, floors: dict[int, float], w_bytes: int,
@@ -334,7 +384,6 @@ def summarize(s: Setting, runs: dict, batch: dict, probes: dict, floors: dict[in
     n = s.new_tokens
     full = runs.get(("full", None))
     out = []
-    ref_tokens = full[0]["tokens"] if full else None
     stats: dict[tuple[str, Any], dict[str, Any]] = {}
     for c, rs in runs.items():
         B = batch[c]
@@ -353,8 +402,8 @@ def summarize(s: Setting, runs: dict, batch: dict, probes: dict, floors: dict[in
                "kv_tensor_bytes_end": rs[0]["kv_tensor_bytes_end"], "attended_slots_avg": slots,
                "bytes_model_step_ms": model_ms, "floor_step_ms": floors.get(B),
                "compute_bound": bool(floors.get(B, 0.0) > model_ms)}
-        if ref_tokens is not None and c[0] != "full":
-            ag = [agreement(r["tokens"], ref_tokens) for r in rs]
+        ag = [r["agreement"] for r in rs if r.get("agreement")]
+        if ag and c[0] != "full":
             row["agreement"] = {k: median([a[k] for a in ag]) for k in ("match", "prefix", "rows")}
         out.append(row)
     if full:
@@ -424,7 +473,11 @@ def _f(v: Any, fmt: str = ".2f") -> str:
 
 def format_table(report: dict[str, Any]) -> str:
     """The long-generation table: one line per (setting, policy@budget), gains beside the bytes model's."""
-    lines = [f"KV memory budget {report['kv_memory_budget_bytes'] / 2**20:.2f} MiB "
+    jr = report.get("journal") or {}
+    lines = [("" if report.get("complete", True) else "PARTIAL: settings still running; ")
+             + (f"resumed from {jr['path']} ({jr['resumed_measurements']} measurements from earlier sessions)"
+                if jr.get("resumed_measurements") else "one session"),
+             f"KV memory budget {report['kv_memory_budget_bytes'] / 2**20:.2f} MiB "
              f"({report['kv_memory_budget_source']}); read bandwidth {report['bandwidth']['read_gbs']:.1f} "
              f"GB/s",
              "tok/s: median [q1, q3] of rounds; gain = batch x seq (decode tok/s vs full at its own largest "
@@ -507,8 +560,6 @@ def parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """CLI arguments with the defaults (``--quick`` swaps in :data:`QUICK` for the options not given)."""
-    import os
-
     argv = list(argv)
     args = parser().parse_args(argv)
     for key, val in {**DEFAULTS, **(QUICK if args.quick else {})}.items():
