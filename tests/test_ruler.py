@@ -210,10 +210,70 @@ def test_config_checks(monkeypatch):
         check_options({**ds, "ruler_task": "qa_1"})
     with pytest.raises(ConfigError, match="string_match_all"):
         check_options({**ds, "metrics": ["accuracy"]})
+    with pytest.raises(ConfigError, match=r"dataset.tokenizer='gemma'.*allowed: model, smollm2"):
+        check_options({**ds, "tokenizer": "gemma"})
     monkeypatch.delenv("KEYFORMER_DATA_DIR", raising=False)
     check_source(ds)  # niah_single_1: noise haystack, no file needed
     with pytest.raises(DataError, match="essay haystack"):
         check_source({**ds, "ruler_task": "niah_single_2"})
+
+
+class Pairs(WS):
+    """Two tokens per word: a tokenizer other than WS, to see whose tokens measured the length."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [t for w in text.split() for t in (w, w)]}
+
+
+def test_length_is_counted_in_the_runs_model_tokens(monkeypatch):
+    """dataset.tokenizer=model (default) measures `length` with the run's model's tokenizer, smollm2 with
+    SmolLM2's whatever the model; without a model node (library callers), SmolLM2's."""
+    from keyformer.run import loading
+    from keyformer.run.data.loaders import load_records
+
+    seen = []
+    monkeypatch.setattr(loading, "smollm2_tokenizer", lambda: WS())
+    monkeypatch.setattr(loading, "load_tokenizer", lambda m: seen.append(m["source"]) or Pairs())
+    ds = {"name": "ruler", "ruler_task": "vt", "length": 1024, "n": 1, "seed": 0, "tokenizer": "model"}
+    model = {"source": "gemma3_gguf", "name": "google/gemma-3-270m"}
+    target = 1024 - tokens_to_generate("vt")
+    by_model = load_records(ds, 1, model=model)[0]
+    assert seen == ["gemma3_gguf"] and len(Pairs()(prompt(by_model))["input_ids"]) == by_model["ruler_tokens"]
+    assert target - 20 <= by_model["ruler_tokens"] <= target
+    by_smol = load_records({**ds, "tokenizer": "smollm2"}, 1, model=model)[0]
+    assert by_smol == load_records(ds, 1)[0] == gen("vt", n=1)[0]  # SmolLM2's (here WS) in both cases
+    assert len(prompt(by_smol).split()) == by_smol["ruler_tokens"] and len(prompt(by_model).split()) < target
+
+
+@pytest.mark.slow  # loads Gemma's tokenizer from the converted model
+def test_gemma_exp10_points_generate_in_gemma_tokens():
+    """The Gemma 3 tiers of experiment 10 compose to Gemma with its own tokenizer, and their records fill 4096
+    Gemma tokens (minus the answer tokens)."""
+    import sys
+
+    from keyformer.run.loading import gemma3_available, load_tokenizer
+    from keyformer.run.paths import compose
+
+    sys.path.insert(0, str(ROOT / "experiments" / "queues"))
+    import exp10_make
+
+    lines = [ln for _, ls in exp10_make.gemma_tiers().values() for ln in ls]
+    assert len(lines) == 110 and len({ln.split()[0] for ln in lines}) == 110
+    folder, records, *overrides = lines[-1].split()  # the last: query-agnostic window
+    cfg = compose(overrides)
+    assert cfg["model"]["source"] == "gemma3_gguf" and cfg["dataset"]["tokenizer"] == "model"
+    assert cfg["dataset"]["query_agnostic"] and int(records) == cfg["n_samples"] == 5
+    from omegaconf import OmegaConf
+
+    sweep = OmegaConf.load(ROOT / "conf" / "experiment" / "exp10_ruler_gemma.yaml").hydra.sweep.dir
+    assert folder.startswith(f"{sweep}/agnostic/task=fwe,budget=0.5,policy=window")
+    if not gemma3_available():
+        pytest.skip("Gemma 3 270M not installed or converted")
+    tok = load_tokenizer(cfg["model"])
+    r = generate_ruler("fwe", 4096, 1, tok)[0]
+    n = len(tok(prompt(r), add_special_tokens=False)["input_ids"])
+    target = 4096 - tokens_to_generate("fwe")
+    assert target - 40 <= n <= target and n == r["ruler_tokens"]
 
 
 # -- metrics -------------------------------------------------------------------------------------------------

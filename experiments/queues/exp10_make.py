@@ -5,6 +5,10 @@
         experiments/queues/exp10_core_agnostic.txt multirun/exp10_ruler/queues/exp10_budgets.txt \\
         multirun/exp10_ruler/queues/exp10_field.txt
 
+The Gemma 3 270M tiers (`gemma_core.txt`, `gemma_core_agnostic.txt`: tiers 1-2 with
++experiment=exp10_ruler_gemma, folders multirun/exp10_ruler_gemma/...) go to
+multirun/exp10_ruler_gemma/queues.
+
 Tiers 3-4 (1056 points) are not committed as queue files: tests/test_configs.py composes every line of
 experiments/queues/*.txt, which would take half an hour on the 2-core machine. Points are listed policy-major
 (every task of a policy, then the next policy), so a policy's RULER average is complete as early as possible.
@@ -28,15 +32,24 @@ HEADER = """# Experiment 10 (experiments/exp10_ruler.md), {what}.
 """
 
 
-def line(setting: str, task: str, policy: str, budget: float) -> str:
-    folder = f"multirun/exp10_ruler/{setting}/task={task},budget={budget},policy={policy}"
+def line(setting: str, task: str, policy: str, budget: float, exp: str = "exp10_ruler") -> str:
+    folder = f"multirun/{exp}/{setting}/task={task},budget={budget},policy={policy}"
     agnostic = " dataset.query_agnostic=true" if setting == "agnostic" else ""
-    return (f"{folder} {RECORDS} +experiment=exp10_ruler dataset.ruler_task={task} "
+    return (f"{folder} {RECORDS} +experiment={exp} dataset.ruler_task={task} "
             f"generation.max_new_tokens={TOKENS.get(task, 128)}{agnostic} policy={policy} budget={budget}")
 
 
-def points(setting: str, policies: list[str], budget: float) -> list[str]:
-    return [line(setting, t, p, 1.0 if p == "full" else budget) for p in policies for t in TASKS]
+def points(setting: str, policies: list[str], budget: float, exp: str = "exp10_ruler") -> list[str]:
+    return [line(setting, t, p, 1.0 if p == "full" else budget, exp) for p in policies for t in TASKS]
+
+
+def gemma_tiers() -> dict[str, tuple[str, list[str]]]:
+    """Tiers 1-2 on Gemma 3 270M (conf/experiment/exp10_ruler_gemma.yaml)."""
+    g = "exp10_ruler_gemma"
+    return {"gemma_core.txt": ("Gemma 3 270M tier 1: question-aware, ratio 0.5, the core policies",
+                               points("aware", CORE, 0.5, g)),
+            "gemma_core_agnostic.txt": ("Gemma 3 270M tier 2: the same points, query-agnostic",
+                                        points("agnostic", CORE, 0.5, g))}
 
 
 def tiers() -> dict[str, tuple[str, list[str]]]:
@@ -62,6 +75,12 @@ def main(argv: list[str]) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(HEADER.format(what=what, records=RECORDS) + "\n".join(lines) + "\n")
         print(f"{out}: {len(lines)} points")
+    gemma = late.parent.parent / "exp10_ruler_gemma" / "queues"
+    for name, (what, lines) in gemma_tiers().items():
+        gemma.mkdir(parents=True, exist_ok=True)
+        header = HEADER.replace("SmolLM2-135M-Instruct", "Gemma 3 270M")
+        (gemma / name).write_text(header.format(what=what, records=RECORDS) + "\n".join(lines) + "\n")
+        print(f"{gemma / name}: {len(lines)} points")
 
 
 if __name__ == "__main__":

@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
     from keyformer.run.validate import ALL
 
-    records = load_records(ds, None if cfg["n_samples"] == ALL else int(cfg["n_samples"]), 0)  # all: every
+    n = None if cfg["n_samples"] == ALL else int(cfg["n_samples"])  # all: every record
+    records = load_records(ds, n, 0, cfg["model"])
     limit = int(cfg["max_prompt_tokens"])
     prompts = [encode_prompt(tok, r, ds.get("template", "alpaca"), ds.get("instruction", ""), limit, chat)[0]
                for r in records]

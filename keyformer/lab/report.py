@@ -675,7 +675,8 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
         return
     for label, t in tables.items():
         avg = t[t["task"] == "average"] if len(t) else t
-        print(f"\n**{label}** (RULER 4k, string_match_all x 100, mean over "
+        model = " on Gemma 3 270M" if name.endswith("_gemma") else ""
+        print(f"\n**{label}**{model} (RULER 4k, string_match_all x 100, mean over "
               f"{int(avg['n_tasks'].max()) if len(avg) else 0} tasks; 95 % CIs)\n")
         if avg.empty:
             print("(no policy has every task yet)")
@@ -740,6 +741,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     "bench_targets": bench_targets,
     "bench_floors": bench_floors,
     "exp10_ruler": ruler,
+    "exp10_ruler_gemma": lambda res: ruler(res, "exp10_ruler_gemma"),
 }
 README_FILES = (Path("README.md"), Path("results/README.md"))
 

@@ -194,6 +194,18 @@ def smollm2_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(ensure_smollm2())
 
 
+def load_tokenizer(m: Mapping[str, Any]) -> Any:
+    """The tokenizer of the model node ``m`` as :func:`load_model` loads it (without the model): tiny models
+    use SmolLM2's, embedded ones their converted folder's, hub models ``m.tokenizer`` or ``m.name``."""
+    from transformers import AutoTokenizer
+
+    if m["source"] == "tiny":
+        return smollm2_tokenizer()
+    if m["source"] in EMBEDDED:
+        return AutoTokenizer.from_pretrained(ensure_embedded(EMBEDDED[m["source"]]))
+    return AutoTokenizer.from_pretrained(m.get("tokenizer") or m["name"])
+
+
 def torch_dtype(name: str) -> Any:
     import torch
 

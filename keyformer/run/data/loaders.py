@@ -27,6 +27,7 @@ from keyformer.run.validate import ConfigError, UserError
 DATA_DIR_ENV = "KEYFORMER_DATA_DIR"
 # made in keyformer/run/data/ (ruler: essay tasks read a local file)
 GENERATED = ("sample", "needle", "ruler")
+RULER_TOKENIZERS = ("model", "smollm2")  # dataset.tokenizer of ruler: whose tokens measure its length
 
 
 class DataError(UserError, ValueError):
@@ -89,10 +90,12 @@ def _check_ruler_source(ds: Mapping[str, Any]) -> None:
                         "dataset.essay_path=/path/to/file.jsonl")
 
 
-def load_ruler(ds: Mapping[str, Any], n: int | None) -> list[dict]:
-    """Generate the ``ruler`` records (``keyformer/run/data/ruler.py``) with SmolLM2's tokenizer."""
+def load_ruler(ds: Mapping[str, Any], n: int | None, model: Mapping[str, Any] | None = None) -> list[dict]:
+    """Generate the ``ruler`` records (``keyformer/run/data/ruler.py``). Lengths are counted in the tokens
+    of ``dataset.tokenizer``: ``model`` (default) = the run's model node ``model`` (SmolLM2's tokenizer when
+    none is given, and for tiny models), ``smollm2`` = SmolLM2's whatever the model."""
     from keyformer.run.data.ruler import essay_path, essay_words, generate_ruler, needs_essay
-    from keyformer.run.loading import smollm2_tokenizer
+    from keyformer.run.loading import load_tokenizer, smollm2_tokenizer
 
     task = str(ds["ruler_task"])
     essay = None
@@ -101,7 +104,9 @@ def load_ruler(ds: Mapping[str, Any], n: int | None) -> list[dict]:
         path = essay_path(str(ds.get("essay_file") or "cnn_dailymail.jsonl"), ds.get("essay_path"))
         essay = essay_words(str(path), str(ds.get("essay_field") or "article"))
     count = max(n or 0, int(ds.get("n", 100)))
-    return generate_ruler(task, int(ds["length"]), count, smollm2_tokenizer(), int(ds.get("seed", 0)), essay)
+    which = str(ds.get("tokenizer") or "model")
+    tok = load_tokenizer(model) if which == "model" and model is not None else smollm2_tokenizer()
+    return generate_ruler(task, int(ds["length"]), count, tok, int(ds.get("seed", 0)), essay)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -205,15 +210,18 @@ def _select(rows: list, n: int | None, selection: str, seed: int) -> list:
     return rows[:n]
 
 
-def load_records(ds: Mapping[str, Any], n: int | None = None, seed: int = 0) -> list[dict]:
-    """Load, normalise and select records for the dataset config ``ds`` (the Hydra ``dataset`` node)."""
+def load_records(ds: Mapping[str, Any], n: int | None = None, seed: int = 0,
+                 model: Mapping[str, Any] | None = None) -> list[dict]:
+    """Load, normalise and select records for the dataset config ``ds`` (the Hydra ``dataset`` node);
+    ``model`` (the run's model node) gives generated datasets that count tokens (``ruler``) their
+    tokenizer."""
     if ds["name"] == "sample":
         count = max(n or 0, int(ds.get("n_records", 16)))
         rows = (generate_sample(count, seed=int(ds.get("seed", 0)),
                                 n_paragraphs=int(ds.get("n_paragraphs", 8))))
         return _select(rows, n, str(ds.get("selection", "first")), seed)
     if ds["name"] == "ruler":
-        return _select(load_ruler(ds, n), n, str(ds.get("selection", "first")), seed)
+        return _select(load_ruler(ds, n, model), n, str(ds.get("selection", "first")), seed)
     if ds["name"] == "needle":
         rows = (generate_needle(list(ds["lengths"]), list(ds["depths"]), int(ds["n_values"]),
                                 int(ds.get("seed", 0))))
@@ -274,6 +282,9 @@ def check_options(ds: Mapping[str, Any]) -> None:
         if ds.get("ruler_task") not in RULER_TASKS:
             raise ConfigError("dataset.ruler_task", ds.get("ruler_task"), f"allowed: "
                                                                           f"{', '.join(RULER_TASKS)}")
+        if str(ds.get("tokenizer") or "model") not in RULER_TOKENIZERS:
+            raise ConfigError("dataset.tokenizer", ds.get("tokenizer"),
+                              f"whose tokens measure dataset.length; allowed: {', '.join(RULER_TOKENIZERS)}")
         if "accuracy" in metrics:
             raise ConfigError("dataset.metrics", "accuracy", "ruler records have several answers: use "
                               "string_match_all (RULER's metric) or string_match_part")

@@ -157,7 +157,7 @@ class GenerateTask(Task):
         from keyformer.run.validate import ALL
 
         n = None if cfg["n_samples"] == ALL else int(cfg["n_samples"])
-        records = _unique_ids(load_records(cfg["dataset"], n, int(cfg["seed"])))
+        records = _unique_ids(load_records(cfg["dataset"], n, int(cfg["seed"]), cfg["model"]))
         check_count(cfg["dataset"], records, n)  # fewer records than n_samples: refused before the model
         done = job.done_ids()
         todo = [r for r in records if r["id"] not in done]
