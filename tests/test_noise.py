@@ -176,3 +176,29 @@ def test_eager_by_choice_is_recorded_without_a_fallback(monkeypatch):
     monkeypatch.setattr(nz, "_RAN", set())
     nz.noise_at(nz.seeds_tensor([1], "cpu"), 0, torch.tensor([3]), torch.arange(4).view(1, 1, 4), 2)
     assert nz.kernel_record() == {"kernels": ["eager"], "fallback": None}
+
+
+def _mix_py(x: int) -> int:
+    """The documented finaliser on Python ints (the reference for both lane widths)."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B & 0xFFFFFFFF
+    x = ((x >> 16) ^ x) * 0x45D9F3B & 0xFFFFFFFF
+    return (x >> 16) ^ x
+
+
+@pytest.mark.parametrize("compile_", ["1", "0"])
+def test_hash_in_int32_lanes_equals_the_python_int_reference(monkeypatch, compile_):
+    """The per-entry hash runs in int32 lanes: its bits, and so every draw, equal the 32-bit formula computed
+    on Python ints, for keys with the top bit set too, compiled and eager (the committed results' noise)."""
+    monkeypatch.setenv("KEYFORMER_COMPILE", compile_)
+    g = torch.Generator().manual_seed(0)
+    rk = torch.randint(0, 2**32, (2, 3, 40, 1), generator=g)  # [B, H, r, 1] int64 keys
+    ck = torch.randint(0, 2**32, (2, 1, 1, 64), generator=g)
+    rk[0, 0, :4, 0] = torch.tensor([0, 2**31 - 1, 2**31, 2**32 - 1])
+    ck[0, 0, 0, :4] = torch.tensor([2**32 - 1, 2**31, 0, 2**16])
+    want_h = torch.tensor([[_mix_py(a ^ c) for c in ck.flatten(1)[b].tolist()] for b in range(2)
+                           for a in rk[b].flatten().tolist()]).view(2, 3, 40, 64)
+    assert torch.equal(nz.mix32(nz.lanes32(rk) ^ nz.lanes32(ck)).to(torch.int64) & 0xFFFFFFFF, want_h)
+    u = ((want_h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)  # the documented uniform, then -log
+    want = -torch.log(u.clamp(max=1.0 - 2.0**-24))
+    got = nz.exp_noise_fast(rk, ck) if compile_ == "1" else nz.exp_noise(rk, ck)
+    assert torch.equal(got, want) if compile_ == "0" else torch.allclose(got, want, rtol=2e-6, atol=0)

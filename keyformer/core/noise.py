@@ -11,9 +11,12 @@ the prompt). It does not depend on the batch, padding, slot layout, simulation m
     key(b, l, h, p) = mix(mix(mix(seed_b * C1 + l * C2) ^ h * C3) ^ p * C4)     one per (sample, head, query)
     u = (mix(key ^ colkey(j)) >> 8 + 0.5) / 2**24,   E = -log(u)                  per key position j
 
-``mix`` is a 32-bit integer finaliser (two multiply-xorshift rounds), evaluated in int64 lanes. The 24-bit
-uniform gives ``E`` in [2.9e-8, 17.3]. The noise stream changed once, in the fast-core rewrite (it was numpy
-PCG64 / torch generator draws before); compiled and eager evaluation can differ in the last bit of ``log``.
+``mix`` is a 32-bit integer finaliser (two multiply-xorshift rounds). Keys are int64 tensors holding values in
+[0, 2**32); the per-entry hash (``mix(key ^ colkey)``, the bulk of the work) runs in int32 lanes holding the
+same bits, since every step is mod 2**32: the same values (tested against a Python-int reference), and CPUs
+without AVX-512 have no 64-bit vector multiply. The 24-bit uniform gives ``E`` in [2.9e-8, 17.3]. The noise
+stream changed once, in the fast-core rewrite (it was numpy PCG64 / torch generator draws before); compiled
+and eager evaluation can differ in the last bit of ``log``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,13 @@ C1, C2, C3, C4, C5 = 0x9E3779B1, 0x85EBCA77, 0x27D4EB2F, 0x165667B1, 0xC2B2AE3D
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
-    """32-bit avalanche finaliser on int64 tensors holding values in [0, 2**32)."""
+    """32-bit avalanche finaliser on int64 tensors holding values in [0, 2**32), or on int32 tensors holding
+    the same bits (:func:`lanes32`): multiplies wrap mod 2**32 there, and masks make the right shifts
+    logical."""
+    if x.dtype == torch.int32:
+        x = (((x >> 16) & 0xFFFF) ^ x) * 0x45D9F3B
+        x = (((x >> 16) & 0xFFFF) ^ x) * 0x45D9F3B
+        return ((x >> 16) & 0xFFFF) ^ x
     x = ((x >> 16) ^ x) * 0x45D9F3B & M32
     x = ((x >> 16) ^ x) * 0x45D9F3B & M32
     return (x >> 16) ^ x
@@ -58,14 +67,20 @@ def col_keys(kpos: torch.Tensor) -> torch.Tensor:
     return mix32((kpos * C5 + 0x5BD1E995) & M32)
 
 
+def lanes32(x: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 2**32) as int32 with the same 32 bits (values >= 2**31 read as negative); int32
+    tensors as they are."""
+    return x if x.dtype == torch.int32 else x.to(torch.int32)
+
+
 def exp_noise(rkey: torch.Tensor, ckey: torch.Tensor) -> torch.Tensor:
-    """Exp(1) noise of broadcast (row key, column key) pairs, fp32."""
-    return exp_of_hash(mix32(rkey ^ ckey))
+    """Exp(1) noise of broadcast (row key, column key) pairs (int64 keys), fp32; hashed in int32 lanes."""
+    return exp_of_hash(mix32(lanes32(rkey) ^ lanes32(ckey)))
 
 
 def exp_of_hash(h: torch.Tensor) -> torch.Tensor:
-    """Exp(1) draws from 32-bit hashes (their top 24 bits), fp32, always > 0."""
-    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    """Exp(1) draws from 32-bit hashes (their top 24 bits; int64 in [0, 2**32) or int32 bits), fp32, > 0."""
+    u = (((h >> 8) & 0xFFFFFF).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
     # (2**24 - 1) + 0.5 rounds to 2**24 in fp32, so u would be 1 and E = 0 (score p / 0 = inf, then NaN) once
     # in 2**24 draws; the largest u below 1 gives E = 6e-8 (Gumbel g = 16.6) and leaves every other draw
     # unchanged
@@ -205,5 +220,6 @@ def exp_noise_fast(rkey: torch.Tensor, ckey: torch.Tensor) -> torch.Tensor:
     if not use_compile(rkey):
         return _eager(exp_noise)(rkey, ckey)
     B, c = shape[0], shape[-1]
-    r2 = rkey.expand(*shape[:-1], 1).reshape(B, -1, 1)  # [B, M, 1]: few graphs (B == 1 or not)
-    return compiled("block", exp_noise)(r2, ckey.reshape(B, 1, c)).view(shape)
+    r2 = lanes32(rkey.expand(*shape[:-1], 1).reshape(B, -1, 1))  # [B, M, 1]: few graphs (B == 1 or not)
+    # int32 keys in: the fused loop then reads and hashes 32-bit lanes only
+    return compiled("block", exp_noise)(r2, lanes32(ckey.reshape(B, 1, c))).view(shape)
