@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The CPU long-generation table (issue 23; docs/performance.md): keyformer-bench --long, one setting after the
+# other at the same KV memory budget (full's cache at batch 4 for 512+4096), into results/bench/long/<setting>/.
+# Resumable: rerun the same script and each setting continues from its journal.jsonl (finished measurements are
+# skipped). Run it on a quiet machine from a frozen checkout (a git worktree at one commit: the journal refuses
+# another commit), with its own python:
+#   git worktree add ../wt_long HEAD && cd ../wt_long && PY=/path/to/.venv/bin/python bash scripts/run_bench_long.sh
+# Extra arguments go to every keyformer-bench --long call (e.g. --rounds 3). OUT_ROOT moves the outputs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY="${PY:-.venv/bin/python}"
+export HF_HUB_OFFLINE=1 KEYFORMER_DATA_DIR="${KEYFORMER_DATA_DIR:-$(pwd)/../shared/data}"
+root="${OUT_ROOT:-results/bench/long}"
+log="$root/run_log.txt"
+mkdir -p "$root"
+echo "started $(date -Is) on $(nproc) cores; git $(git rev-parse --short HEAD); uptime: $(uptime)" >> "$log"
+for s in 512+2048 512+4096 2048+2048; do
+  beams=0; [ "$s" = 512+2048 ] && beams=4
+  out="$root/${s/+/_}"
+  "$PY" -m keyformer.lab.bench.long --settings "$s" --memory-ref 512+4096 --rounds 2 --beams "$beams" \
+    --out "$out" "$@" 2> >(grep -v -e '^USDT' -e 'Loading weights' >&2) | tee -a "$out.stdout.txt"
+  echo "$s finished rc ${PIPESTATUS[0]} $(date -Is); uptime: $(uptime)" >> "$log"
+done
