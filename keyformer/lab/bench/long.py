@@ -339,7 +339,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
             report = make_report(args, env, bw, w_bytes, per_token, limit, limit_src, settings, budgets,
                                  policies, rows, None, t_start, journal, complete=False)
             write_outputs(Path(args.out), report, format_table(report))  # a table after every setting
-    beams = (journal.once("beams", lambda: beam_section(model, text_ids, vocab, policies, args, log))
+    beam_key = (f"beams/{args.beams}/{settings[0].label}/{args.beam_new_tokens}/{','.join(policies)}"
+                f"/r{args.rounds}")  # every option the section depends on
+    beams = (journal.once(beam_key, lambda: beam_section(model, text_ids, vocab, policies, args, log))
              if args.beams > 1 else None)
     report = make_report(args, env, bw, w_bytes, per_token, limit, limit_src, settings, budgets, policies,
                          rows, beams, t_start, journal, complete=True)
