@@ -1,17 +1,19 @@
 """Write experiment 10's queue files (experiments/exp10_ruler.md): RULER 4k, 11 tasks, 5 samples per task.
 
-    python experiments/queues/exp10_make.py  # tiers 1-2 here (committed), 3-4 in multirun/exp10_ruler/queues
+    python experiments/queues/exp10_make.py  # tiers 1-2 here (committed); 1b, 3, 4 in multirun/.../queues
     STEP=5 bash scripts/run_points.sh experiments/queues/exp10_core.txt \\
-        experiments/queues/exp10_core_agnostic.txt multirun/exp10_ruler/queues/exp10_budgets.txt \\
+        multirun/exp10_ruler/queues/exp10_current.txt experiments/queues/exp10_core_agnostic.txt \\
+        multirun/exp10_ruler/queues/exp10_budgets.txt \\
         multirun/exp10_ruler/queues/exp10_field.txt
 
 The Gemma 3 270M tiers (`gemma_core.txt`, `gemma_core_agnostic.txt`: tiers 1-2 with
 +experiment=exp10_ruler_gemma, folders multirun/exp10_ruler_gemma/...) go to
 multirun/exp10_ruler_gemma/queues.
 
-Tiers 3-4 (1056 points) are not committed as queue files: tests/test_configs.py composes every line of
-experiments/queues/*.txt, which would take half an hour on the 2-core machine. Points are listed policy-major
-(every task of a policy, then the next policy), so a policy's RULER average is complete as early as possible.
+Tiers 1b, 3 and 4 (44 + 264 + 748 points) are not committed as queue files: tests/test_configs.py composes
+every line of experiments/queues/*.txt, which would take half an hour on the 2-core machine. Points are listed
+policy-major (every task of a policy, then the next policy), so a policy's RULER average is complete as early
+as possible.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "
          "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"]
 TOKENS = {"vt": 30, "cwe": 120, "fwe": 50}  # RULER's tokens to generate; NIAH 128
 CORE = ["full", "keyformer", "h2o", "snapkv", "window"]
-FIELD = ["tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer", "streaming", "expected_attention", "keydiff",
-         "kvzip", "rkv"]
+CURRENT = ["expected_attention", "keydiff", "kvzip", "rkv"]  # the field's 2025 methods (issue 21)
+FIELD = ["tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer", "streaming", *CURRENT]
 RECORDS = 5
 HEADER = """# Experiment 10 (experiments/exp10_ruler.md), {what}.
 # RULER 4k on SmolLM2-135M-Instruct, {records} samples per task; written by experiments/queues/exp10_make.py.
@@ -59,11 +61,16 @@ def tiers() -> dict[str, tuple[str, list[str]]]:
                            "/ window", points("aware", CORE, 0.5)),
         "exp10_core_agnostic.txt": ("tier 2: the same points, query-agnostic (context compressed once)",
                                     points("agnostic", CORE, 0.5)),
+        "exp10_current.txt": ("tier 1b: the 2025 methods (Expected Attention, KeyDiff, KVzip, R-KV) at ratio "
+                              "0.5, question-aware: where Keyformer ranks among the current methods",
+                              points("aware", CURRENT, 0.5)),
         "exp10_budgets.txt": ("tier 3: Keyformer / H2O / SnapKV / window at ratios 0.25, 0.75, 0.875, both "
                               "settings",
                               [x for b in (0.75, 0.25, 0.125) for s in both for x in points(s, CORE[1:], b)]),
         "exp10_field.txt": ("tier 4: every other registered policy at the 4 ratios, both settings",
-                            [x for b in (0.5, 0.75, 0.25, 0.125) for s in both for x in points(s, FIELD, b)]),
+                            [x for b in (0.5, 0.75, 0.25, 0.125) for s in both for x in points(s, FIELD, b)
+                             if not (b == 0.5 and s == "aware" and x.split()[0].endswith(
+                                 tuple(f"policy={p}" for p in CURRENT)))]),  # those are tier 1b
     }
 
 
