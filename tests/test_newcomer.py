@@ -314,10 +314,10 @@ def test_bad_inputs_on_the_command_line(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_is_one_line_with_the_resume_command(tmp_path):
     out = tmp_path / "run"
-    # The child gets SIGINT's default disposition, as a terminal's Ctrl-C would find it. A suite started in the
-    # background by a non-interactive shell (`pytest ... &`) inherits SIGINT ignored, and so would run.py: Python
-    # installs its KeyboardInterrupt handler only where SIGINT is not ignored at start, so the run went on (this
-    # test failed twice that way, and passed in the foreground).
+    # The child gets SIGINT's default disposition, as a terminal's Ctrl-C would find it. A suite started in
+    # the background by a non-interactive shell (`pytest ... &`) inherits SIGINT ignored, and so would run.py:
+    # Python installs its KeyboardInterrupt handler only where SIGINT is not ignored at start, so the run went
+    # on (this test failed twice that way, and passed in the foreground).
     p = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *TINY, "n_samples=4000", f"output_dir={out}",
                           "generation.max_new_tokens=8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=ENV, cwd=tmp_path,
