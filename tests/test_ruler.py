@@ -249,15 +249,14 @@ def test_length_is_counted_in_the_runs_model_tokens(monkeypatch):
 def test_gemma_exp10_points_generate_in_gemma_tokens():
     """The Gemma 3 tiers of experiment 10 compose to Gemma with its own tokenizer, and their records fill 4096
     Gemma tokens (minus the answer tokens)."""
-    import sys
+    import runpy
 
     from keyformer.run.loading import gemma3_available, load_tokenizer
     from keyformer.run.paths import compose
 
-    sys.path.insert(0, str(ROOT / "experiments" / "queues"))
-    import exp10_make
+    exp10_make = runpy.run_path(str(ROOT / "experiments" / "queues" / "exp10_make.py"))  # a script's globals
 
-    lines = [ln for _, ls in exp10_make.gemma_tiers().values() for ln in ls]
+    lines = [ln for _, ls in exp10_make["gemma_tiers"]().values() for ln in ls]
     assert len(lines) == 110 and len({ln.split()[0] for ln in lines}) == 110
     folder, records, *overrides = lines[-1].split()  # the last: query-agnostic window
     cfg = compose(overrides)
