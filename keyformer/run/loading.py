@@ -195,8 +195,8 @@ def smollm2_tokenizer() -> Any:
 
 
 def load_tokenizer(m: Mapping[str, Any]) -> Any:
-    """The tokenizer of the model node ``m`` as :func:`load_model` loads it (without the model): tiny models
-    use SmolLM2's, embedded ones their converted folder's, hub models ``m.tokenizer`` or ``m.name``."""
+    """The tokenizer of the model node ``m`` (what :func:`load_model` uses, before its padding settings): tiny
+    models use SmolLM2's, embedded ones their converted folder's, hub models ``m.tokenizer`` or ``m.name``."""
     from transformers import AutoTokenizer
 
     if m["source"] == "tiny":
@@ -246,8 +246,9 @@ def load_model(cfg: Mapping[str, Any]) -> tuple[Any, Any]:
     m = cfg["model"]
     device = auto_device() if cfg["device"] == "auto" else cfg["device"]
     dtype = torch_dtype(auto_dtype(device) if cfg["dtype"] == "auto" else cfg["dtype"])
+    tok = load_tokenizer(m)
     if m["source"] == "tiny":
-        tok = _finish_tokenizer(smollm2_tokenizer())
+        tok = _finish_tokenizer(tok)
         model = tiny_model(m["arch"], vocab_size=len(tok), seed=int(cfg.get("seed", 0)))
         return model.to(device=device, dtype=dtype).eval(), tok
     kwargs: dict[str, Any] = {"dtype": dtype, "revision": m.get("revision")}
@@ -255,11 +256,9 @@ def load_model(cfg: Mapping[str, Any]) -> tuple[Any, Any]:
         kwargs["attn_implementation"] = m["attn_implementation"]
     if m["source"] in EMBEDDED:
         path = str(ensure_embedded(EMBEDDED[m["source"]]))
-        tok = transformers.AutoTokenizer.from_pretrained(path)
         kwargs.pop("revision")
     else:
         path = m["name"]
-        tok = transformers.AutoTokenizer.from_pretrained(m.get("tokenizer") or path)
         if m.get("arch") == "mpt":
             kwargs["use_cache"] = True  # MptConfig defaults to False: generate would run without a cache
     if device.startswith("cuda"):
