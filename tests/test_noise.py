@@ -202,3 +202,23 @@ def test_hash_in_int32_lanes_equals_the_python_int_reference(monkeypatch, compil
     want = -torch.log(u.clamp(max=1.0 - 2.0**-24))
     got = nz.exp_noise_fast(rk, ck) if compile_ == "1" else nz.exp_noise(rk, ck)
     assert torch.equal(got, want) if compile_ == "0" else torch.allclose(got, want, rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("compile_", ["1", "0"])
+def test_column_keys_in_int32_lanes_equal_the_python_int_reference(monkeypatch, compile_):
+    """The decode step hashes key positions in int32 lanes: their keys, and the step's noise, equal the
+    documented formula on Python ints, up to the largest int32 position."""
+    monkeypatch.setenv("KEYFORMER_COMPILE", compile_)
+    pos = [0, 1, 2, 4095, 65535, 2**20 + 7, 2**31 - 2, 2**31 - 1]
+    want = torch.tensor([_mix_py((p * 0xC2B2AE3D + 0x5BD1E995) & 0xFFFFFFFF) for p in pos])
+    assert torch.equal(nz.col_keys(torch.tensor(pos)), want)
+    assert torch.equal(nz.col_keys(torch.tensor(pos, dtype=torch.int32)).to(torch.int64) & 0xFFFFFFFF, want)
+    seeds, cur = nz.seeds_tensor([5, 2**40 + 3], "cpu"), torch.tensor([2**31 - 1, 9])
+    kpos = torch.tensor(pos).repeat(2, 2, 1)  # [B=2, Hkv=2, S=8]
+    rk = nz.row_keys(seeds, 4, torch.arange(6), cur.view(-1, 1))  # [2, 6, 1] int64
+    h = torch.tensor([[[_mix_py(a ^ c) for c in want.tolist()] for a in rk[b, :, 0].tolist()]
+                      for b in range(2)])
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    expected = (-torch.log(u.clamp(max=1.0 - 2.0**-24))).view(2, 2, 3, 8)  # heads hkv * G + g, G = 3
+    got = nz.noise_at(seeds, 4, cur, kpos, 3)
+    assert torch.equal(got, expected) if compile_ == "0" else torch.allclose(got, expected, rtol=2e-6, atol=0)
