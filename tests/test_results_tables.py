@@ -77,8 +77,14 @@ def test_collect_replace_merges_and_logs_old_and_new_provenance(tmp_path: Path, 
                                                                                         "new",
                                                                                         "cuda")
     assert log.set_index("point").loc["c", "action"] == "added"
-    collect.main([str(new), str(out), "--replace"])  # a second merge appends to the log
-    assert len(pd.read_csv(out / "replaced.csv")) == 4
+    before = [(out / f).read_text() for f in ("points.csv", "samples.csv")]
+    collect.main([str(new), str(out), "--replace"])  # the same folder again: nothing changed, nothing logged
+    assert len(pd.read_csv(out / "replaced.csv")) == 2
+    assert [(out / f).read_text() for f in ("points.csv", "samples.csv")] == before
+    newer = _sweep(tmp_path / "newer", {"b": 5.0, "c": 8.0}, {"git_commit": "new", "device": "cuda"})
+    collect.main([str(newer), str(out), "--replace"])  # c's rows changed, b's did not: only c is logged
+    log = pd.read_csv(out / "replaced.csv")
+    assert len(log) == 3 and (log.iloc[-1]["point"], log.iloc[-1]["action"]) == ("c", "replaced")
 
 
 def test_collect_refuses_to_drop_points_without_replace(tmp_path: Path, capsys) -> None:

@@ -31,7 +31,8 @@ acc_norm, their stderr, n) and ``<out>/fewshot.json`` (each run's config and ful
 ``--replace`` merges instead of overwriting: the collected points replace the same-named points of ``<out>``
 (rows of ``points.csv`` and ``samples.csv``), new ones are added, the others stay; every replaced or added
 point is logged as one line on stdout and one row of ``<out>/replaced.csv`` with its old and new provenance
-(for re-runs of some points of an experiment whose other run folders are no longer on disk).
+(a point whose rows are exactly those already in ``<out>`` is not: nothing changed), for re-runs of some
+points of an experiment whose other run folders are no longer on disk.
 """
 
 from __future__ import annotations
@@ -282,10 +283,24 @@ def _prov(row: pd.Series | None, col: str) -> object:
     return row[col]
 
 
+def _csv_text(df: pd.DataFrame) -> str:
+    """``df`` as its CSV text after a write/read round trip (types as a curated file holds them)."""
+    return pd.read_csv(io.StringIO(df.to_csv(index=False)), dtype={"id": str}).to_csv(index=False)
+
+
+def _unchanged(name: str, p_old: pd.DataFrame, s_old: pd.DataFrame, points: pd.DataFrame,
+               samples: pd.DataFrame) -> bool:
+    """Whether the collected point ``name`` holds exactly the rows ``out`` has (points and samples)."""
+    return all(_csv_text(a[a["point"] == name].reset_index(drop=True))
+               == _csv_text(b[b["point"] == name].reset_index(drop=True))
+               for a, b in ((p_old, points), (s_old, samples)))
+
+
 def replace_points(points: pd.DataFrame, samples: pd.DataFrame, out: Path, source: str) -> list[dict]:
     """Merge ``points``/``samples`` into the curated folder ``out``: same-named points are replaced (in place,
     keeping the order of ``out``), new ones appended, the others kept. Appends one row per replaced or added
-    point to ``out/replaced.csv`` (old and new provenance) and returns those rows."""
+    point to ``out/replaced.csv`` (old and new provenance) and returns those rows; a point collected with
+    exactly the rows ``out`` holds is left out of the log (nothing changed)."""
     p_old = pd.read_csv(out / "points.csv") if (out / "points.csv").is_file() else pd.DataFrame({"point": []})
     s_old = (pd.read_csv(out / "samples.csv", dtype={"id": str}) if (out / "samples.csv").is_file()
              else pd.DataFrame({"point": [], "id": []}))
@@ -299,6 +314,8 @@ def replace_points(points: pd.DataFrame, samples: pd.DataFrame, out: Path, sourc
     log = []
     for _, new in points.iterrows():
         old = old_by_name.get(new["point"])
+        if old is not None and _unchanged(new["point"], p_old, s_old, points, samples):
+            continue  # the same rows again (a re-collection of the same run folders): nothing to log
         entry = {"when": when, "point": new["point"], "action": "added" if old is None else "replaced",
                  "source": source}
         for c in ("code_version", "git_commit", "device", "dtype", "batch_size", "provenance", "committed_in",
@@ -311,6 +328,8 @@ def replace_points(points: pd.DataFrame, samples: pd.DataFrame, out: Path, sourc
                                                                                    index=False)
     path = out / "replaced.csv"
     first = not path.is_file()
+    if first and not log:
+        return log
     with path.open("a", encoding="utf-8", newline="") as f:
         w = csv.DictWriter(f, fieldnames=REPLACED_COLS, lineterminator="\n")
         if first:
