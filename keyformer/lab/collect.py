@@ -366,11 +366,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no runs with predictions in {where}", file=sys.stderr)
         return 1
     if args.replace:
-        for e in replace_points(points, samples, args.out, where):
+        log = replace_points(points, samples, args.out, where)
+        for e in log:
             print(f"{args.out}: {e['action']} {e['point']} (old: {e['old_provenance'] or '-'} "
                   f"{e['old_git_commit'] or '?'} {e['old_device'] or '?'}; new: {e['new_provenance']} "
                   f"{e['new_git_commit'] or '?'} {e['new_device'] or '?'}) <- {where}")
-        print(f"log: {args.out / 'replaced.csv'}")
+        unchanged = len(points) - len(log)
+        print(f"log: {args.out / 'replaced.csv'}" if log else f"{args.out}: nothing changed", end="")
+        print(f" ({unchanged} point(s) collected unchanged)" if unchanged else "")
         return 0
     old = args.out / "points.csv"
     dropped = sorted(set(pd.read_csv(old)["point"]) - set(points["point"])) if old.exists() else []
