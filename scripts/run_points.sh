@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Round-robin runner for long CPU studies: WORKERS single-threaded copies of keyformer-queue (keyformer/lab/queue.py) (the scheduler)
 # share the points of one or more queue files, STEP records a call (stop_after), always the unfinished point with
-# the fewest finished records first, so every point holds about the same first records wherever the run stops
+# the fewest finished rounds of STEP records first (ties in queue order), so every point holds about the same first
+# records wherever the run stops
 # (paired comparisons exist at any moment). Queue files run in order and are re-read at each pick. A failed
 # point is skipped (its traceback in multirun/.locks_queue/failed_*); rerun the script to continue.
 #   bash scripts/run_points.sh experiments/queues/exp5.txt experiments/queues/exp8_authors.txt

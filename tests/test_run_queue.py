@@ -26,15 +26,17 @@ def test_pick_fewest_done_first_in_queue_order_skipping_locked_failed_and_finish
     locks = tmp_path / "locks"
     locks.mkdir()
     queues = [rq.read_queue(q1), rq.read_queue(q2)]
-    assert rq.pick(queues, tmp_path, locks) == ("m/d", 4, ["policy=window"])  # 0 done
+    assert rq.pick(queues, tmp_path, locks, step=1) == ("m/d", 4, ["policy=window"])  # 0 rounds done
+    assert rq.pick(queues, tmp_path, locks, step=2)[0] == "m/c"  # c: 1 record, round 0, before d in the file
+    assert rq.pick(queues, tmp_path, locks)[0] == "m/b"  # whole points: queue order (a is finished)
     (locks / rq.key("m/d")).mkdir()  # taken by another worker
-    assert rq.pick(queues, tmp_path, locks)[0] == "m/c"
+    assert rq.pick(queues, tmp_path, locks, step=1)[0] == "m/c"
     (locks / f"failed_{rq.key('m/c')}").write_text("trace")
-    assert rq.pick(queues, tmp_path, locks)[0] == "m/b"
+    assert rq.pick(queues, tmp_path, locks, step=1)[0] == "m/b"
     (locks / rq.key("m/b")).mkdir()
-    assert rq.pick(queues, tmp_path, locks)[0] == "m/e"  # the second queue only when the first is all taken
+    assert rq.pick(queues, tmp_path, locks, step=1)[0] == "m/e"  # then the second queue
     (locks / rq.key("m/e")).mkdir()
-    assert rq.pick(queues, tmp_path, locks) is None
+    assert rq.pick(queues, tmp_path, locks, step=1) is None
 
 
 def test_malformed_or_missing_queue_is_a_one_line_error(tmp_path: Path) -> None:

@@ -9,8 +9,10 @@ Queue lines are ``<output folder, relative to --root> <records> <run.py override
 ``--set`` overrides are appended to every line (they must not change a point's folder name: device, dtype and
 batch size are not part of it). Queue files run in the order given: a point of the second is taken only when
 every point of the first is finished or taken. Within a file, the unfinished point with the fewest finished
-records goes first, so with ``--step N`` (``stop_after=N`` per call, not part of a point's identity) every
-point holds the same first records wherever the run stops. Queue files are re-read at each pick, so they can
+rounds goes first (a round: ``--step N`` records, ``stop_after=N`` per call, not part of a point's identity;
+ties in queue order), so every point holds the same first rounds wherever the run stops, and a point left
+part-way through a round by a killed run finishes that round in its queue place, not last. Without
+``--step`` a call runs a whole point: queue order. Queue files are re-read at each pick, so they can
 be edited while running. A failed point is logged and skipped; a point's folder resumes as with ``run.py``
 (same config and code, or refused). ``--until`` (Unix time) stops taking new points then (the point in flight
 finishes, or is killed by the caller; its records so far are kept). ``--clear-locks`` removes the lock and
@@ -59,14 +61,15 @@ def done(root: Path, folder: str) -> int:
     return sum(1 for line in f.read_text().splitlines() if line.startswith("{") and line.endswith("}"))
 
 
-def pick(queues: list[list[tuple[str, int, list[str]]]], root: Path, locks: Path):
-    """The first queue's unfinished, unlocked, never-failed point with the fewest finished records; None."""
+def pick(queues: list[list[tuple[str, int, list[str]]]], root: Path, locks: Path, step: int | None = None):
+    """The first queue's unfinished, unlocked, never-failed point with the fewest finished rounds (``step``
+    records each; whole points: every point is at round 0), the first in queue order among those; None."""
     for points in queues:
         free = [(done(root, f), f, n, o) for f, n, o in points
                 if not (locks / key(f)).exists() and not (locks / f"failed_{key(f)}").exists()]
         free = [p for p in free if p[0] < p[2]]
         if free:
-            _, f, n, o = min(free, key=lambda p: p[0])
+            _, f, n, o = min(free, key=lambda p: p[0] // step if step else 0)
             return f, n, o
     return None
 
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     step = [f"stop_after={args.step}"] if args.step else []
     t0 = time.monotonic()
     while args.until is None or time.time() < args.until:
-        p = pick([read_queue(q) for q in args.queues], args.root, locks)
+        p = pick([read_queue(q) for q in args.queues], args.root, locks, args.step)
         if p is None:
             break
         folder, n, overrides = p
