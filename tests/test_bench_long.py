@@ -190,3 +190,37 @@ def test_gpu_script_dry_run(tmp_path):
             assert r["same_tokens"] and r["captured"]["captured_steps"] == 0 and r["captured"]["reason"], p
     tests = (tmp_path / "tests_graphs.txt").read_text()
     assert re.search(r"\d+ skipped", tests)  # CPU: the captured == eager tests skip (summary line)
+
+
+def test_code_tree_ignores_results_and_docs_but_not_code(tmp_path):
+    """The journal's code identity: a commit that changes only a results or docs file keeps it; a change to
+    keyformer/ or pyproject.toml (committed or not) changes it."""
+    import subprocess
+
+    from keyformer.run.results import code_tree
+
+    def git(*a):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "keyformer").mkdir()
+    (tmp_path / "keyformer" / "a.py").write_text("x = 1\n")
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    (tmp_path / "README.md").write_text("v1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "one")
+    first = code_tree(tmp_path)
+    assert first and "-dirty" not in first
+    (tmp_path / "README.md").write_text("v2\n")
+    assert code_tree(tmp_path) == first  # a dirty README is not dirty code
+    git("commit", "-qam", "docs")
+    assert code_tree(tmp_path) == first
+    (tmp_path / "keyformer" / "a.py").write_text("x = 2\n")
+    assert code_tree(tmp_path) == first + "-dirty"
+    git("commit", "-qam", "code")
+    second = code_tree(tmp_path)
+    assert second != first and "-dirty" not in second
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    git("commit", "-qam", "deps")
+    assert code_tree(tmp_path) not in (first, second)

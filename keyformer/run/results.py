@@ -234,6 +234,25 @@ def git_commit(repo: str | os.PathLike | None = None, dirty: list[str] | None = 
     return head.stdout.strip() + ("-dirty" if (git_dirty_files(repo) if dirty is None else dirty) else "")
 
 
+CODE_PATHS = ("keyformer", "pyproject.toml")  # what computes a number; results, docs and tests do not
+
+
+def code_tree(repo: str | os.PathLike | None = None) -> str | None:
+    """Identity of the code that computes numbers: the git object ids of ``CODE_PATHS`` at HEAD (12 hex digits
+    each, joined by ``+``), suffixed ``-dirty`` when any of them has uncommitted changes; None outside a git
+    checkout. Two commits that differ only in results, docs or tests give the same value."""
+    cwd = str(repo or Path(__file__).resolve().parents[2])
+    try:
+        out = _git(["rev-parse", *(f"HEAD:{p}" for p in CODE_PATHS)], cwd)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    dirty = [f for f in git_dirty_files(repo) or []
+             if any(f == p or f.startswith(p + "/") for p in CODE_PATHS)]
+    return "+".join(x[:12] for x in out.stdout.split()) + ("-dirty" if dirty else "")
+
+
 def versions() -> dict[str, str]:
     """Versions of the packages that determine the numbers."""
     from importlib import metadata

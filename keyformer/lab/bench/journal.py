@@ -3,7 +3,7 @@
 Every finished measurement is one line ``{"key": ..., "value": ..., "time": ...}``, written and flushed as
 soon as it exists. A rerun with the same output folder reads the lines back and skips what they hold, so a run
 that dies after hours loses only the measurement in progress. The first line is a header of everything that
-defines the measurements (model, dtype, seed, threads, memory budget options, the code's git commit); a rerun
+defines the measurements (model, dtype, seed, threads, memory budget options, the code's identity); a rerun
 whose header differs is refused with the differing fields named, since its numbers would not be comparable. A
 last line cut short by a kill is dropped (and logged).
 """

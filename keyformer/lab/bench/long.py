@@ -30,7 +30,8 @@ Outputs go to ``--out`` (default ``outputs/bench_long``, git-ignored; never ``re
 ``journal.jsonl``: every finished measurement (memory budget, batch probes, timed runs, floors, beams) as it
 ends. The same command run again resumes from the journal: finished measurements are skipped, more
 ``--rounds`` or settings add to it, and a run with other measurement options (model, dtype, seed, threads,
-memory budget, git commit) is refused (:mod:`keyformer.lab.bench.journal`).
+memory budget, the code: :func:`keyformer.run.results.code_tree`, so commits that change only results or
+docs resume it; each session's commit is journaled) is refused (:mod:`keyformer.lab.bench.journal`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import torch
 
 from keyformer.core.generate import generate, make_cache
 from keyformer.core.policies import make_policy
+from keyformer.run.results import code_tree
 
 from .cpu import (
     environment,
@@ -267,6 +269,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
                else max(settings, key=lambda s: s.prompt_len + s.new_tokens))
     text_ids = prompt_tokens(cfg, tok, max(s.prompt_len for s in [*settings, longest]) * (args.max_batch + 1))
     journal = Journal(Path(args.out) / "journal.jsonl", journal_header(args, env), log)
+    sessions = [journal.get(k) for k in sorted(k for k in journal.entries if k.startswith("session/"))]
+    journal.put(f"session/{len(sessions)}", {"git_commit": env["git_commit"], "loadavg": env["loadavg"]})
+    env["sessions_commits"] = sorted({x["git_commit"] for x in sessions} | {env["git_commit"]})
     bw = journal.once("bandwidth", lambda: measure_bandwidth(args.bandwidth_mb))
     w_bytes, per_token = weight_bytes(model), kv_bytes_per_token(model, dtype)
     pool: dict[Setting, torch.Tensor] = {}
@@ -356,7 +361,7 @@ def journal_header(args: argparse.Namespace, env: dict[str, Any]) -> dict[str, A
     beams may grow: they are part of each measurement's key)."""
     keep = ("model", "dtype", "prompt", "seed", "threads", "memory_mb", "memory_ref", "full_batch",
             "max_batch", "bandwidth_mb")
-    return {**{k: getattr(args, k) for k in keep}, "git_commit": env["git_commit"], "cpu": env["cpu"],
+    return {**{k: getattr(args, k) for k in keep}, "code": code_tree(), "cpu": env["cpu"],
             "torch": env["torch"], "transformers": env["transformers"]}
 
 
