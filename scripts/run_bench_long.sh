@@ -2,8 +2,8 @@
 # The CPU long-generation table (issue 23; docs/performance.md): keyformer-bench --long, one setting after the
 # other at the same KV memory budget (full's cache at batch 4 for 512+4096), into results/bench/long/<setting>/.
 # Resumable: rerun the same script and each setting continues from its journal.jsonl (finished measurements are
-# skipped). Run it on a quiet machine from a frozen checkout (a git worktree at one commit: the journal refuses
-# another commit), with its own python:
+# skipped). Run it on a quiet machine from a clean checkout (a git worktree: the journal refuses other code, while
+# commits that change only results or docs resume it), with its own python:
 #   git worktree add ../wt_long HEAD && cd ../wt_long && PY=/path/to/.venv/bin/python bash scripts/run_bench_long.sh
 # Extra arguments go to every keyformer-bench --long call (e.g. --rounds 3). OUT_ROOT moves the outputs.
 set -uo pipefail
