@@ -9,7 +9,7 @@ first.
 Prints, per shape, the int64/int32 time ratio (median of ``--pairs`` interleaved pairs, min-max) and the load
 average: indicative only when the machine is not quiet.
 
-    .venv/bin/python scripts/noise_kernels.py [--pairs 9] [--out results/bench/noise_kernels.txt]
+    .venv/bin/python scripts/noise_kernels.py [--pairs 9] [--out results/bench/noise_kernels.txt] [--quick]
 """
 
 from __future__ import annotations
@@ -63,8 +63,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=9)
     ap.add_argument("--out", default=None, help="also write the table here")
+    ap.add_argument("--quick", action="store_true", help="one small shape of each kernel (a smoke test)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if not nz.use_compile(torch.zeros(1)):
+        raise SystemExit("the noise kernels run eager here (KEYFORMER_COMPILE=0?); this script times the "
+                         "compiled ones that runs use on CPU: unset KEYFORMER_COMPILE or set it to 1")
     old_decode = torch.compile(_decode_int64, dynamic=True)
     old_block = torch.compile(_block_int64, dynamic=True)
     def git(*a: str) -> str:
@@ -78,29 +82,26 @@ def main(argv: list[str] | None = None) -> None:
              f"{'kernel':8} {'shape':28} {'int32 us':>10} {'ratio':>6}  spread"]
     print("\n".join(lines), flush=True)
     g = torch.Generator().manual_seed(0)
-    for B, S in DECODE:
+    cases = []  # (kernel, shape label, int32 call, int64 call, calls per timing)
+    for B, S in DECODE[:1] if args.quick else DECODE:
         seeds = nz.seeds_tensor(list(range(B)), "cpu")
         qpos = torch.full((B,), 2 * S, dtype=torch.long)
         kpos = torch.stack([torch.randperm(2 * S, generator=g)[:S] for _ in range(B * 3)]).view(B, 3, S)
         layer = torch.full((1,), 5, dtype=torch.long)
         new = functools.partial(nz.noise_at, seeds, 5, qpos, kpos, 3)
-        old = functools.partial(old_decode, seeds, layer, qpos, kpos, 3)
-        if not torch.equal(new(), old()):
-            raise SystemExit(f"decode B={B} S={S}: int32 and int64 lanes differ")
-        ratios, t = _pairs(new, old, args.pairs, 100)
-        lines.append(f"{'decode':8} {f'B={B} Hkv=3 G=3 S={S}':28} {t * 1e6:10.0f}"
-                     f" {statistics.median(ratios):6.2f}  [{min(ratios):.2f}, {max(ratios):.2f}]")
-        print(lines[-1], flush=True)
-    for r, c in BLOCK:
+        cases.append(("decode", f"B={B} Hkv=3 G=3 S={S}", new,
+                      functools.partial(old_decode, seeds, layer, qpos, kpos, 3), 100))
+    for r, c in [(32, 64)] if args.quick else BLOCK:
         rk = nz.row_keys(nz.seeds_tensor([1], "cpu"), 2, torch.arange(9), torch.arange(c - r, c).view(1, -1))
         rk = rk.unsqueeze(-1)  # [1, 9, r, 1]
         ck = nz.col_keys(torch.arange(c)).view(1, 1, 1, c)
-        new = functools.partial(nz.exp_noise_fast, rk, ck)
-        old = functools.partial(old_block, rk, ck)
+        cases.append(("block", f"9 x {r} x {c}", functools.partial(nz.exp_noise_fast, rk, ck),
+                      functools.partial(old_block, rk, ck), 3))
+    for kernel, shape, new, old, n in cases:
         if not torch.equal(new(), old()):
-            raise SystemExit(f"block {r}x{c}: int32 and int64 lanes differ")
-        ratios, t = _pairs(new, old, args.pairs, 3)
-        lines.append(f"{'block':8} {f'9 x {r} x {c}':28} {t * 1e6:10.0f} {statistics.median(ratios):6.2f}"
+            raise SystemExit(f"{kernel} {shape}: int32 and int64 lanes differ")
+        ratios, t = _pairs(new, old, args.pairs, n)
+        lines.append(f"{kernel:8} {shape:28} {t * 1e6:10.0f} {statistics.median(ratios):6.2f}"
                      f"  [{min(ratios):.2f}, {max(ratios):.2f}]")
         print(lines[-1], flush=True)
     lines.append(f"# load average at end {os.getloadavg()[0]:.2f}")

@@ -222,3 +222,17 @@ def test_column_keys_in_int32_lanes_equal_the_python_int_reference(monkeypatch, 
     expected = (-torch.log(u.clamp(max=1.0 - 2.0**-24))).view(2, 2, 3, 8)  # heads hkv * G + g, G = 3
     got = nz.noise_at(seeds, 4, cur, kpos, 3)
     assert torch.equal(got, expected) if compile_ == "0" else torch.allclose(got, expected, rtol=2e-6, atol=0)
+
+
+@pytest.mark.slow
+def test_noise_kernels_script_runs(tmp_path, monkeypatch):
+    """scripts/noise_kernels.py (the timing behind results/bench/noise_kernels.txt) runs, and checks its two
+    kernels equal before timing them."""
+    import runpy
+    from pathlib import Path
+
+    monkeypatch.setenv("KEYFORMER_COMPILE", "1")  # what runs use on CPU (the suite's default is eager)
+    main = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "noise_kernels.py"))["main"]
+    main(["--quick", "--pairs", "1", "--out", str(tmp_path / "t.txt")])
+    rows = [x.split() for x in (tmp_path / "t.txt").read_text().splitlines() if x[:1] != "#"]
+    assert [r[0] for r in rows] == ["kernel", "decode", "block"] and all(float(r[-3]) > 0 for r in rows[1:])
