@@ -230,6 +230,54 @@ def test_readme_tables_equal_keyformer_report(monkeypatch) -> None:
     assert report.drift(report.readme_files(), Path("results")) == []
 
 
+_REGION = re.compile(r"<!-- keyformer-report:(\S+) -->(.*?)<!-- /keyformer-report:\1 -->", re.S)
+_NUM = r"[+-]?\d+\.\d+"
+_CI = re.compile(rf"({_NUM}) \[({_NUM}), ({_NUM})\]")
+# CIs the prose quotes from superseded runs (their rows are in results/archive/, not in a generated table)
+_HISTORICAL = {
+    ("results/README.md", "-0.75 [-1.92, +0.35]"): "ablation, noise vs none, on the previous noise stream",
+    ("results/README.md", "-1.36 [-2.43, -0.28]"): "ablation, per-head vs shared, before the per-head fix",
+    ("experiments/exp8_powered.md", "+0.01 [-0.45, +0.46]"): "experiment 1, old noise stream (motivation)",
+    ("experiments/exp8_powered.md", "+0.27 [-0.27, +0.86]"): "experiment 1, first fast-core run (motivation)",
+}
+
+
+def _cis(text: str) -> list[tuple[str, str, str]]:
+    return _CI.findall(text.replace("\u2212", "-"))
+
+
+def _quotes(ci: tuple[str, str, str], generated: list[tuple[float, float, float]]) -> bool:
+    """Whether a prose CI is a generated one (or its negation, a difference read the other way round) rounded
+    to the prose's decimals."""
+    d = min(len(x.split(".")[1]) for x in ci)
+    want = [float(x) for x in ci]
+    return any(all(abs(round(a, d) - b) < 1e-9 for a, b in zip(g, want, strict=True))
+               for est, lo, hi in generated for g in ((est, lo, hi), (-est, -hi, -lo)))
+
+
+def test_prose_cis_are_read_from_generated_tables() -> None:
+    """Every ``estimate [lo, hi]`` typed in the prose of README.md, results/README.md or experiments/*.md
+    is, to its rounding, one that ``keyformer-report`` generates into a marked region of results/README.md or
+    of the same file: a typed number that drifts from the committed rows fails here. Quotes of superseded
+    runs are listed in ``_HISTORICAL`` with the reason."""
+    generated_text = "\n".join(m[1] for m in _REGION.findall((RES / "README.md").read_text(encoding="utf-8")))
+    files = [ROOT / "README.md", RES / "README.md", *sorted((ROOT / "experiments").glob("*.md"))]
+    bad, seen = [], set()
+    for f in files:
+        text = f.read_text(encoding="utf-8")
+        own = "\n".join(m[1] for m in _REGION.findall(text))
+        generated = [tuple(float(x) for x in ci) for ci in _cis(generated_text + "\n" + own)]
+        rel = f.relative_to(ROOT).as_posix()
+        for ci in _cis(_REGION.sub("", text)):
+            quoted = f"{ci[0]} [{ci[1]}, {ci[2]}]"
+            if (rel, quoted) in _HISTORICAL:
+                seen.add((rel, quoted))
+            elif not _quotes(ci, generated):
+                bad.append(f"{rel}: {quoted}")
+    assert not bad, f"CIs typed in prose that no generated table holds: {bad}"
+    assert seen == set(_HISTORICAL), f"stale _HISTORICAL entries: {set(_HISTORICAL) - seen}"
+
+
 def test_demo_section_lists_each_policy_with_its_command(tmp_path: Path, capsys) -> None:
     d = tmp_path / "demo"
     d.mkdir()
