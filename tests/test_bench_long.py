@@ -217,7 +217,11 @@ def test_code_tree_ignores_results_and_docs_but_not_code(tmp_path):
     git("commit", "-qam", "docs")
     assert code_tree(tmp_path) == first
     (tmp_path / "keyformer" / "a.py").write_text("x = 2\n")
-    assert code_tree(tmp_path) == first + "-dirty"
+    dirty = code_tree(tmp_path)
+    assert dirty.startswith(first + "-dirty.")
+    (tmp_path / "keyformer" / "a.py").write_text("x = 3\n")
+    assert code_tree(tmp_path).startswith(first + "-dirty.") and code_tree(tmp_path) != dirty  # other changes
+    (tmp_path / "keyformer" / "a.py").write_text("x = 2\n")
     git("commit", "-qam", "code")
     second = code_tree(tmp_path)
     assert second != first and "-dirty" not in second

@@ -19,6 +19,7 @@ differs is never resumed, skipped, overwritten or deleted: :meth:`ResultsDir.che
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -239,8 +240,9 @@ CODE_PATHS = ("keyformer", "pyproject.toml")  # what computes a number; results,
 
 def code_tree(repo: str | os.PathLike | None = None) -> str | None:
     """Identity of the code that computes numbers: the git object ids of ``CODE_PATHS`` at HEAD (12 hex digits
-    each, joined by ``+``), suffixed ``-dirty`` when any of them has uncommitted changes; None outside a git
-    checkout. Two commits that differ only in results, docs or tests give the same value."""
+    each, joined by ``+``), suffixed ``-dirty.<hash of the diff>`` when any of them has uncommitted changes;
+    None outside a git checkout. Two commits that differ only in results, docs or tests give the same
+    value."""
     cwd = str(repo or Path(__file__).resolve().parents[2])
     try:
         out = _git(["rev-parse", *(f"HEAD:{p}" for p in CODE_PATHS)], cwd)
@@ -248,9 +250,11 @@ def code_tree(repo: str | os.PathLike | None = None) -> str | None:
         return None
     if out.returncode != 0:
         return None
-    dirty = [f for f in git_dirty_files(repo) or []
-             if any(f == p or f.startswith(p + "/") for p in CODE_PATHS)]
-    return "+".join(x[:12] for x in out.stdout.split()) + ("-dirty" if dirty else "")
+    tree = "+".join(x[:12] for x in out.stdout.split())
+    diff = _git(["diff", "HEAD", "--", *CODE_PATHS], cwd).stdout
+    if not diff:
+        return tree
+    return f"{tree}-dirty.{hashlib.sha256(diff.encode()).hexdigest()[:8]}"  # which uncommitted changes
 
 
 def versions() -> dict[str, str]:
