@@ -1,28 +1,29 @@
 """KVzip (Kim et al. 2025, arXiv 2505.23416; kvpress ``KVzipPress``): query-agnostic prompt compression scored
 by how much the model needs each cached token to *reconstruct the context*.
 
-Before generation, one extra forward runs over ``prompt + repeat_ids + prompt`` (the model asked to repeat its
-context). ``repeat_ids = "auto"`` (default) is kvpress's instruction ``"\\n\\nRepeat the previous context
-exactly."`` followed by the chat template's assistant header (or ``"\\n"``), tokenized by the tokenizer stored
-with the model (``config.name_or_path``, local files only); where none is stored (tiny random test models) the
-prompt is repeated with no instruction, as with ``None``; a list gives the ids. The score of prompt token
-``j`` in (layer, KV head) is the maximum, over the queries of everything after the prompt (the repeat
-instruction and the repeated prompt, as the authors' ``KVScore`` and kvpress take every row of the repeat
-input) and the query heads of the group, of its softmax attention probability (the softmax over the prompt and
-the tokens after it so far, causal). The first ``n_sink`` positions are always kept (kvpress gives them the
-highest score plus 1). Prompts longer than ``chunk_size`` (2048) are reconstructed chunk by chunk as kvpress
-does (:func:`reconstruction_scores`).
+Before generation, the model reads ``prompt + repeat_ids + prompt`` (asked to repeat its context; the prompt's
+keys and values computed once and cached, the repeat read over them). ``repeat_ids = "auto"`` (default) is
+kvpress's instruction ``"\\n\\nRepeat the previous context exactly."`` followed by the chat template's
+assistant header (or ``"\\n"``), tokenized by the tokenizer stored with the model (``config.name_or_path``,
+local files only); where none is stored (tiny random test models) the prompt is repeated with no instruction,
+as with ``None``; a list gives the ids. The score of prompt token ``j`` in (layer, KV head) is the maximum,
+over the queries of everything after the prompt (the repeat instruction and the repeated prompt, as the
+authors' ``KVScore`` and kvpress take every row of the repeat input) and the query heads of the group, of its
+softmax attention probability (the softmax over the prompt and the tokens after it so far, causal). The first
+``n_sink`` positions are always kept (kvpress gives them the highest score plus 1). Prompts longer than
+``chunk_size`` (2048) are reconstructed chunk by chunk as kvpress does (:func:`reconstruction_scores`).
 
 The cut is per layer and head-adaptive: a layer keeps ``H * k`` (head, token) pairs, the highest-scored across
 its ``H`` KV heads, with no per-head safeguard (kvpress's ``layerwise=True``; its default,
 ``layerwise=False``, shares one budget across *all* layers, which our per-layer budgets cannot express; see
 docs/policies_2025.md). Every generated token is then kept (prompt compression, as kvpress).
 
-**Cost.** The reconstruction forward covers about twice the prompt (``2 n + r`` tokens, its attention over up
-to ``2 n + r`` keys) on top of the normal prefill: roughly one to three extra prefills of compute (kvpress:
-"2-3 times the initial prefilling cost"). ``scripts/kvzip_cost.py`` measures it. It runs per sample on the
-unpadded prompt (so a sample's result does not depend on its batchmates), from a one-shot forward pre-hook
-that :func:`keyformer.core.generate.make_cache` installs; a cache made otherwise refuses with one line."""
+**Cost.** The prompt runs once more with the model's own attention (its keys and values cached), then each
+chunk's repeat rows (``r + chunk`` tokens) run over that cache with the recording attention, an fp32 softmax
+over up to ``n + r + chunk`` keys in blocks of query rows (kvpress: "2-3 times the initial prefilling cost").
+``scripts/kvzip_cost.py`` measures it. It runs per sample on the unpadded prompt (so a sample's result does
+not depend on its batchmates), from a one-shot forward pre-hook that
+:func:`keyformer.core.generate.make_cache` installs; a cache made otherwise refuses with one line."""
 
 from __future__ import annotations
 
@@ -38,37 +39,57 @@ from .adakv import AdaKVMixin
 from .base import Context, Policy
 
 RECORD_IMPL = "keyformer_kvzip_record"
+ROWS_PER_BLOCK = 256  # query rows whose logits the scoring holds at once (one layer: Hq x 256 x S floats)
 _RECORD: dict[str, Any] = {}
 
 
 def _record_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Eager causal attention (batch 1, no pads) that records, per KV head, the max over the rows at or after
-    ``_RECORD["from"]`` and the group's query heads of their probabilities at the keys of the chunk being
-    reconstructed (:func:`_chunk_max`; one chunk: keys [0, ``_RECORD["n"]``))."""
+    """Causal attention (batch 1, no pads; fp32 softmax, in blocks of ``ROWS_PER_BLOCK`` query rows) that
+    records, per KV head, the max over the rows after the prompt (absolute positions >= ``_RECORD["n"]``)
+    and the group's query heads of their probabilities at the keys of the chunk being reconstructed, in the
+    softmax restricted to the sinks ``[0, sink)``, the chunk ``[start, end)`` and everything after the prompt
+    (kvpress's ``_compute_cross_attention``: the probabilities renormalised over those keys; a single chunk
+    covering the whole prompt restricts nothing). The queries are the last ``T`` of the ``S`` key positions
+    (``S > T``: the prompt's keys come from a cache)."""
     B, Hq, T, D = query.shape
-    Hkv = key.shape[1]
+    Hkv, S = key.shape[1], key.shape[2]
     G = Hq // Hkv
-    k, v = key.repeat_interleave(G, dim=1), value.repeat_interleave(G, dim=1)
-    logits = (query.float() @ k.float().transpose(-1, -2)) * (scaling if scaling is not None else D**-0.5)
-    if kwargs.get("softcap"):  # Gemma 2 logit soft-capping
-        logits = torch.tanh(logits / kwargs["softcap"]) * kwargs["softcap"]
-    i = torch.arange(T, device=query.device)
-    hide = i.view(1, -1) > i.view(-1, 1)  # causal
-    if kwargs.get("sliding_window"):  # a sliding layer sees keys (i - W, i]
-        hide |= i.view(1, -1) <= i.view(-1, 1) - kwargs["sliding_window"]
-    logits = logits.masked_fill(hide, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    s = _chunk_max(probs[:, :, _RECORD["from"]:])
-    _RECORD["scores"][module.layer_idx] = s.view(B, Hkv, G, -1).amax(dim=2)
-    return (probs.to(v.dtype) @ v).transpose(1, 2), None
+    n, start, end, sink = _RECORD["n"], _RECORD["start"], _RECORD["end"], _RECORD["sink"]
+    first = max(0, n - (S - T))  # the first query row after the prompt
+    scale = scaling if scaling is not None else D**-0.5
+    softcap = kwargs.get("softcap")  # Gemma 2 logit soft-capping
+    kt = key.repeat_interleave(G, dim=1).float().transpose(-1, -2)
+    v = value.repeat_interleave(G, dim=1).float()
+    j = torch.arange(S, device=query.device).view(1, -1)
+    out = query.new_empty(B, Hq, T, D, dtype=torch.float32)
+    best = None
+    for r0 in range(0, T, ROWS_PER_BLOCK):
+        r1 = min(T, r0 + ROWS_PER_BLOCK)
+        i = torch.arange(S - T + r0, S - T + r1, device=query.device).view(-1, 1)  # the rows' positions
+        hide = j > i  # causal
+        if kwargs.get("sliding_window"):  # a sliding layer sees keys (i - W, i]
+            hide |= j <= i - kwargs["sliding_window"]
+        logits = (query[:, :, r0:r1].float() * scale) @ kt
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        probs = torch.softmax(logits.masked_fill_(hide, float("-inf")), dim=-1)
+        out[:, :, r0:r1] = probs @ v
+        if r1 > first:
+            rows = probs[:, :, max(r0, first) - r0:]
+            chunk = rows[..., start:end]
+            if not (start == 0 and end == n):  # renormalise over the sinks, the chunk and the rows after
+                kept = rows[..., :sink].sum(-1, keepdim=True) + chunk.sum(-1, keepdim=True)
+                chunk = chunk / (kept + rows[..., n:].sum(-1, keepdim=True))
+            part = chunk.amax(dim=2)
+            best = part if best is None else torch.maximum(best, part)
+    assert best is not None, "no query row after the prompt"
+    _RECORD["scores"][module.layer_idx] = best.view(B, Hkv, G, -1).amax(dim=2)
+    return out.to(value.dtype).transpose(1, 2), None
 
 
 def _chunk_max(rows: torch.Tensor) -> torch.Tensor:
-    """[B, H, R, T] probabilities of the rows after the prompt -> [B, H, end - start]: per key of the chunk
-    ``[start, end)`` of the prompt being reconstructed, the max over the rows of its probability in the
-    softmax restricted to the sinks ``[0, sink)``, the chunk and everything after the prompt (kvpress's
-    ``_compute_cross_attention``): the probabilities renormalised over those keys. A single chunk covering the
-    whole prompt restricts nothing (the plain probabilities)."""
+    """MPT's path (its own eager attention returns the probabilities): [B, H, R, T] probabilities of the rows
+    after the prompt -> [B, H, end - start], the same restricted maximum as :func:`_record_attention`'s."""
     n, start, end, sink = _RECORD["n"], _RECORD["start"], _RECORD["end"], _RECORD["sink"]
     if start == 0 and end == n:
         return rows[..., :n].amax(dim=2)
@@ -119,13 +140,17 @@ def reconstruction_scores(model: Any, ids: torch.Tensor, repeat_ids: list[int] |
     chunk = n if chunk_size is None or chunk_size >= n else int(chunk_size)
     layers = model.config.get_text_config().num_hidden_layers
     out: list[torch.Tensor] | None = None
+    prompt = _prompt_cache(model, ids)
     for c in range((n + chunk - 1) // chunk):
         start, end = c * chunk, min(n, (c + 1) * chunk)
         extra = torch.tensor(pieces.extra(ids, c, chunk), dtype=ids.dtype, device=ids.device)
-        seq = torch.cat([ids, extra, ids[start:end]]).view(1, -1)
-        _RECORD.update(scores=[None] * layers, n=n, start=start, end=end, sink=min(n_sink, start),
-                       **{"from": n})
-        _record_forward(model, seq)
+        tail = torch.cat([extra, ids[start:end]])
+        _RECORD.update(scores=[None] * layers, n=n, start=start, end=end, sink=min(n_sink, start))
+        if prompt is None:
+            _record_forward(model, torch.cat([ids, tail]).view(1, -1))
+        else:  # the prompt's keys and values from its one forward; only the repeat rows run here
+            _record_forward(model, tail.view(1, -1), prompt)
+            prompt.crop(-tail.numel())  # back to the prompt's n positions
         if out is None:
             out = [sc.new_zeros(sc.shape[1], n) for sc in _RECORD["scores"]]
         for o, sc in zip(out, _RECORD["scores"], strict=True):
@@ -134,8 +159,23 @@ def reconstruction_scores(model: Any, ids: torch.Tensor, repeat_ids: list[int] |
     return out
 
 
-def _record_forward(model: Any, seq: torch.Tensor) -> None:
-    """One forward over ``seq`` [1, T] with the recording attention (MPT: its eager attention, wrapped)."""
+def _prompt_cache(model: Any, ids: torch.Tensor) -> Any:
+    """The prompt's keys and values at every layer (a ``DynamicCache`` of full layers: every position, the
+    sliding layers' windows applied by the recording attention's mask), from one forward with the model's own
+    attention; None for MPT (its attention is wrapped, not an ``AttentionInterface``: the prompt is run again
+    with each chunk)."""
+    if model.config.model_type == "mpt":
+        return None
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    model(input_ids=ids.view(1, -1), cache=cache, use_cache=True, logits_to_keep=1)
+    return cache
+
+
+def _record_forward(model: Any, seq: torch.Tensor, cache: Any = None) -> None:
+    """One forward over ``seq`` [1, T] (after the prompt in ``cache`` when given) with the recording attention
+    (MPT: its eager attention, wrapped)."""
     if model.config.model_type == "mpt":  # MPT's own eager attention returns its probabilities: wrap it
         blocks = model.transformer.blocks
         saved = [b.attn.forward for b in blocks]
@@ -150,7 +190,10 @@ def _record_forward(model: Any, seq: torch.Tensor) -> None:
         impl = model.config._attn_implementation
         model.set_attn_implementation(RECORD_IMPL)
         try:
-            model(input_ids=seq, use_cache=False)
+            if cache is None:
+                model(input_ids=seq, use_cache=False, logits_to_keep=1)
+            else:
+                model(input_ids=seq, cache=cache, use_cache=True, logits_to_keep=1)
         finally:
             model.set_attn_implementation(impl)
 
@@ -160,7 +203,7 @@ def _mpt_recorder(attn: Any):
 
     def forward(hidden_states, position_bias, cache=None, attention_mask=None, **kwargs):
         out, probs = orig(hidden_states, position_bias, cache=None, attention_mask=attention_mask, **kwargs)
-        _RECORD["scores"][attn.layer_idx] = _chunk_max(probs.float()[:, :, _RECORD["from"]:])
+        _RECORD["scores"][attn.layer_idx] = _chunk_max(probs.float()[:, :, _RECORD["n"]:])
         return out, probs
 
     return forward
