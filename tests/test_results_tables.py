@@ -317,3 +317,41 @@ def test_git_dirty_names_the_changed_files(tmp_path: Path) -> None:
     subprocess.run([*git, "mv", "a.py", "c.py"], cwd=tmp_path, check=True)
     assert git_dirty_files(tmp_path) == ["b.py", "c.py"]
     assert git_commit(tmp_path) == head + "-dirty"
+
+
+def _bench_rows(table: str) -> dict[str, tuple[float, float, float, float]]:
+    """``group config`` -> (prefill x full, decode median, IQR low, IQR high) from a ``table.txt``."""
+    rows = {}
+    row = r"^(L\S+)\s+(\S+)\s+[\d.]+\s+([\d.]+)\s+([\d.]+) \[\s*([\d.]+),\s*([\d.]+)\]"
+    for m in re.finditer(row, table, re.M):
+        rows[f"{m[1]} {m[2]}"] = tuple(float(m[i]) for i in range(3, 7))
+    return rows
+
+
+def test_bench_status_prose_is_read_from_the_committed_runs() -> None:
+    """The numbers that docs/performance-analysis.md's status paragraph quotes, recomputed from the committed
+    bench run, the archived one before it and the committed floors probe."""
+    doc = (ROOT / "docs" / "performance-analysis.md").read_text()
+    para = doc[doc.index("**Status of these numbers.**"):doc.index("The committed run's own verdict")]
+    para = " ".join(para.split())
+    new = (RES / "bench" / "table.txt").read_text()
+    old = (RES / "archive" / "bench_7ae70b7" / "table.txt").read_text()
+
+    def target(t: str, n: int) -> float:
+        return float(re.search(rf"^Target {n}:.*\(value ([\d.]+)\)", t, re.M)[1])
+
+    assert f"from {target(old, 6):.3f} (met) to {target(new, 6):.3f} (not met)" in para
+    spread = [round(pd.Series([(hi - lo) / med * 100 for _, med, lo, hi in _bench_rows(t).values()]).median())
+              for t in (new, old)]
+    assert f"a median {spread[0]} % of their medians, against {spread[1]} %" in para
+    kf4 = [sorted(r[0] for k, r in _bench_rows(t).items() if k.startswith("L4096xB1 keyformer"))
+           for t in (old, new)]
+    assert f"from {kf4[0][0]:.2f}-{kf4[0][-1]:.2f}x full's to {kf4[1][0]:.2f}-{kf4[1][-1]:.2f}x" in para
+    b8 = {t: {p: _bench_rows(s)[f"L2048xB8 {p}@0.5"][0] for p in ("keyformer", "h2o")}
+          for t, s in (("n", new), ("o", old))}
+    n, o = b8["n"], b8["o"]
+    pair = f"({n['keyformer']:.2f}x and {n['h2o']:.2f}x, against {o['keyformer']:.2f}x and {o['h2o']:.2f}x)"
+    assert pair in para
+    floors = " ".join(doc[doc.index("<!-- keyformer-report:bench_floors -->"):].split())
+    noise = re.search(r"hash noise (\+[\d.]+)", floors)[1]
+    assert f"**{noise} of a full prefill at" in " ".join(doc.split())
