@@ -355,3 +355,16 @@ def test_bench_status_prose_is_read_from_the_committed_runs() -> None:
     floors = " ".join(doc[doc.index("<!-- keyformer-report:bench_floors -->"):].split())
     noise = re.search(r"hash noise (\+[\d.]+)", floors)[1]
     assert f"**{noise} of a full prefill at" in " ".join(doc.split())
+
+
+def test_exp9_counts_in_prose_are_read_from_the_generated_table() -> None:
+    """results/README.md's "N of the M testable comparisons ... hold" counts the generated exp9 table."""
+    text = (RES / "README.md").read_text()
+    start, end = "<!-- keyformer-report:exp9_gemma -->", "<!-- /keyformer-report:exp9_gemma -->"
+    region = text[text.index(start):text.index(end)]
+    holds = [r.split("|")[-2].strip() for r in region.splitlines() if r.startswith("| exp")]
+    read = [h for h in holds if h != "pending"]
+    testable = [h for h in read if h != "n/a"]
+    prose = " ".join(text.split())
+    assert f"{testable.count('yes')} of the {len(testable)} testable comparisons read so far hold" in prose
+    assert f"one of the {len(read)} comparisons read so far" in prose
