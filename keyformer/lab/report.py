@@ -394,7 +394,8 @@ def demo(res: Path, name: str = "demo") -> None:
 
 
 def brief(res: Path) -> None:
-    """The headline numbers the top-level README quotes: experiment 1's and 8's pooled Keyformer - H2O."""
+    """The headline numbers the top-level README quotes: experiment 1's and 8's pooled Keyformer - H2O, and
+    how many of SmolLM2's findings hold on Gemma 3 (experiment 9)."""
     lines = []
     if (res / "exp1_cnndm" / "points.csv").exists():
         points, samples = analysis.load_experiment(res, "exp1_cnndm")
@@ -410,6 +411,14 @@ def brief(res: Path) -> None:
             lines.append(f"* Experiment 8 (powered, {r['n']} articles, two noise seeds per article): "
                          f"Keyformer - H2O "
                          f"pooled {fmt_ci(q['diff'], q['ci_lo'], q['ci_hi'])} ROUGE-2, {q['decision']}.")
+    if (res / "exp9_gemma").is_dir():
+        holds = _gemma_table(res)["holds"].tolist()
+        testable = [h for h in holds if h not in ("n/a", "pending")]
+        if testable:
+            lines.append(f"* Experiment 9 (SmolLM2's findings of experiments 1 and 7 rerun on Gemma 3 270M): "
+                         f"{testable.count('yes')} of the {len(testable)} testable comparisons hold"
+                         + (f" ({holds.count('partial')} on fewer budgets)" if "partial" in holds else "")
+                         + (f"; {holds.count('pending')} not run yet" if "pending" in holds else "") + ".")
     if lines:
         print("\n".join(lines))
 
@@ -573,17 +582,22 @@ def quant_bytes(res: Path, name: str = "exp7_field/cnndm", head_dim: int = 64) -
               f"{(kv + state) / full32:.3f} | {(kv16 + state) / full16:.3f} |")
 
 
-def gemma(res: Path, name: str = "exp9_gemma") -> None:
-    """Experiment 9: each SmolLM2 finding (experiments 1 and 7, pooled paired differences over the budgets
-    Gemma reruns), the same measurement on Gemma 3 270M and whether it holds; complete points only."""
-    if not (res / name).is_dir():
-        return
+def _gemma_table(res: Path, name: str = "exp9_gemma") -> pd.DataFrame:
+    """:func:`keyformer.lab.analysis.replication` over the committed rows (complete points only)."""
 
     def load(folder: Path):
         return analysis.load_experiment(folder.parent, folder.name, complete_only=True) \
             if (folder / "points.csv").exists() else None
 
-    t = analysis.replication(lambda f: load(res / f), lambda task: load(res / name / task))
+    return analysis.replication(lambda f: load(res / f), lambda task: load(res / name / task))
+
+
+def gemma(res: Path, name: str = "exp9_gemma") -> None:
+    """Experiment 9: each SmolLM2 finding (experiments 1 and 7, pooled paired differences over the budgets
+    Gemma reruns), the same measurement on Gemma 3 270M and whether it holds; complete points only."""
+    if not (res / name).is_dir():
+        return
+    t = _gemma_table(res, name)
     print(f"\n### {name}: SmolLM2's findings on Gemma 3 270M (pooled paired differences, complete points)\n")
     print("| source | task | metric | SmolLM2 finding | SmolLM2 [95 % CI] | Gemma 3 [95 % CI] | Gemma 3 "
           "reads | "
