@@ -4,6 +4,7 @@ notebooks are: tests/test_notebooks.py). The ```python blocks run here in-proces
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -102,3 +103,35 @@ def test_readme_command_runs(cmd: str, tmp_path: Path) -> None:
     assert r.returncode == 0, f"{cmd}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
     if argv[0] == sys.executable:
         assert list((tmp_path / "out").rglob("metrics.json")), f"{cmd} wrote no metrics.json"
+
+
+def test_readme_model_table_matches_the_configs_and_the_supported_list() -> None:
+    """The README's model table names every real-model config in conf/model (and nothing else); its list of
+    architectures is the code's supported list, each with its tiny config; the layer counts it quotes for the
+    embedded models are their converted configs' (checked where a converted copy exists)."""
+    import json
+
+    from keyformer.core.models import SUPPORTED_ARCHS
+    from keyformer.run.loading import GEMMA3, SMOLLM2, converted_dir
+
+    head = "| `model=` | weights | layers | `budget` compresses |"
+    assert head in README
+    rows = list(itertools.takewhile(lambda ln: ln.startswith("|"), README.split(head, 1)[1].splitlines()[2:]))
+    cells = [ln.split("|") for ln in rows]
+    table = {name: c[3].strip() for c in cells for name in re.findall(r"`(\w+)`", c[1])}
+    real = {p.stem for p in (ROOT / "conf" / "model").glob("*.yaml") if not p.stem.startswith("tiny_")}
+    assert set(table) == real
+    bullet = README[README.index("- **Models**"):README.index(head)]
+    named = re.findall(r"`(\w+)`", bullet[bullet.index("`tiny_<arch>`:"):])
+    assert named == list(SUPPORTED_ARCHS)
+    assert all((ROOT / "conf" / "model" / f"tiny_{a}.yaml").is_file() for a in named)
+    for name, m in (("smollm2", SMOLLM2), ("gemma3_270m", GEMMA3)):
+        cfg_file = converted_dir(m) / "config.json"
+        if not cfg_file.is_file():
+            continue
+        c = json.loads(cfg_file.read_text())
+        kinds = c.get("layer_types") or ["full_attention"] * c["num_hidden_layers"]
+        n_slide, n_glob = kinds.count("sliding_attention"), kinds.count("full_attention")
+        want = f"{n_slide} sliding ({c['sliding_window']}), " if n_slide else ""
+        want += f"{n_glob} global"
+        assert table[name] == want, (name, table[name], want)
