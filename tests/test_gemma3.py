@@ -237,6 +237,26 @@ def test_replication_says_whether_each_finding_holds():
     assert list(t["holds"]) == ["n/a", "no"]
 
 
+def test_seed_replicates_by_hand():
+    """a - b with b at seed 0 and at seed 1, then a - mean over seeds per record. By hand: seed 0: x: (3-1 +
+    2-2)/2 = 1, y: (5-1 + 2-0)/2 = 3, mean 2; seed 1 (b = x: 3, 2; y: 5, 2; z only here): x 0, y 0, mean 0;
+    over the seeds' mean: x 0.5, y 1.5, mean 1 (z: seed 0 never ran it, so it is left out)."""
+    from keyformer.lab.analysis import seed_replicates
+
+    base = _rows({("a", 0.2): {"x": 3, "y": 5, "z": 1}, ("b", 0.2): {"x": 1, "y": 1},
+                  ("a", 0.5): {"x": 2, "y": 2, "z": 1}, ("b", 0.5): {"x": 2, "y": 0},
+                  ("full", 1.0): {"x": 9}})
+    seed1 = _rows({("b", 0.2): {"x": 3, "y": 5, "z": 0}, ("b", 0.5): {"x": 2, "y": 2, "z": 0}})
+    t = seed_replicates(base, {1: seed1}, "a", "b", (0.2, 0.5), "m", n_boot=500).set_index("seed")
+    assert list(t.index) == [0, 1, "mean"]
+    assert t.loc[0, "diff"] == pytest.approx(2.0) and t.loc[0, "n"] == 2 and t.loc[0, "reads"] == ">"
+    assert t.loc[1, "diff"] == pytest.approx((0 + 0 + 1) / 3) and t.loc[1, "n"] == 3
+    assert t.loc["mean", "diff"] == pytest.approx(1.0) and t.loc["mean", "n"] == 2
+    assert set(t["budgets"]) == {"0.2,0.5"}
+    alone = seed_replicates(base, {}, "a", "b", (0.2, 0.5), "m", n_boot=500)
+    assert list(alone["seed"]) == [0]
+
+
 def test_report_section_prints_the_replication_table(tmp_path, capsys):
     """keyformer-report's exp9_gemma section on hand-made needle rows: SmolLM2's and Gemma's readings of
     window - Keyformer and H2O - Keyformer, and whether each holds; nothing is printed without
@@ -261,3 +281,16 @@ def test_report_section_prints_the_replication_table(tmp_path, capsys):
     assert rows["window > keyformer"].endswith("| window ≈ keyformer | 0.2,0.5 | 5 | no |")
     assert rows["h2o ≈ keyformer"].endswith("| h2o ≈ keyformer | 0.2,0.5 | 5 | yes |")
     assert pd.read_csv(tmp_path / "exp9_gemma/needle/points.csv")["complete"].all()
+    # a second Keyformer seed beside the task (needle_seed1/): one row per seed and one for the seeds' mean
+    points, samples = _rows({("keyformer", b): hit for b in (0.2, 0.5)})
+    seed1 = tmp_path / "exp9_gemma/needle_seed1"
+    seed1.mkdir()
+    points.to_csv(seed1 / "points.csv", index=False)
+    samples.rename(columns={"m": "accuracy"}).to_csv(seed1 / "samples.csv", index=False)
+    gemma(tmp_path)
+    out = capsys.readouterr().out
+    assert "### exp9_gemma: needle, Keyformer at noise seeds 0, 1" in out
+    seeds = {ln.split(" | ")[1]: ln for ln in out.splitlines() if ln.startswith("| window - keyformer")}
+    assert seeds["0"].endswith("| +0.00 [+0.00, +0.00] | ≈ | 0.2,0.5 | 5 |")
+    assert seeds["1"].startswith("| window - keyformer | 1 | -80.00 [")
+    assert seeds["mean"].startswith("| window - keyformer | mean | -40.00 [")

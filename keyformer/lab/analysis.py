@@ -518,6 +518,52 @@ def replication(load_smol, load_gemma, findings: Sequence[Finding] = EXP9_FINDIN
     return pd.DataFrame(rows)
 
 
+
+Frames = tuple[pd.DataFrame, pd.DataFrame]
+
+
+def seed_replicates(base: Frames, others: dict[int, Frames], a: str, b: str, budgets: Sequence[float],
+                    metric: str, n_boot: int = 5000, seed: int = 0) -> pd.DataFrame:
+    """Is ``a - b`` robust to ``b``'s noise seed? ``base``: a task's ``(points, samples)`` (``b`` at seed 0,
+    ``a`` deterministic); ``others[k]``: ``b``'s points at seed ``k``. One row per seed (``a`` from ``base``,
+    ``b`` at that seed; :func:`pooled_vs` over ``budgets``), then ``mean``: ``a`` minus ``b``'s per-record
+    mean over every seed, on the records all seeds ran. Columns: seed, diff, lo, hi, n, budgets, reads."""
+    bp, bs = base
+    sets = {0: (bp[bp["policy"] == b], bs)}
+    for k, (p, s) in sorted(others.items()):
+        p = p[p["policy"] == b].assign(point=lambda f, k=k: f"seed{k}/" + f["point"].astype(str))
+        sets[k] = (p, s.assign(point=f"seed{k}/" + s["point"].astype(str)))
+    rest = bp[bp["policy"] != b]
+
+    def row(label, pts: pd.DataFrame, smp: pd.DataFrame) -> dict | None:
+        r = pooled_vs(pd.concat([rest, pts]), pd.concat([bs[bs["point"].isin(rest["point"])], smp]), a, b,
+                      budgets, metric, n_boot, seed)
+        if r is None:
+            return None
+        d, used = r
+        return {"seed": label, "diff": d.mean, "lo": d.lo, "hi": d.hi, "n": d.n,
+                "budgets": ",".join(f"{x:g}" for x in used), "reads": ci_reading(d.lo, d.hi)}
+
+    rows = [row(k, p, s[s["point"].isin(p["point"])]) for k, (p, s) in sets.items()]
+    if len(sets) > 1:  # b's per-record mean over the seeds, one synthetic point per budget
+        mean_pts, mean_smp = [], []
+        for budget in budgets:
+            per = []
+            for p, s in sets.values():
+                sel = p[np.isclose(p["budget"].astype(float), budget)]
+                if not len(sel):
+                    break
+                per.append(s[s["point"] == sel["point"].iloc[0]].set_index("id")[metric].astype(float))
+            else:
+                m = pd.concat(per, axis=1, join="inner").mean(axis=1)
+                name = f"mean/{b}@{budget:g}"
+                mean_pts.append({"point": name, "policy": b, "budget": budget})
+                mean_smp.append(pd.DataFrame({"point": name, "id": m.index, metric: m.to_numpy()}))
+        if mean_pts:
+            rows.append(row("mean", pd.DataFrame(mean_pts), pd.concat(mean_smp)))
+    return pd.DataFrame([r for r in rows if r is not None])
+
+
 # -- experiment 10: RULER leaderboard ------------------------------------------------------------------------
 RULER_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
                "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe")
