@@ -310,3 +310,5 @@ def test_queue_points_compose_into_their_sweep_folders(queue: Path):
             assert cfg.kv_quant.bits == int(name["kv_quant"].removeprefix("int"))
         if "generation" in name:
             assert cfg.generation.name == name["generation"]
+        if "seed" in name:
+            assert cfg.seed == int(name["seed"])
