@@ -148,7 +148,7 @@ def test_exp7_devices_match_the_h200_log() -> None:
 
 def test_archive_holds_the_superseded_runs_and_its_manifest() -> None:
     names = {"exp1_cnndm_7e9326a", "exp1_cnndm_oldstream", "exp8_powered_buggy", "exp8_authors_raw",
-             "bench_63988e1", "bench_7ae70b7"}
+             "bench_63988e1", "bench_7ae70b7", "bench_long_ffed69b"}
     assert {d.name for d in (RES / "archive").iterdir() if d.is_dir()} == names
     manifest = (RES / "archive" / "MANIFEST.md").read_text()
     assert all(f"`{n}/`" in manifest for n in names)
