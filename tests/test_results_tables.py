@@ -369,3 +369,32 @@ def test_exp9_counts_in_prose_are_read_from_the_generated_table() -> None:
     assert f"{testable.count('yes')} of the {len(testable)} testable comparisons read so far hold" in prose
     assert f"with {len(testable)} comparisons read and no correction for multiplicity" in prose
     assert len(read) - len(testable) == holds.count("n/a")
+
+
+def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
+    """The long-generation numbers of docs/performance.md and results/bench/README.md are the committed
+    long.txt's (gain, model, share, bound, share of the bound) and the archived run's gains."""
+    def rows(path: Path) -> dict[str, list[str]]:
+        out = {}
+        for ln in path.read_text().splitlines():
+            f = ln.split()
+            if len(f) > 10 and f[0] == "512+2048":
+                out[f[1].rstrip("*")] = f[f.index(next(x for x in f if x.endswith("]"))) + 1:]
+        return out  # dec batch seq gain model share bound share floor% e2e e2e-m agree rss
+
+    now = rows(RES / "bench" / "long" / "512_2048" / "long.txt")
+    old = rows(RES / "archive" / "bench_long_ffed69b" / "512_2048" / "long.txt")
+    h, k = now["h2o@256"], now["keyformer@256"]
+    doc = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    bench = " ".join((RES / "bench" / "README.md").read_text().split())
+    def pct(x: str) -> str:
+        return f"{round(float(x) * 100)} %"
+
+    for text in (doc, bench):
+        assert f"{h[3]}x (H2O) and {k[3]}x" in text or f"{h[3]}x and {k[3]}x" in text
+        assert f"bytes model's {h[4]}x" in text
+    assert f"{pct(h[5])} and {pct(k[5])} of the bytes model's {h[4]}x" in doc
+    assert f"{pct(h[7])} and {pct(k[7])} of the compute-floor bound ({h[6]}x)" in doc
+    assert f"{pct(h[5])} and {pct(k[5])} of it" in bench
+    assert f"{pct(h[7])} (H2O) and {pct(k[7])} (Keyformer) of that bound" in bench
+    assert f"gains {old['h2o@256'][3]}x and {old['keyformer@256'][3]}x, bound {old['h2o@256'][6]}x" in bench
