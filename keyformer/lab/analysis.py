@@ -564,6 +564,29 @@ def seed_replicates(base: Frames, others: dict[int, Frames], a: str, b: str, bud
     return pd.DataFrame([r for r in rows if r is not None])
 
 
+
+def seed_tables(folder, findings: Sequence[Finding] = EXP9_FINDINGS) -> pd.DataFrame:
+    """Every task of ``folder`` (``results/exp9_gemma``) rerun with other Keyformer seeds (``<task>_seed<k>/``
+    beside ``<task>/``; complete points): :func:`seed_replicates` of each finding ``a - keyformer`` with a
+    deterministic ``a``, as rows with ``task`` and ``comparison``; empty without such folders."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    extra: dict[str, dict[int, Frames]] = {}
+    for d in sorted(folder.glob("*_seed*")):
+        task, _, k = d.name.rpartition("_seed")
+        if k.isdigit() and (d / "points.csv").exists() and (folder / task / "points.csv").exists():
+            extra.setdefault(task, {})[int(k)] = load_experiment(folder, d.name, complete_only=True)
+    rows = []
+    for task, others in extra.items():
+        base = load_experiment(folder, task, complete_only=True)
+        for f in findings:
+            if f.task == task and f.b == "keyformer" and "keyformer" not in f.a:
+                t = seed_replicates(base, others, f.a, f.b, f.budgets, f.metric)
+                rows.append(t.assign(task=task, comparison=f"{f.a} - {f.b}"))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
 # -- experiment 10: RULER leaderboard ------------------------------------------------------------------------
 RULER_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
                "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe")

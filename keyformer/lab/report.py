@@ -620,29 +620,19 @@ def gemma(res: Path, name: str = "exp9_gemma") -> None:
 
 
 def _gemma_seeds(res: Path, name: str) -> None:
-    """Keyformer's comparisons of a task rerun with other Gumbel-noise seeds (``<task>_seed<k>/`` beside
-    ``<task>/``): each deterministic policy minus Keyformer per seed and minus its per-record mean over the
-    seeds (:func:`keyformer.lab.analysis.seed_replicates`)."""
-    extra: dict[str, dict[int, tuple]] = {}
-    for d in sorted((res / name).glob("*_seed*")):
-        task, _, k = d.name.rpartition("_seed")
-        if k.isdigit() and (d / "points.csv").exists() and (res / name / task / "points.csv").exists():
-            frames = analysis.load_experiment(d.parent, d.name, complete_only=True)
-            extra.setdefault(task, {})[int(k)] = frames
-    for task, others in extra.items():
-        base = analysis.load_experiment(res / name, task, complete_only=True)
-        seeds = ", ".join(str(k) for k in [0, *sorted(others)])
+    """Keyformer's comparisons of a task rerun with other Gumbel-noise seeds
+    (:func:`keyformer.lab.analysis.seed_tables`): per seed and over the seeds' per-record mean."""
+    t = analysis.seed_tables(res / name)
+    for task, g in (t.groupby("task", sort=False) if len(t) else []):
+        seeds = ", ".join(str(k) for k in g["seed"].unique() if k != "mean")
         print(f"\n### {name}: {task}, Keyformer at noise seeds {seeds} (Gemma 3; the other policies are "
               "deterministic)\n")
         print("| comparison | Keyformer's seed | difference [95 % CI] | reads | budgets | n |\n"
               "|---|---|---|---|---|---|")
-        for f in analysis.EXP9_FINDINGS:
-            if f.task != task or f.b != "keyformer" or "keyformer" in f.a:
-                continue
-            for _, r in analysis.seed_replicates(base, others, f.a, f.b, f.budgets, f.metric).iterrows():
-                ci = fmt_ci(r["diff"], r["lo"], r["hi"])
-                print(f"| {f.a} - {f.b} | {r['seed']} | {ci} | {r['reads']} | {r['budgets']} | "
-                      f"{int(r['n'])} |")
+        for _, r in g.iterrows():
+            ci = fmt_ci(r["diff"], r["lo"], r["hi"])
+            print(f"| {r['comparison']} | {r['seed']} | {ci} | {r['reads']} | {r['budgets']} | "
+                  f"{int(r['n'])} |")
 
 
 def _slot_bytes(q: str, head_dim: int) -> int:
