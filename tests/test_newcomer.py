@@ -539,6 +539,7 @@ def test_lm_eval_entry_point_declared():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("KEYFORMER_DATA_DIR"), reason="KEYFORMER_DATA_DIR unset (COPA)")
 def test_keyformer_lm_eval_runs_a_task_offline(tmp_path):
     """lm-eval's own command line with --model keyformer (model_args as lm_eval parses them), offline."""
     from keyformer.run.tasks.lm_eval.task import TASKS_DIR
