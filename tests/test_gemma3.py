@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from keyformer.run import loading
@@ -237,6 +238,44 @@ def test_replication_says_whether_each_finding_holds():
     assert list(t["holds"]) == ["n/a", "no"]
 
 
+def test_holm_by_hand():
+    """p = 0.01, 0.04, 0.03 (+ one outside the family): sorted 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, then 0.04 x 1
+    = 0.04 raised to the running maximum 0.06; NaN stays NaN; one p alone is unchanged."""
+    from keyformer.lab.analysis import holm
+
+    np.testing.assert_allclose(holm([0.01, 0.04, 0.03, np.nan]), [0.03, 0.06, 0.06, np.nan])
+    np.testing.assert_allclose(holm([0.5, 0.4]), [0.8, 0.8])
+    assert holm([0.02]).tolist() == [0.02]
+
+
+def test_replication_family_wise_reading():
+    """Two findings whose per-comparison CIs exclude 0 on both models (15 of 20 samples +1, 5 of them -1: a
+    bootstrap two-sided p near 0.03) hold; under Holm's correction over the two (p x 2 > 0.05) both read tied
+    on both models, so they still hold, now as ties; a strong finding beside them keeps its direction."""
+    from keyformer.lab.analysis import Finding, paired_bootstrap, replication
+
+    ids = [f"s{i}" for i in range(20)]
+    marginal = _rows({("a", 0.2): {i: (1.0 if k < 15 else -1.0) for k, i in enumerate(ids)},
+                      ("b", 0.2): dict.fromkeys(ids, 0.0)})
+    d = paired_bootstrap([1.0] * 15 + [-1.0] * 5, [0.0] * 20, n_boot=2000)
+    assert 0.01 < d.p_two_sided < 0.025 and d.lo > 0  # the premise: significant alone, not after x 2
+    strong = _rows({("a", 0.2): dict.fromkeys(ids, 2.0), ("b", 0.2): dict.fromkeys(ids, 0.0)})
+    data = {"m1": marginal, "m2": marginal, "s": strong}
+    fs = [Finding("exp7", t, "m", "a", "b", (0.2,), t) for t in ("m1", "m2")]
+    t = replication(lambda f: data[f], lambda task: data[task], fs, n_boot=2000)
+    assert list(t["smol_reads"]) == [">", ">"] and list(t["holds"]) == ["yes", "yes"]
+    assert (t["gemma_p_holm"] >= 0.05).all() and list(t["gemma_reads_holm"]) == ["≈", "≈"]
+    assert list(t["holds_holm"]) == ["yes", "yes"]
+    # beside a strong finding (p 0, x 2 = 0) the marginal one is multiplied by 1 only: both keep ">"
+    fs = [Finding("exp7", t, "m", "a", "b", (0.2,), t) for t in ("s", "m1")]
+    t = replication(lambda f: data[f], lambda task: data[task], fs, n_boot=2000)
+    assert list(t["gemma_reads_holm"]) == [">", ">"]
+    # Gemma marginal where SmolLM2 was strong: per comparison it holds, family-wise (3 findings) it does not
+    fs = [Finding("exp7", t, "m", "a", "b", (0.2,), "s") for t in ("m1", "m2", "s")]
+    t = replication(lambda f: data[f], lambda task: data[task], fs, n_boot=2000)
+    assert list(t["holds"]) == ["yes", "yes", "yes"] and list(t["holds_holm"]) == ["no", "no", "yes"]
+
+
 def test_seed_replicates_by_hand():
     """a - b with b at seed 0 and at seed 1, then a - mean over seeds per record. By hand: seed 0: x: (3-1 +
     2-2)/2 = 1, y: (5-1 + 2-0)/2 = 3, mean 2; seed 1 (b = x: 3, 2; y: 5, 2; z only here): x 0, y 0, mean 0;
@@ -278,8 +317,9 @@ def test_report_section_prints_the_replication_table(tmp_path, capsys):
     gemma(tmp_path)
     out = capsys.readouterr().out.splitlines()
     rows = {ln.split(" | ")[3]: ln for ln in out if ln.startswith("| exp7 | needle")}
-    assert rows["window > keyformer"].endswith("| window ≈ keyformer | 0.2,0.5 | 5 | no |")
-    assert rows["h2o ≈ keyformer"].endswith("| h2o ≈ keyformer | 0.2,0.5 | 5 | yes |")
+    assert rows["window > keyformer"].endswith("| window ≈ keyformer | 0.2,0.5 | 5 | no | no |")
+    assert rows["h2o ≈ keyformer"].endswith("| h2o ≈ keyformer | 0.2,0.5 | 5 | yes | yes |")
+    assert "1 of the 2 hold family-wise, 1 per comparison." in "\n".join(out)
     assert pd.read_csv(tmp_path / "exp9_gemma/needle/points.csv")["complete"].all()
     # a second Keyformer seed beside the task (needle_seed1/): one row per seed and one for the seeds' mean
     points, samples = _rows({("keyformer", b): hit for b in (0.2, 0.5)})

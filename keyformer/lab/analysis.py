@@ -30,6 +30,13 @@ class PairedDiff:
     hi: float
     n: int
     p_le_0: float  # bootstrap fraction of resamples with mean(a - b) <= 0 (one-sided)
+    p_ge_0: float = float("nan")  # ... with mean(a - b) >= 0
+
+    @property
+    def p_two_sided(self) -> float:
+        """Bootstrap two-sided p of ``mean(a - b) = 0``: ``min(1, 2 min(p_le_0, p_ge_0))`` (below 0.05 exactly
+        when the 95 % percentile CI excludes 0, up to resamples that land on 0)."""
+        return min(1.0, 2.0 * min(self.p_le_0, self.p_ge_0))
 
     def as_dict(self) -> dict[str, float]:
         return {"diff": self.mean, "ci_lo": self.lo, "ci_hi": self.hi, "n": self.n, "p_le_0": self.p_le_0}
@@ -53,7 +60,22 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = 10000
     means = d[idx].mean(axis=1)
     alpha = (1.0 - ci) / 2.0
     lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
-    return PairedDiff(float(d.mean()), float(lo), float(hi), int(len(d)), float((means <= 0).mean()))
+    return PairedDiff(float(d.mean()), float(lo), float(hi), int(len(d)), float((means <= 0).mean()),
+                      float((means >= 0).mean()))
+
+
+def holm(p: Sequence[float]) -> np.ndarray:
+    """Holm's step-down adjusted p-values (family-wise error control) of ``p``, in the input order; NaN
+    entries are not part of the family and stay NaN. ``adjusted < alpha`` rejects at family-wise ``alpha``."""
+    p = np.asarray(p, dtype=float)
+    out = np.full_like(p, np.nan)
+    idx = np.flatnonzero(~np.isnan(p))
+    order = idx[np.argsort(p[idx], kind="stable")]
+    m, running = len(order), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
 
 
 def paired_frame(samples: pd.DataFrame, point_a: str, point_b: str, metric: str = "rouge2") -> pd.DataFrame:
@@ -482,12 +504,16 @@ def pooled_vs(points: pd.DataFrame, samples: pd.DataFrame, a: str, b: str, budge
 
 
 def replication(load_smol, load_gemma, findings: Sequence[Finding] = EXP9_FINDINGS, n_boot: int = 5000,
-                seed: int = 0) -> pd.DataFrame:
+                seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:
     """Experiment 9's table: per finding, SmolLM2's and Gemma's pooled paired difference with its CI, how each
     reads (:func:`ci_reading`) and ``holds``: ``yes`` when Gemma's reading equals SmolLM2's, ``no`` when it
     differs, ``partial`` when it matches but Gemma ran fewer budgets, ``pending`` without Gemma's points, and
     ``n/a`` when the finding compares Ada-KV over a policy with that policy and Gemma's outputs are identical
     on every sample (with one KV head there are no heads to share a layer's budget among).
+    With many comparisons some CIs exclude 0 by chance, so the same is done family-wise: ``<who>_p`` is the
+    bootstrap two-sided p, ``<who>_p_holm`` Holm's adjustment over the testable findings (those not ``n/a`` or
+    ``pending``), separately per model; ``<who>_reads_holm`` reads a direction only where that is below
+    ``alpha``, and ``holds_holm`` compares those readings.
     ``load_smol(folder)`` / ``load_gemma(task)`` return ``(points, samples)`` (complete points only) or
     None."""
     rows = []
@@ -504,18 +530,33 @@ def replication(load_smol, load_gemma, findings: Sequence[Finding] = EXP9_FINDIN
                 d, used = r
                 row.update({f"{who}_diff": d.mean, f"{who}_lo": d.lo, f"{who}_hi": d.hi, f"{who}_n": d.n,
                             f"{who}_budgets": ",".join(f"{b:g}" for b in used),
-                            f"{who}_reads": ci_reading(d.lo, d.hi)})
-        same = {f.a, f.b} in ({f.a, f"adakv_{f.a}"}, {f.b, f"adakv_{f.b}"})  # Ada-KV over the other policy
-        if "gemma_reads" not in row or "smol_reads" not in row:
-            row["holds"] = "pending"
-        elif same and row["gemma_diff"] == row["gemma_lo"] == row["gemma_hi"] == 0:
-            row["holds"] = "n/a"  # identical outputs on every sample: the comparison does not exist here
-        elif row["gemma_reads"] != row["smol_reads"]:
-            row["holds"] = "no"
-        else:
-            row["holds"] = "yes" if row["gemma_budgets"] == row["smol_budgets"] else "partial"
+                            f"{who}_reads": ci_reading(d.lo, d.hi), f"{who}_p": d.p_two_sided})
+        row["holds"] = _holds(row, f, "reads")
         rows.append(row)
-    return pd.DataFrame(rows)
+    t = pd.DataFrame(rows)
+    testable = ~t["holds"].isin(["n/a", "pending"])  # the family: the comparisons the replication tests
+    for who in ("smol", "gemma"):
+        p = t[f"{who}_p"] if f"{who}_p" in t else pd.Series(np.nan, t.index)
+        t[f"{who}_p_holm"] = holm(p.where(testable).to_numpy(float))
+        diff = t[f"{who}_diff"] if f"{who}_diff" in t else pd.Series(np.nan, t.index)
+        t[f"{who}_reads_holm"] = [None if np.isnan(q) else "≈" if q >= alpha else ">" if d > 0 else "<"
+                                  for q, d in zip(t[f"{who}_p_holm"], diff, strict=True)]
+    rows = zip(t.to_dict("records"), findings, testable, t["holds"], strict=True)
+    t["holds_holm"] = [_holds(r, f, "reads_holm") if ok else h for r, f, ok, h in rows]
+    return t
+
+
+def _holds(row: dict, f: Finding, reads: str) -> str:
+    """``holds`` of :func:`replication` from the ``smol_<reads>`` / ``gemma_<reads>`` readings of one row."""
+    same = {f.a, f.b} in ({f.a, f"adakv_{f.a}"}, {f.b, f"adakv_{f.b}"})  # Ada-KV over the other policy
+    sr, gr = row.get(f"smol_{reads}"), row.get(f"gemma_{reads}")
+    if not isinstance(sr, str) or not isinstance(gr, str):
+        return "pending"
+    if same and row["gemma_diff"] == row["gemma_lo"] == row["gemma_hi"] == 0:
+        return "n/a"  # identical outputs on every sample: the comparison does not exist here
+    if gr != sr:
+        return "no"
+    return "yes" if row["gemma_budgets"] == row["smol_budgets"] else "partial"
 
 
 

@@ -412,11 +412,14 @@ def brief(res: Path) -> None:
                          f"Keyformer - H2O "
                          f"pooled {fmt_ci(q['diff'], q['ci_lo'], q['ci_hi'])} ROUGE-2, {q['decision']}.")
     if (res / "exp9_gemma").is_dir():
-        holds = _gemma_table(res)["holds"].tolist()
+        g = _gemma_table(res)
+        holds = g["holds"].tolist()
         testable = [h for h in holds if h not in ("n/a", "pending")]
         if testable:
+            fw = int((g["holds_holm"] == "yes").sum())
             lines.append(f"* Experiment 9 (SmolLM2's findings of experiments 1 and 7 rerun on Gemma 3 270M): "
                          f"{testable.count('yes')} of the {len(testable)} testable comparisons hold"
+                         f" ({fw} with Holm's family-wise correction)"
                          + (f" ({holds.count('partial')} on fewer budgets)" if "partial" in holds else "")
                          + (f"; {holds.count('pending')} not run yet" if "pending" in holds else "") + ".")
     if lines:
@@ -600,8 +603,8 @@ def gemma(res: Path, name: str = "exp9_gemma") -> None:
     t = _gemma_table(res, name)
     print(f"\n### {name}: SmolLM2's findings on Gemma 3 270M (pooled paired differences, complete points)\n")
     print("| source | task | metric | SmolLM2 finding | SmolLM2 [95 % CI] | Gemma 3 [95 % CI] | Gemma 3 "
-          "reads | "
-          "budgets (Gemma) | n (Gemma) | holds |\n|---|---|---|---|---|---|---|---|---|---|")
+          "reads | budgets (Gemma) | n (Gemma) | holds | holds (Holm) |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
     for _, r in t.iterrows():
         a, b = r["comparison"].split(" - ")
         got = {w: (fmt_ci(r[f"{w}_diff"], r[f"{w}_lo"], r[f"{w}_hi"]), r[f"{w}_reads"], r[f"{w}_budgets"],
@@ -611,12 +614,27 @@ def gemma(res: Path, name: str = "exp9_gemma") -> None:
         reads = f"{a} {got['gemma'][1]} {b}" if got["gemma"][1] else "-"
         print(f"| {r['source']} | {r['task']} | {r['metric']} | {said} | {got['smol'][0]} | "
               f"{got['gemma'][0]} | "
-              f"{reads} | {got['gemma'][2]} | {got['gemma'][3]} | {r['holds']} |")
+              f"{reads} | {got['gemma'][2]} | {got['gemma'][3]} | {r['holds']} | {_holm_cell(r)} |")
+    testable = ~t["holds"].isin(["n/a", "pending"])
+    print(f"\nholds (Holm): the same test family-wise. Each model's bootstrap two-sided p-values over the "
+          f"{int(testable.sum())} testable comparisons are Holm-adjusted, a direction is read only where the "
+          "adjusted p is below 0.05 (else tied), and the two readings are compared; the family-wise readings "
+          "(SmolLM2, Gemma 3) are in parentheses where they differ from the per-comparison ones."
+          f" {(t.loc[testable, 'holds_holm'] == 'yes').sum()} of the {int(testable.sum())} hold "
+          f"family-wise, {(t.loc[testable, 'holds'] == 'yes').sum()} per comparison.")
     if (t["holds"] == "n/a").any():
         print("\nn/a: Ada-KV over a policy and that policy gave identical outputs on every sample. Gemma 3 "
               "270M has one KV head, so Ada-KV has no heads to share a layer's budget among and is its base "
               "policy; the finding cannot be tested on this model.")
     _gemma_seeds(res, name)
+
+
+def _holm_cell(r: pd.Series) -> str:
+    """``holds_holm``, with the family-wise readings where either differs from the per-comparison one."""
+    if r["holds_holm"] in ("n/a", "pending"):
+        return r["holds_holm"]
+    fw, pc = (r["smol_reads_holm"], r["gemma_reads_holm"]), (r["smol_reads"], r["gemma_reads"])
+    return r["holds_holm"] if fw == pc else f"{r['holds_holm']} ({fw[0]}, {fw[1]})"
 
 
 def _gemma_seeds(res: Path, name: str) -> None:
