@@ -228,3 +228,15 @@ def test_code_tree_ignores_results_and_docs_but_not_code(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     git("commit", "-qam", "deps")
     assert code_tree(tmp_path) not in (first, second)
+    # narrower paths (the long benchmark's BENCH_CODE): a change outside them keeps the identity
+    (tmp_path / "keyformer" / "core").mkdir()
+    (tmp_path / "keyformer" / "core" / "b.py").write_text("y = 1\n")
+    git("add", "-A")
+    git("commit", "-qm", "core")
+    core = code_tree(tmp_path, paths=("keyformer/core", "pyproject.toml"))
+    (tmp_path / "keyformer" / "a.py").write_text("x = 4\n")
+    git("commit", "-qam", "analysis")
+    assert code_tree(tmp_path, paths=("keyformer/core", "pyproject.toml")) == core
+    (tmp_path / "keyformer" / "core" / "b.py").write_text("y = 2\n")
+    assert code_tree(tmp_path, paths=("keyformer/core", "pyproject.toml")).startswith(core + "-dirty.")
+    assert code_tree(tmp_path, paths=("keyformer/missing",)) is None

@@ -25,7 +25,7 @@ import os
 import platform
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -238,20 +238,20 @@ def git_commit(repo: str | os.PathLike | None = None, dirty: list[str] | None = 
 CODE_PATHS = ("keyformer", "pyproject.toml")  # what computes a number; results, docs and tests do not
 
 
-def code_tree(repo: str | os.PathLike | None = None) -> str | None:
-    """Identity of the code that computes numbers: the git object ids of ``CODE_PATHS`` at HEAD (12 hex digits
-    each, joined by ``+``), suffixed ``-dirty.<hash of the diff>`` when any of them has uncommitted changes;
-    None outside a git checkout. Two commits that differ only in results, docs or tests give the same
-    value."""
+def code_tree(repo: str | os.PathLike | None = None, paths: Sequence[str] = CODE_PATHS) -> str | None:
+    """Identity of the code that computes numbers: the git object ids of ``paths`` (default ``CODE_PATHS``)
+    at HEAD (12 hex digits each, joined by ``+``), suffixed ``-dirty.<hash of the diff>`` when any of them has
+    uncommitted changes; None outside a git checkout (or when a path is not in HEAD). Two commits that differ
+    only outside ``paths`` (results, docs, tests) give the same value."""
     cwd = str(repo or Path(__file__).resolve().parents[2])
     try:
-        out = _git(["rev-parse", *(f"HEAD:{p}" for p in CODE_PATHS)], cwd)
+        out = _git(["rev-parse", *(f"HEAD:{p}" for p in paths)], cwd)
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
         return None
     tree = "+".join(x[:12] for x in out.stdout.split())
-    diff = _git(["diff", "HEAD", "--", *CODE_PATHS], cwd).stdout
+    diff = _git(["diff", "HEAD", "--", *paths], cwd).stdout
     if not diff:
         return tree
     return f"{tree}-dirty.{hashlib.sha256(diff.encode()).hexdigest()[:8]}"  # which uncommitted changes

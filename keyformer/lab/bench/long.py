@@ -30,8 +30,9 @@ Outputs go to ``--out`` (default ``outputs/bench_long``, git-ignored; never ``re
 ``journal.jsonl``: every finished measurement (memory budget, batch probes, timed runs, floors, beams) as it
 ends. The same command run again resumes from the journal: finished measurements are skipped, more
 ``--rounds`` or settings add to it, and a run with other measurement options (model, dtype, seed, threads,
-memory budget, the code: :func:`keyformer.run.results.code_tree`, so commits that change only results or
-docs resume it; each session's commit is journaled) is refused (:mod:`keyformer.lab.bench.journal`).
+memory budget, the code that runs here: :func:`keyformer.run.results.code_tree` over ``BENCH_CODE``, so
+commits that change only results, docs, tests or the analysis resume it; each session's commit is
+journaled) is refused (:mod:`keyformer.lab.bench.journal`).
 """
 
 from __future__ import annotations
@@ -356,12 +357,18 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     return report
 
 
+# The code a long-generation measurement runs: the core, the runner's loading and data, this benchmark and the
+# dependencies. keyformer/lab's analysis, report, collect and queue are not imported here.
+BENCH_CODE = ("keyformer/__init__.py", "keyformer/core", "keyformer/run", "keyformer/lab/__init__.py",
+              "keyformer/lab/bench", "pyproject.toml")
+
+
 def journal_header(args: argparse.Namespace, env: dict[str, Any]) -> dict[str, Any]:
     """What must not change between the sessions of one resumed run (rounds, settings, budgets, policies and
     beams may grow: they are part of each measurement's key)."""
     keep = ("model", "dtype", "prompt", "seed", "threads", "memory_mb", "memory_ref", "full_batch",
             "max_batch", "bandwidth_mb")
-    return {**{k: getattr(args, k) for k in keep}, "code": code_tree(), "cpu": env["cpu"],
+    return {**{k: getattr(args, k) for k in keep}, "code": code_tree(paths=BENCH_CODE), "cpu": env["cpu"],
             "torch": env["torch"], "transformers": env["transformers"]}
 
 
