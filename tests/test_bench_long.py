@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from keyformer import tiny_model
 from keyformer.lab.bench import long as lb
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _naive_largest(bytes_of, limit: int, max_batch: int) -> int:
@@ -240,3 +243,20 @@ def test_code_tree_ignores_results_and_docs_but_not_code(tmp_path):
     (tmp_path / "keyformer" / "core" / "b.py").write_text("y = 2\n")
     assert code_tree(tmp_path, paths=("keyformer/core", "pyproject.toml")).startswith(core + "-dirty.")
     assert code_tree(tmp_path, paths=("keyformer/missing",)) is None
+
+
+def test_bench_beams_script_quick(tmp_path):
+    """scripts/bench_beams.py (the beam section on its own) on the tiny model: both modes give the same
+    sequences, the table and the JSON are written, and the JSON names the code it measured."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_beams", ROOT / "scripts" / "bench_beams.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.main(["--quick", "--policies", "h2o", "--out", str(tmp_path)])
+    assert [row["policy"] for row in r["rows"]] == ["full", "h2o"] and r["num_beams"] == 4
+    assert all(row["same_sequences"] for row in r["rows"])
+    assert all(row["per_beam_prompt"]["prefill_s"]["n"] == 2 for row in r["rows"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["beams.json", "beams.txt", "command.txt"]
+    assert json.loads((tmp_path / "beams.json").read_text())["code"] == r["code"]
+    assert "h2o@0.5" in (tmp_path / "beams.txt").read_text()
