@@ -402,3 +402,19 @@ def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
     assert f"{pct(h[5])} and {pct(k[5])} of it" in bench
     assert f"{pct(h[7])} (H2O) and {pct(k[7])} (Keyformer) of that bound" in bench
     assert f"gains {old['h2o@256'][3]}x and {old['keyformer@256'][3]}x, bound {old['h2o@256'][6]}x" in bench
+
+
+def test_beam_numbers_in_prose_are_the_committed_run() -> None:
+    """The prompt-once prefill speed-ups and decode ratios quoted in docs/performance.md and
+    results/bench/README.md are results/bench/beams/beams.json's, and every row kept its sequences."""
+    r = json.loads((RES / "bench" / "beams" / "beams.json").read_text())
+    rows = {row["policy"]: row for row in r["rows"]}
+    assert all(row["same_sequences"] for row in r["rows"]) and r["num_beams"] == 4
+    x = {p: f"{rows[p]['prefill_speedup']:.2f}x" for p in ("full", "h2o", "keyformer")}
+    quoted = f"{x['full']} (full), {x['h2o']} (H2O) and {x['keyformer']} (Keyformer)"
+    assert quoted in " ".join((RES / "bench" / "README.md").read_text().split())
+    doc = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    assert (f"{x['full']} faster for full, {x['h2o']} for H2O@0.5 and {x['keyformer']} for "
+            "Keyformer@0.5") in doc
+    dec = [f"{rows[p]['prompt_once']['decode_vs_full']:.2f}x" for p in ("h2o", "keyformer")]
+    assert f"take {dec[0]} and {dec[1]} of full's" in doc
