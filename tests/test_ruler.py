@@ -460,3 +460,27 @@ def test_agnostic_runs_every_policy_within_its_rule(one_thread):
             assert held > 20 + 5, name  # the cut context (20) plus the question and the answer so far
         else:
             assert held <= 20 + 1, name
+
+
+def test_exp10_left_queue_drops_committed_complete_points(tmp_path):
+    """experiments/queues/exp10_make.py's left(): a line whose point is complete in
+    results/<setting>/points.csv is dropped; an incomplete point, the same point in the other setting and an
+    uncollected one stay."""
+    import runpy
+
+    mk = runpy.run_path(str(ROOT / "experiments" / "queues" / "exp10_make.py"))
+    lines = [mk["line"](s, "vt", p, 0.5) for s in ("aware", "agnostic")
+             for p in ("h2o", "keyformer", "kvzip")]
+    (tmp_path / "aware").mkdir()
+    (tmp_path / "aware" / "points.csv").write_text(
+        "point,policy,complete\n\"task=vt,budget=0.5,policy=h2o\",h2o,True\n"
+        "\"task=vt,budget=0.5,policy=keyformer\",keyformer,False\n")
+    kept = [ln.split()[0].split("/", 2)[2] for ln in mk["left"](lines, tmp_path)]
+    assert kept == ["aware/task=vt,budget=0.5,policy=keyformer", "aware/task=vt,budget=0.5,policy=kvzip",
+                    "agnostic/task=vt,budget=0.5,policy=h2o", "agnostic/task=vt,budget=0.5,policy=keyformer",
+                    "agnostic/task=vt,budget=0.5,policy=kvzip"]
+    tiers = mk["tiers"]()
+    assert list(tiers) == ["exp10_core.txt", "exp10_current.txt", "exp10_core_agnostic.txt",
+                           "exp10_current_agnostic.txt", "exp10_budgets.txt", "exp10_field.txt"]
+    every = [ln.split()[0] for _, ls in tiers.values() for ln in ls]
+    assert len(every) == len(set(every)) == 55 + 44 + 55 + 44 + 264 + 704  # no point in two tiers

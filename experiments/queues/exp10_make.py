@@ -1,6 +1,7 @@
 """Write experiment 10's queue files (experiments/exp10_ruler.md): RULER 4k, 11 tasks, 5 samples per task.
 
-    python experiments/queues/exp10_make.py  # tiers 1-2 here (committed); 1b, 3, 4 in multirun/.../queues
+    python experiments/queues/exp10_make.py  # tiers 1-2 here (committed); 1b, 2b, 3, 4 in multirun/.../queues
+    STEP=5 bash scripts/run_points.sh multirun/exp10_ruler/queues/left.txt  # or: what is not committed yet
     STEP=5 bash scripts/run_points.sh experiments/queues/exp10_core.txt \\
         multirun/exp10_ruler/queues/exp10_current.txt experiments/queues/exp10_core_agnostic.txt \\
         multirun/exp10_ruler/queues/exp10_budgets.txt \\
@@ -10,10 +11,13 @@ The Gemma 3 270M tiers (`gemma_core.txt`, `gemma_core_agnostic.txt`: tiers 1-2 w
 +experiment=exp10_ruler_gemma, folders multirun/exp10_ruler_gemma/...) go to
 multirun/exp10_ruler_gemma/queues.
 
-Tiers 1b, 3 and 4 (44 + 264 + 748 points) are not committed as queue files: tests/test_configs.py composes
-every line of experiments/queues/*.txt, which would take half an hour on the 2-core machine. Points are listed
-policy-major (every task of a policy, then the next policy), so a policy's RULER average is complete as early
-as possible.
+``left.txt`` (one per model) lists every tier's points in tier order, less those already complete in
+``results/exp10_ruler{,_gemma}/<setting>/points.csv``: how a session on a fresh machine continues.
+
+Tiers 1b, 2b, 3 and 4 (44 + 44 + 264 + 704 points) are not committed as queue files: tests/test_configs.py
+composes every line of experiments/queues/*.txt, which would take half an hour on the 2-core machine. Points
+are listed policy-major (every task of a policy, then the next policy), so a policy's RULER average
+is complete as early as possible.
 """
 
 from __future__ import annotations
@@ -55,23 +59,45 @@ def gemma_tiers() -> dict[str, tuple[str, list[str]]]:
 
 
 def tiers() -> dict[str, tuple[str, list[str]]]:
+    """Experiment 10's tiers on SmolLM2, in the order they run (1, 1b, 2, 2b, 3, 4)."""
     both = ("aware", "agnostic")
     return {
         "exp10_core.txt": ("tier 1: question-aware, ratio 0.5 (budget 0.5), full / Keyformer / H2O / SnapKV "
                            "/ window", points("aware", CORE, 0.5)),
-        "exp10_core_agnostic.txt": ("tier 2: the same points, query-agnostic (context compressed once)",
-                                    points("agnostic", CORE, 0.5)),
         "exp10_current.txt": ("tier 1b: the 2025 methods (Expected Attention, KeyDiff, KVzip, R-KV) at ratio "
                               "0.5, question-aware: where Keyformer ranks among the current methods",
                               points("aware", CURRENT, 0.5)),
+        "exp10_core_agnostic.txt": ("tier 2: the same points, query-agnostic (context compressed once)",
+                                    points("agnostic", CORE, 0.5)),
+        "exp10_current_agnostic.txt": ("tier 2b: the 2025 methods at ratio 0.5, query-agnostic (KVzip's own "
+                                       "setting)", points("agnostic", CURRENT, 0.5)),
         "exp10_budgets.txt": ("tier 3: Keyformer / H2O / SnapKV / window at ratios 0.25, 0.75, 0.875, both "
                               "settings",
                               [x for b in (0.75, 0.25, 0.125) for s in both for x in points(s, CORE[1:], b)]),
         "exp10_field.txt": ("tier 4: every other registered policy at the 4 ratios, both settings",
                             [x for b in (0.5, 0.75, 0.25, 0.125) for s in both for x in points(s, FIELD, b)
-                             if not (b == 0.5 and s == "aware" and x.split()[0].endswith(
-                                 tuple(f"policy={p}" for p in CURRENT)))]),  # those are tier 1b
+                             if not (b == 0.5 and x.split()[0].endswith(
+                                 tuple(f"policy={p}" for p in CURRENT)))]),  # those are tiers 1b and 2b
     }
+
+
+def complete_points(results: Path) -> set[str]:
+    """``<setting>/<point>`` of every complete point under ``results`` (its ``<setting>/points.csv``)."""
+    import csv
+
+    out = set()
+    for f in sorted(results.glob("*/points.csv")):
+        with open(f, newline="") as fh:
+            out |= {f"{f.parent.name}/{r['point']}" for r in csv.DictReader(fh)
+                    if r.get("complete") == "True"}
+    return out
+
+
+def left(lines: list[str], results: Path) -> list[str]:
+    """The queue lines whose point is not yet complete in ``results`` (a fresh machine has no multirun/
+    folders: this is how a later session continues from the committed rows)."""
+    have = complete_points(results)
+    return [ln for ln in lines if "/".join(ln.split()[0].split("/")[-2:]) not in have]
 
 
 def main(argv: list[str]) -> None:
@@ -82,12 +108,19 @@ def main(argv: list[str]) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(HEADER.format(what=what, records=RECORDS) + "\n".join(lines) + "\n")
         print(f"{out}: {len(lines)} points")
-    gemma = late.parent.parent / "exp10_ruler_gemma" / "queues"
+    gemma = late / "gemma" if argv else late.parent.parent / "exp10_ruler_gemma" / "queues"
     for name, (what, lines) in gemma_tiers().items():
         gemma.mkdir(parents=True, exist_ok=True)
         header = HEADER.replace("SmolLM2-135M-Instruct", "Gemma 3 270M")
         (gemma / name).write_text(header.format(what=what, records=RECORDS) + "\n".join(lines) + "\n")
         print(f"{gemma / name}: {len(lines)} points")
+    results = here.parent.parent / "results"
+    for folder, exp, ts in ((late, "exp10_ruler", tiers()), (gemma, "exp10_ruler_gemma", gemma_tiers())):
+        todo = left([ln for _, lines in ts.values() for ln in lines], results / exp)
+        what = f"every tier's points not yet complete in results/{exp}/, in tier order"
+        header = HEADER if exp == "exp10_ruler" else HEADER.replace("SmolLM2-135M-Instruct", "Gemma 3 270M")
+        (folder / "left.txt").write_text(header.format(what=what, records=RECORDS) + "\n".join(todo) + "\n")
+        print(f"{folder / 'left.txt'}: {len(todo)} points left")
 
 
 if __name__ == "__main__":
