@@ -430,7 +430,58 @@ def test_ruler_report_section(tmp_path, capsys):
     ruler(tmp_path)
     out = capsys.readouterr().out
     assert "**question-aware**" in out and "**query-agnostic**" in out and "| h2o | 0.5 | 0.5 | 50.0 [" in out
-    assert "Question-aware vs query-agnostic" in out and "| keyformer | 0.5 | 41.7 | 41.7 | +0.0 |" in out
+    assert "Question-aware vs query-agnostic" in out
+    assert "| keyformer | 0.5 | 41.7 | 41.7 | +0.00 [+0.00, +0.00] | 6 |" in out
+    assert "| vs Keyformer [CI] | p (Holm) |" in out
+
+
+def test_ruler_setting_gap_is_paired_by_hand(tmp_path):
+    """agnostic - aware per record, mean per task, then over tasks. Keyformer: vt (0, +100, 0) -> +100/3,
+    cwe (0, 0, -50) -> -50/3, average +25/3; H2O identical in both settings: exactly 0 with a zero-width
+    CI; the window (one task only in both) has a gap too; a policy missing from one setting has none."""
+    from keyformer.lab.analysis import load_experiment, ruler_setting_gap
+
+    agn = {**SCORES, ("keyformer", 0.5): {"vt": [100, 100, 0], "cwe": [50, 50, 0]}}
+    agn.pop(("full", 1.0))
+    _fake_results(tmp_path / "r", "aware", SCORES)
+    _fake_results(tmp_path / "r", "agnostic", agn)
+    frames = [load_experiment(str(tmp_path / "r"), f, complete_only=True) for f in ("aware", "agnostic")]
+    g = ruler_setting_gap(*frames, n_boot=500).set_index("policy")
+    assert sorted(g.index) == ["h2o", "keyformer", "window"]  # full ran question-aware only
+    assert g.loc["keyformer", "gap"] == pytest.approx(25 / 3)
+    assert g.loc["keyformer", "aware"] == pytest.approx((100 / 3 + 50) / 2)
+    assert g.loc["keyformer", "agnostic"] == pytest.approx((200 / 3 + 100 / 3) / 2)
+    assert g.loc["keyformer", "gap_lo"] < 25 / 3 < g.loc["keyformer", "gap_hi"]
+    assert g.loc["keyformer", "n"] == 6
+    assert (g.loc["h2o", ["gap", "gap_lo", "gap_hi"]] == 0).all() and g.loc["h2o", "gap_p"] == 1.0
+    # unpaired, the same means would differ by the same amount, but a paired CI of a constant shift is a point
+    shift = {k: {t: [v + 10 for v in vs] for t, vs in d.items()} for k, d in SCORES.items()}
+    _fake_results(tmp_path / "s", "aware", SCORES)
+    _fake_results(tmp_path / "s", "agnostic", shift)
+    frames = [load_experiment(str(tmp_path / "s"), f, complete_only=True) for f in ("aware", "agnostic")]
+    g = ruler_setting_gap(*frames, n_boot=500).set_index("policy")
+    assert list(g["gap"]) == pytest.approx([10.0] * 4) and list(g["gap_lo"]) == pytest.approx([10.0] * 4)
+    assert (g["gap_p"] == 0.0).all()
+
+
+def test_ruler_leaderboard_holm_over_policies(tmp_path):
+    """vs_keyformer_p_holm: Holm over the policies' averages at one budget (by hand from vs_keyformer_p);
+    Keyformer's own row and full's have none."""
+    import numpy as np
+
+    from keyformer.lab.analysis import holm, load_experiment, ruler_leaderboard
+
+    scores = {**SCORES, ("window", 0.5): {"vt": [0, 0, 0], "cwe": [0, 0, 0]},
+              ("snapkv", 0.5): {"vt": [100, 100, 100], "cwe": [100, 100, 100]}}
+    _fake_results(tmp_path / "r", "aware", scores)
+    t = ruler_leaderboard(*load_experiment(str(tmp_path / "r"), "aware", complete_only=True), n_boot=500)
+    avg = t[(t["task"] == "average") & (t["budget"] == 0.5)].set_index("policy")
+    others = ["h2o", "snapkv", "window"]
+    np.testing.assert_allclose(avg.loc[others, "vs_keyformer_p_holm"],
+                               holm(avg.loc[others, "vs_keyformer_p"].to_numpy()))
+    assert np.isnan(avg.loc["keyformer", "vs_keyformer_p_holm"])
+    assert avg.loc["snapkv", "vs_keyformer_p"] == 0.0 and avg.loc["snapkv", "vs_keyformer_p_holm"] == 0.0
+    assert avg.loc["h2o", "vs_keyformer_p_holm"] >= avg.loc["h2o", "vs_keyformer_p"]
 
 
 @pytest.mark.slow  # ~12 s CPU: every policy on a tiny model

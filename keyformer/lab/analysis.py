@@ -652,19 +652,30 @@ def _ruler_series(points: pd.DataFrame, samples: pd.DataFrame, metric: str, poli
     return out
 
 
-def stratified_mean_ci(per_task: Sequence[np.ndarray], n_boot: int = 2000, seed: int = 0,
-                       ci: float = 0.95) -> tuple[float, float, float]:
-    """Mean over tasks of each task's mean, with a bootstrap CI that resamples samples within each task."""
+def stratified_boots(per_task: Sequence[np.ndarray], n_boot: int = 2000, seed: int = 0) -> np.ndarray:
+    """[n_boot] bootstrap replicates of the mean over tasks of each task's mean, resampling samples within
+    each task (task ``t`` draws with seed ``seed + t``)."""
     if not per_task:
         raise ValueError("need at least one task")
     boots = np.zeros(n_boot)
     for t, x in enumerate(per_task):
         x = np.asarray(x, dtype=float)
         boots += x[bootstrap_indices(len(x), n_boot, seed + t)].mean(axis=1)
-    boots /= len(per_task)
+    return boots / len(per_task)
+
+
+def stratified_mean_ci(per_task: Sequence[np.ndarray], n_boot: int = 2000, seed: int = 0,
+                       ci: float = 0.95) -> tuple[float, float, float]:
+    """Mean over tasks of each task's mean, with a bootstrap CI that resamples samples within each task."""
+    boots = stratified_boots(per_task, n_boot, seed)
     alpha = (1.0 - ci) / 2.0
     lo, hi = np.quantile(boots, [alpha, 1.0 - alpha])
     return float(np.mean([np.mean(x) for x in per_task])), float(lo), float(hi)
+
+
+def boot_p(boots: np.ndarray) -> float:
+    """Two-sided bootstrap p of a difference being 0: ``min(1, 2 min(P(<= 0), P(>= 0)))`` over replicates."""
+    return float(min(1.0, 2.0 * min((boots <= 0).mean(), (boots >= 0).mean())))
 
 
 def ruler_leaderboard(points: pd.DataFrame, samples: pd.DataFrame, metric: str = "string_match_all",
@@ -674,9 +685,11 @@ def ruler_leaderboard(points: pd.DataFrame, samples: pd.DataFrame, metric: str =
     mean ``metric`` with a bootstrap CI and the paired difference from each of ``refs`` with its CI
     (``vs_<ref>``, ``vs_<ref>_lo``, ``vs_<ref>_hi``; ``full`` is compared at its only budget, the others at
     the same budget; ``full``'s own rows have no differences; the average's CI resamples within each task:
-    :func:`stratified_mean_ci`). ``n_tasks`` counts the tasks a point has; the ``average`` of a policy is
-    given only when it has every task of the experiment, and ``rank`` (1 = best average at that budget) ranks
-    those. Pass complete points only (:func:`load_experiment` with ``complete_only=True``)."""
+    :func:`stratified_mean_ci`; ``vs_<ref>_p`` its two-sided bootstrap p and, on the averages,
+    ``vs_<ref>_p_holm`` Holm's adjustment over the policies at that budget). ``n_tasks`` counts the tasks a
+    point has; the ``average`` of a policy is given only when it has every task of the experiment, and
+    ``rank`` (1 = best average at that budget) ranks those. Pass complete points only
+    (:func:`load_experiment` with ``complete_only=True``)."""
     if points.empty:
         return pd.DataFrame()
     tasks = [t for t in RULER_TASKS if t in set(samples["id"].map(ruler_task_of))]
@@ -702,12 +715,47 @@ def ruler_leaderboard(points: pd.DataFrame, samples: pd.DataFrame, metric: str =
                 pairs = [(mine[t].align(other[t], join="inner")) for t in use]
                 if any(len(a) == 0 for a, _ in pairs):
                     continue
-                d, dlo, dhi = stratified_mean_ci([(a - o).to_numpy() for a, o in pairs], n_boot, seed)
-                row.update({f"vs_{r}": d, f"vs_{r}_lo": dlo, f"vs_{r}_hi": dhi})
+                diffs = [(a - o).to_numpy() for a, o in pairs]
+                d, dlo, dhi = stratified_mean_ci(diffs, n_boot, seed)
+                row.update({f"vs_{r}": d, f"vs_{r}_lo": dlo, f"vs_{r}_hi": dhi,
+                            f"vs_{r}_p": boot_p(stratified_boots(diffs, n_boot, seed))})
             rows.append(row)
     out = pd.DataFrame(rows)
     if out.empty:
         return out
     avg = out["task"] == "average"
     out.loc[avg, "rank"] = out[avg].groupby("budget")["mean"].rank(ascending=False, method="min")
+    for r in refs:  # family: every policy's average against ``r`` at one budget
+        if f"vs_{r}_p" in out:
+            out[f"vs_{r}_p_holm"] = np.nan
+            for _, g in out[avg].groupby("budget"):
+                out.loc[g.index, f"vs_{r}_p_holm"] = holm(g[f"vs_{r}_p"].to_numpy(float))
     return out
+
+
+def ruler_setting_gap(aware: Frames, agnostic: Frames, metric: str = "string_match_all", n_boot: int = 2000,
+                      seed: int = 0) -> pd.DataFrame:
+    """Query-agnostic minus question-aware, paired: per (policy, budget) with every task in both settings,
+    each sample's agnostic score minus its question-aware score (the same generated records), averaged per
+    task and over tasks, with the stratified bootstrap CI and two-sided p (:func:`stratified_boots`).
+    Columns: policy, budget, ratio, aware, agnostic, gap, gap_lo, gap_hi, gap_p, n."""
+    rows = []
+    for (policy, budget), _ in aware[0].groupby(["policy", "budget"]):
+        b = None if policy == "full" else float(budget)
+        a = _ruler_series(*aware, metric, policy, b)
+        g = _ruler_series(*agnostic, metric, policy, b)
+        tasks = [t for t in RULER_TASKS if t in a or t in g]
+        if not tasks or not all(t in a and t in g for t in tasks):
+            continue
+        pairs = [g[t].align(a[t], join="inner") for t in tasks]
+        if any(len(x) == 0 for x, _ in pairs):
+            continue
+        diffs = [(x - y).to_numpy() for x, y in pairs]
+        d, lo, hi = stratified_mean_ci(diffs, n_boot, seed)
+        rows.append({"policy": policy, "budget": float(budget),
+                     "ratio": 0.0 if policy == "full" else RULER_RATIO.get(float(budget), 0.0),
+                     "aware": float(np.mean([y.mean() for _, y in pairs])),
+                     "agnostic": float(np.mean([x.mean() for x, _ in pairs])), "gap": d, "gap_lo": lo,
+                     "gap_hi": hi, "gap_p": boot_p(stratified_boots(diffs, n_boot, seed)),
+                     "n": sum(len(x) for x, _ in pairs)})
+    return pd.DataFrame(rows)

@@ -714,11 +714,11 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
     """Experiment 10: the RULER 4k leaderboard (string_match_all, mean over tasks) per setting, from complete
     points only: policy x compression ratio with CIs, differences from Keyformer and from full, the ranking,
     and the question-aware and query-agnostic averages side by side (``analysis.ruler_leaderboard``)."""
-    tables = {}
+    tables, frames = {}, {}
     for folder, label in RULER_SETTINGS:
         if (res / name / folder / "points.csv").is_file():
             pts, smp = analysis.load_experiment(str(res / name), folder, complete_only=True)
-            tables[label] = analysis.ruler_leaderboard(pts, smp)
+            tables[label], frames[label] = analysis.ruler_leaderboard(pts, smp), (pts, smp)
     if not any(len(t) for t in tables.values()):
         print(f"(no complete points of {name} yet)")
         return
@@ -730,12 +730,16 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
         if avg.empty:
             print("(no policy has every task yet)")
             continue
-        print("| policy | ratio | budget | average [CI] | vs Keyformer [CI] | vs full [CI] | rank | n |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| policy | ratio | budget | average [CI] | vs Keyformer [CI] | p (Holm) | vs full [CI] | rank "
+              "| n |\n|---|---|---|---|---|---|---|---|---|")
         for _, r in avg.sort_values(["ratio", "rank", "policy"]).iterrows():
+            ph = r.get("vs_keyformer_p_holm", np.nan)
             print(f"| {r['policy']} | {r['ratio']:g} | {r['budget']:g} | {r['mean']:.1f} [{r['ci_lo']:.1f}, "
-                  f"{r['ci_hi']:.1f}] | {_ci_cell(r, 'vs_keyformer')} | {_ci_cell(r, 'vs_full')} | "
+                  f"{r['ci_hi']:.1f}] | {_ci_cell(r, 'vs_keyformer')} | "
+                  f"{'' if np.isnan(ph) else f'{ph:.3f}'} | {_ci_cell(r, 'vs_full')} | "
                   f"{'' if np.isnan(r.get('rank', np.nan)) else int(r['rank'])} | {int(r['n'])} |")
+        print("\np (Holm): the two-sided bootstrap p of the difference from Keyformer, Holm-adjusted over "
+              "the policies at that ratio (below 0.05: the difference survives the number of comparisons).")
         tasks = [x for x in analysis.RULER_TASKS if x in set(t["task"])]
         print("\nPer task (mean):\n")
         print("| policy | ratio | " + " | ".join(tasks) + " |")
@@ -744,16 +748,16 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
         for (ratio, pol), r in per.iterrows():
             cells = " | ".join("" if np.isnan(r.get(x, np.nan)) else f"{r[x]:.0f}" for x in tasks)
             print(f"| {pol} | {ratio:g} | {cells} |")
-    if len(tables) == 2 and all(len(t) for t in tables.values()):
-        a, g = (t[t["task"] == "average"].set_index(["policy", "ratio"])["mean"] for t in tables.values())
-        both = pd.concat([a.rename("aware"), g.rename("agnostic")], axis=1).dropna()
-        if len(both):
-            print("\nQuestion-aware vs query-agnostic (average):\n")
-            print("| policy | ratio | question-aware | query-agnostic | agnostic - aware |")
-            print("|---|---|---|---|---|")
-            for (pol, ratio), r in both.sort_index(level=1).iterrows():
-                print(f"| {pol} | {ratio:g} | {r['aware']:.1f} | {r['agnostic']:.1f} | "
-                      f"{r['agnostic'] - r['aware']:+.1f} |")
+    if len(frames) == 2 and all(len(t) for t in tables.values()):
+        gap = analysis.ruler_setting_gap(*frames.values())
+        if len(gap):
+            print("\nQuestion-aware vs query-agnostic (average over tasks; paired: the same records in both "
+                  "settings, agnostic - aware with a 95 % CI resampling within each task):\n")
+            print("| policy | ratio | question-aware | query-agnostic | agnostic - aware [CI] | n |")
+            print("|---|---|---|---|---|---|")
+            for _, r in gap.sort_values(["ratio", "gap"], ascending=[True, False]).iterrows():
+                print(f"| {r['policy']} | {r['ratio']:g} | {r['aware']:.1f} | {r['agnostic']:.1f} | "
+                      f"{fmt_ci(r['gap'], r['gap_lo'], r['gap_hi'])} | {int(r['n'])} |")
 
 
 def _field_task(task: str) -> Callable[[Path], None]:
