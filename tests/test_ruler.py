@@ -535,3 +535,23 @@ def test_exp10_left_queue_drops_committed_complete_points(tmp_path):
                            "exp10_current_agnostic.txt", "exp10_budgets.txt", "exp10_field.txt"]
     every = [ln.split()[0] for _, ls in tiers.values() for ln in ls]
     assert len(every) == len(set(every)) == 55 + 44 + 55 + 44 + 264 + 704  # no point in two tiers
+
+
+def test_ruler_brief_line(tmp_path):
+    """The README brief's experiment 10 line: Keyformer's rank among the compressed policies with every task
+    (H2O 50.0 first, Keyformer 41.7 second; the one-task window is not ranked) and, with no difference
+    surviving Holm's correction on 6 records, says so; a policy far above it is named."""
+    from keyformer.lab.report import _ruler_brief
+
+    assert _ruler_brief(tmp_path) == []
+    _fake_results(tmp_path / "exp10_ruler", "aware", SCORES)
+    (line,) = _ruler_brief(tmp_path)
+    assert line == ("* Experiment 10 (RULER 4k, question-aware, ratio 0.5, 2 compressed policies): Keyformer "
+                    "ranks 2 of 2; no difference from it survives Holm's correction.")
+    best = {**SCORES, ("snapkv", 0.5): {"vt": [100] * 3, "cwe": [100] * 3}}
+    _fake_results(tmp_path / "b" / "exp10_ruler", "aware", best)
+    _fake_results(tmp_path / "b" / "exp10_ruler", "agnostic", best)
+    aware, agnostic = _ruler_brief(tmp_path / "b")
+    assert "Keyformer ranks 3 of 3; differences that survive Holm's correction: snapkv ahead (+58.3)." \
+        in aware
+    assert agnostic.startswith("* Experiment 10 (RULER 4k, query-agnostic, ratio 0.5")

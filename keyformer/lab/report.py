@@ -394,8 +394,8 @@ def demo(res: Path, name: str = "demo") -> None:
 
 
 def brief(res: Path) -> None:
-    """The headline numbers the top-level README quotes: experiment 1's and 8's pooled Keyformer - H2O, and
-    how many of SmolLM2's findings hold on Gemma 3 (experiment 9)."""
+    """The headline numbers the top-level README quotes: experiment 1's and 8's pooled Keyformer - H2O, how
+    many of SmolLM2's findings hold on Gemma 3 (experiment 9), and Keyformer's RULER rank (experiment 10)."""
     lines = []
     if (res / "exp1_cnndm" / "points.csv").exists():
         points, samples = analysis.load_experiment(res, "exp1_cnndm")
@@ -422,8 +422,34 @@ def brief(res: Path) -> None:
                          f" ({fw} with Holm's family-wise correction)"
                          + (f" ({holds.count('partial')} on fewer budgets)" if "partial" in holds else "")
                          + (f"; {holds.count('pending')} not run yet" if "pending" in holds else "") + ".")
+    lines += _ruler_brief(res)
     if lines:
         print("\n".join(lines))
+
+
+def _ruler_brief(res: Path, name: str = "exp10_ruler") -> list[str]:
+    """Experiment 10's line: Keyformer's rank among the compressed policies at each ratio of each setting, and
+    the policies whose difference from it survives Holm's correction."""
+    out = []
+    for folder, label in RULER_SETTINGS:
+        if not (res / name / folder / "points.csv").is_file():
+            continue
+        t = analysis.ruler_leaderboard(*analysis.load_experiment(str(res / name), folder, complete_only=True))
+        avg = t[(t["task"] == "average") & (t["policy"] != "full")] if len(t) else t
+        for _, g in (avg.groupby("budget") if len(avg) else []):
+            kf = g[g["policy"] == "keyformer"]
+            if kf.empty:
+                continue
+            g = g.assign(rank=g["mean"].rank(ascending=False, method="min"))
+            sig = g[g["vs_keyformer_p_holm"] < 0.05]
+            said = ", ".join(f"{r['policy']} {'ahead' if r['vs_keyformer'] > 0 else 'behind'} "
+                             f"({r['vs_keyformer']:+.1f})" for _, r in sig.sort_values("rank").iterrows())
+            out.append(f"* Experiment 10 (RULER 4k, {label}, ratio {kf['ratio'].iloc[0]:g}, {len(g)} "
+                       f"compressed policies): Keyformer ranks {int(g.loc[kf.index[0], 'rank'])} of "
+                       f"{len(g)}; "
+                       + (f"differences that survive Holm's correction: {said}." if said else
+                          "no difference from it survives Holm's correction."))
+    return out
 
 
 def bench_targets(res: Path, name: str = "bench") -> None:
