@@ -51,6 +51,25 @@ def test_attended_slots_by_hand():
     assert lb.attended_avg("h2o", 6, 4, 4) == 6
     # SnapKV compresses once: 2 held (budget 0.5 of 4), then every generated token is kept: 3, 4, 5
     assert lb.attended_avg("snapkv", 0.5, 4, 4) == 4
+    # a hybrid model (sliding, global, sliding; window 2): the sliding layers attend min(L + t, 2) = 2
+    # whatever the policy, the global layer as above; the mean over layers
+    assert lb.attended_avg("full", None, 4, 4, [2, None, 2]) == pytest.approx((2 + 6 + 2) / 3)
+    assert lb.attended_avg("h2o", 3, 4, 4, [2, None, 2]) == pytest.approx((2 + 4 + 2) / 3)
+    # a window above the context: slides nowhere, 5, 6, 7 as full
+    assert lb.attended_avg("h2o", 3, 4, 4, [100, None]) == pytest.approx((6 + 4) / 2)
+
+
+def test_long_bench_runs_a_hybrid_model(tmp_path):
+    """--quick on the tiny hybrid Gemma 3 (2 sliding layers of window 12, 1 global): the bytes model counts
+    the sliding layers at their window, so its predicted gain for H2O is below the all-global formula's."""
+    out = tmp_path / "g"
+    report = lb.run(lb.parse_args(["--quick", "--model", "tiny_gemma3", "--beams", "0", "--out", str(out)]),
+                    log=lambda m: None)
+    rows = {(r["policy"], r["budget"]): r for r in report["rows"]}
+    h2o = rows[("h2o", 16)]
+    assert h2o["attended_slots_avg"] == pytest.approx(lb.attended_avg("h2o", 16, 32, 8, [12, None, 12]))
+    assert h2o["attended_slots_avg"] < lb.attended_avg("h2o", 16, 32, 8)
+    assert h2o["bytes_model_gain"] > 0 and (out / "long.txt").is_file()
 
 
 def test_peak_kv_bytes_is_measured_from_the_cache():
@@ -260,3 +279,28 @@ def test_bench_beams_script_quick(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["beams.json", "beams.txt", "command.txt"]
     assert json.loads((tmp_path / "beams.json").read_text())["code"] == r["code"]
     assert "h2o@0.5" in (tmp_path / "beams.txt").read_text()
+
+
+@pytest.mark.parametrize("L, n", [(30, 20), (8, 20), (8, 3)])
+def test_hybrid_peak_and_sliding_capacity(L, n):
+    """Tiny hybrid Gemma 3 (window 12 on layers 0 and 2): a sliding layer's buffer never exceeds its window
+    (it doubled past it when a short prompt grew during decode: 9 -> 18 slots), and peak_kv_bytes equals the
+    peak seen over a whole generation, full included (its sliding layers grow after the prompt)."""
+    from keyformer.core.generate import make_cache
+    from keyformer.core.models import TINY_WINDOW
+    from keyformer.core.policies import make_policy
+
+    model = tiny_model("gemma3_text", seed=0)
+    ids = torch.randint(3, 256, (2, L), generator=torch.Generator().manual_seed(0))
+    for name, budget in (("full", None), ("h2o", 0.5), ("snapkv", 0.5)):
+        pol = make_policy(name) if budget is None else make_policy(name, budget=budget)
+        cache = make_cache(model, pol, torch.ones_like(ids), max_new_tokens=n)
+        with torch.inference_mode():
+            out = model(input_ids=ids, cache=cache, logits_to_keep=1)
+            peak = cache.tensor_bytes()
+            for _ in range(n - 1):
+                tok = out.logits[:, -1].argmax(-1, keepdim=True)
+                out = model(input_ids=tok, cache=cache, logits_to_keep=1)
+                peak = max(peak, cache.tensor_bytes())
+        assert all(lay.capacity <= TINY_WINDOW for lay in cache.layers if lay.window), name
+        assert lb.peak_kv_bytes(model, ids, name, budget, n) == peak, name

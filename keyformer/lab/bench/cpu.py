@@ -82,22 +82,30 @@ def spread(xs: Sequence[float]) -> dict[str, float]:
 # Model, prompts, bandwidth
 
 
+BENCH_MODELS = ("smollm2", "gemma3_270m", "tiny", "tiny_gemma3")  # the last two: random, for tests
+
+
 def load_bench_model(cfg: dict[str, Any]) -> tuple[Any, Any]:
-    """(model, tokenizer or None): SmolLM2-135M-Instruct (SDPA, fp32) or a tiny random model."""
+    """(model, tokenizer or None): SmolLM2-135M-Instruct (SDPA, fp32), Gemma 3 270M (the ``model=gemma3_270m``
+    config: 15 sliding layers of 18), or a tiny random Llama / hybrid Gemma 3."""
     from keyformer.core.models import tiny_model
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg["dtype"]]
-    if cfg["model_name"] == "tiny":
-        return tiny_model("llama", vocab_size=256, seed=0).to(dtype).eval(), None
-    if cfg["model_name"] != "smollm2":
-        raise ValueError(f"model={cfg['model_name']!r} is unknown; valid: smollm2, tiny")
+    if cfg["model_name"] in ("tiny", "tiny_gemma3"):
+        arch = "llama" if cfg["model_name"] == "tiny" else "gemma3_text"
+        return tiny_model(arch, vocab_size=256, seed=0).to(dtype).eval(), None
+    if cfg["model_name"] not in BENCH_MODELS:
+        raise ValueError(f"model={cfg['model_name']!r} is unknown; valid: {', '.join(BENCH_MODELS)}")
     import transformers
 
-    from keyformer.run.loading import load_model
+    from keyformer.run.loading import load_model, model_config
 
     transformers.utils.logging.disable_progress_bar()
-    node = {"name": "HuggingFaceTB/SmolLM2-135M-Instruct", "source": "smollm2_gguf", "arch": "llama",
-            "attn_implementation": "sdpa"}
+    if cfg["model_name"] == "gemma3_270m":
+        node = model_config("gemma3_270m")
+    else:
+        node = {"name": "HuggingFaceTB/SmolLM2-135M-Instruct", "source": "smollm2_gguf", "arch": "llama",
+                "attn_implementation": "sdpa"}
     return load_model({"model": node, "device": "cpu", "dtype": cfg["dtype"]})
 
 

@@ -51,10 +51,12 @@ from typing import Any
 import torch
 
 from keyformer.core.generate import generate, make_cache
+from keyformer.core.models import layer_windows
 from keyformer.core.policies import make_policy
 from keyformer.run.results import code_tree
 
 from .cpu import (
+    BENCH_MODELS,
     environment,
     kv_bytes_per_token,
     load_bench_model,
@@ -132,7 +134,8 @@ def peak_kv_bytes(model: Any, ids: torch.Tensor, name: str, budget: float | int 
                   seed: int = 0) -> int:
     """Measured peak bytes of the K/V tensors of a ``name@budget`` cache over ``ids`` [B, L] generating
     ``n_new`` tokens: after the prompt forward (the full cache preallocates prompt + generation), then through
-    the decode steps while some layer still grows towards its budget (absolute budgets above the prompt)."""
+    the decode steps while some layer still grows towards its budget (absolute budgets above the prompt) or
+    its sliding window (a sliding layer grows from the prompt's length to ``W - 1``, even under full)."""
     pol = _policy(name, budget)
     mask = torch.ones_like(ids)
     cache = make_cache(model, pol, mask, max_new_tokens=n_new, seed=seed)
@@ -141,8 +144,11 @@ def peak_kv_bytes(model: Any, ids: torch.Tensor, name: str, budget: float | int 
         peak = cache.tensor_bytes()
         tok = out.logits[:, -1].argmax(-1, keepdim=True)
         steps = 0
-        while pol.evicts and pol.compress == "step" and not all(lay.steady for lay in cache.layers) \
-                and steps < n_new - 1:
+        def growing() -> bool:
+            return (pol.evicts and pol.compress == "step" and not all(lay.steady for lay in cache.layers)) \
+                or any(lay.window is not None and lay.length < lay.window - 1 for lay in cache.layers)
+
+        while growing() and steps < n_new - 1:
             out = model(input_ids=tok, cache=cache, logits_to_keep=1)
             tok = out.logits[:, -1].argmax(-1, keepdim=True)
             peak = max(peak, cache.tensor_bytes())
@@ -226,18 +232,26 @@ def agreement(tokens: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 # Bytes model
 
 
-def attended_avg(name: str, budget: float | int | None, L: int, n_new: int) -> float:
-    """Mean K/V slots a decode step attends, per sample, over the ``n_new - 1`` steps (the new token
+def attended_avg(name: str, budget: float | int | None, L: int, n_new: int,
+                 windows: Sequence[int | None] | None = None) -> float:
+    """Mean K/V slots a decode step attends, per sample and layer, over the ``n_new - 1`` steps (the new token
     included). full: L + t; step-evicting policies: min(L + t - 1, k) + 1; prompt-compressing ones: min(L, k)
-    + t."""
+    + t. ``windows`` (:func:`keyformer.core.models.layer_windows`): a sliding layer of window ``W`` attends
+    min(L + t, W) whatever the policy (the budget applies to the global layers); the mean is over layers."""
     steps = range(1, n_new)
     if name == "full":
-        return sum(L + t for t in steps) / len(steps)
-    pol = _policy(name, budget)
-    k = int(pol.budget_tokens(torch.tensor([L]))[0])
-    if pol.compress == "prompt":
-        return sum(min(L, k) + t for t in steps) / len(steps)
-    return sum(min(L + t - 1, k) + 1 for t in steps) / len(steps)
+        glob = sum(L + t for t in steps) / len(steps)
+    else:
+        pol = _policy(name, budget)
+        k = int(pol.budget_tokens(torch.tensor([L]))[0])
+        if pol.compress == "prompt":
+            glob = sum(min(L, k) + t for t in steps) / len(steps)
+        else:
+            glob = sum(min(L + t - 1, k) + 1 for t in steps) / len(steps)
+    if not windows:
+        return glob
+    per_layer = [glob if w is None else sum(min(L + t, w) for t in steps) / len(steps) for w in windows]
+    return sum(per_layer) / len(per_layer)
 
 
 def bytes_step_ms(w_bytes: int, per_token: int, batch: int, slots: float, read_gbs: float) -> float:
@@ -275,6 +289,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     env["sessions_commits"] = sorted({x["git_commit"] for x in sessions} | {env["git_commit"]})
     bw = journal.once("bandwidth", lambda: measure_bandwidth(args.bandwidth_mb))
     w_bytes, per_token = weight_bytes(model), kv_bytes_per_token(model, dtype)
+    windows = layer_windows(model.config)  # sliding layers keep their window whatever the policy
     pool: dict[Setting, torch.Tensor] = {}
 
     def prompts(s: Setting, b: int) -> torch.Tensor:
@@ -341,7 +356,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
                 if bsz not in floors:
                     floors[bsz] = journal.once(
                         f"floor/B{bsz}", lambda bsz=bsz: step_floor_ms(model, bsz, vocab, seed=args.seed))
-            rows += summarize(s, runs, batch, probes, floors, w_bytes, per_token, bw["read_gbs"])
+            rows += summarize(s, runs, batch, probes, floors, w_bytes, per_token, bw["read_gbs"], windows)
             report = make_report(args, env, bw, w_bytes, per_token, limit, limit_src, settings, budgets,
                                  policies, rows, None, t_start, journal, complete=False)
             write_outputs(Path(args.out), report, format_table(report))  # a table after every setting
@@ -393,8 +408,10 @@ def make_report(args: argparse.Namespace, env: dict[str, Any], bw: dict[str, flo
 
 
 def summarize(s: Setting, runs: dict, batch: dict, probes: dict, floors: dict[int, float], w_bytes: int,
-              per_token: int, read_gbs: float) -> list[dict[str, Any]]:
-    """One row per configuration of a setting: tok/s (median, IQR), gains vs full, bytes model, floor."""
+              per_token: int, read_gbs: float,
+              windows: Sequence[int | None] | None = None) -> list[dict[str, Any]]:
+    """One row per configuration of a setting: tok/s (median, IQR), gains vs full, bytes model (``windows``:
+    the model's sliding layers, :func:`attended_avg`), floor."""
     n = s.new_tokens
     full = runs.get(("full", None))
     out = []
@@ -404,7 +421,7 @@ def summarize(s: Setting, runs: dict, batch: dict, probes: dict, floors: dict[in
         e2e = [B * n / (r["prefill_s"] + r["decode_s"]) for r in rs]
         dec = [B * (n - 1) / r["decode_s"] for r in rs]
         step_ms = [1000 * r["decode_s"] / (n - 1) for r in rs]
-        slots = attended_avg(c[0], c[1], s.prompt_len, n)
+        slots = attended_avg(c[0], c[1], s.prompt_len, n, windows)
         model_ms = bytes_step_ms(w_bytes, per_token, B, slots, read_gbs)
         stats[c] = {"e2e": e2e, "dec": dec, "step_ms": median(step_ms), "model_ms": model_ms}
         row = {"setting": s.label, "prompt_len": s.prompt_len, "new_tokens": n, "policy": c[0],
@@ -546,7 +563,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny random model, short settings (seconds)")
     p.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT}; results/ only when "
                                                f"given)")
-    p.add_argument("--model", default="smollm2", choices=("smollm2", "tiny"))
+    p.add_argument("--model", default="smollm2", choices=BENCH_MODELS)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--prompt", default="cnn_dailymail", choices=("cnn_dailymail", "random"))
     p.add_argument("--data-dir", default=None, help="folder of cnn_dailymail.jsonl (default "
