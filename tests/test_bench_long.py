@@ -304,3 +304,22 @@ def test_hybrid_peak_and_sliding_capacity(L, n):
                 peak = max(peak, cache.tensor_bytes())
         assert all(lay.capacity <= TINY_WINDOW for lay in cache.layers if lay.window), name
         assert lb.peak_kv_bytes(model, ids, name, budget, n) == peak, name
+
+
+def test_mask_mode_sliding_layer_still_grows_by_doubling():
+    """The mask simulation keeps every token of a sliding layer (alive flags), so its buffer must keep
+    doubling: capping it at the window would reallocate at every decode step past W."""
+    from keyformer.core.generate import make_cache
+    from keyformer.core.policies import make_policy
+
+    model = tiny_model("gemma3_text", seed=0)
+    ids = torch.randint(3, 256, (1, 8), generator=torch.Generator().manual_seed(0))
+    cache = make_cache(model, make_policy("h2o", budget=0.5), torch.ones_like(ids), max_new_tokens=40,
+                       mode="mask")
+    caps = []
+    with torch.inference_mode():
+        out = model(input_ids=ids, cache=cache, logits_to_keep=1)
+        for _ in range(39):
+            out = model(input_ids=out.logits[:, -1].argmax(-1, keepdim=True), cache=cache, logits_to_keep=1)
+            caps.append(cache.layers[0].capacity)
+    assert len(set(caps)) <= 4 and max(caps) >= 47  # 8 + 39 slots held, in a few doublings

@@ -147,8 +147,8 @@ class EvictingLayer(CacheLayerMixin):
         if needed <= self.capacity:
             return
         cap = max(needed, self.cache.capacity_hint(needed), 2 * self.capacity)
-        if self.window is not None:  # a sliding layer holds at most W slots in a decode step: never more
-            cap = max(needed, min(cap, self.window))
+        if self.window is not None and self.cache.mode == "physical":  # a sliding layer holds at most W slots
+            cap = max(needed, min(cap, self.window))  # in a decode step (the mask simulation keeps them all)
         grow = cap - self.capacity
         def pad(t: torch.Tensor, fill: float | int | bool) -> torch.Tensor:
             return torch.cat([t, t.new_full((*t.shape[:2], grow, *t.shape[3:]), fill)], dim=2)
