@@ -148,7 +148,11 @@ class EvictingLayer(CacheLayerMixin):
             return
         cap = max(needed, self.cache.capacity_hint(needed), 2 * self.capacity)
         if self.window is not None and self.cache.mode == "physical":  # a sliding layer holds at most W slots
-            cap = max(needed, min(cap, self.window))  # in a decode step (the mask simulation keeps them all)
+            limit = self.window  # in a decode step (the mask simulation keeps them all), and never more than
+            prompt = getattr(self.cache, "prompt_len", None)  # the prompt and the generation when known
+            if self.cache.max_new_tokens and prompt:
+                limit = min(limit, prompt + self.cache.max_new_tokens)
+            cap = max(needed, min(cap, limit))
         grow = cap - self.capacity
         def pad(t: torch.Tensor, fill: float | int | bool) -> torch.Tensor:
             return torch.cat([t, t.new_full((*t.shape[:2], grow, *t.shape[3:]), fill)], dim=2)
