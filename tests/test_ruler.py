@@ -555,3 +555,6 @@ def test_ruler_brief_line(tmp_path):
     assert "Keyformer ranks 3 of 3; differences that survive Holm's correction: snapkv ahead (+58.3)." \
         in aware
     assert agnostic.startswith("* Experiment 10 (RULER 4k, query-agnostic, ratio 0.5")
+    alone = {("keyformer", 0.5): SCORES[("keyformer", 0.5)], ("window", 0.5): SCORES[("window", 0.5)]}
+    _fake_results(tmp_path / "c" / "exp10_ruler", "aware", alone)
+    assert _ruler_brief(tmp_path / "c") == []  # Keyformer the only policy with every task: no rank to give
