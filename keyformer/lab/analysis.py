@@ -36,7 +36,7 @@ class PairedDiff:
     def p_two_sided(self) -> float:
         """Bootstrap two-sided p of ``mean(a - b) = 0``: ``min(1, 2 min(p_le_0, p_ge_0))`` (below 0.05 exactly
         when the 95 % percentile CI excludes 0, up to resamples that land on 0)."""
-        return min(1.0, 2.0 * min(self.p_le_0, self.p_ge_0))
+        return two_sided_p(self.p_le_0, self.p_ge_0)
 
     def as_dict(self) -> dict[str, float]:
         return {"diff": self.mean, "ci_lo": self.lo, "ci_hi": self.hi, "n": self.n, "p_le_0": self.p_le_0}
@@ -667,15 +667,24 @@ def stratified_boots(per_task: Sequence[np.ndarray], n_boot: int = 2000, seed: i
 def stratified_mean_ci(per_task: Sequence[np.ndarray], n_boot: int = 2000, seed: int = 0,
                        ci: float = 0.95) -> tuple[float, float, float]:
     """Mean over tasks of each task's mean, with a bootstrap CI that resamples samples within each task."""
+    m, lo, hi, _ = stratified_diff(per_task, n_boot, seed, ci)
+    return m, lo, hi
+
+
+def stratified_diff(per_task: Sequence[np.ndarray], n_boot: int = 2000, seed: int = 0,
+                    ci: float = 0.95) -> tuple[float, float, float, float]:
+    """:func:`stratified_mean_ci` plus the two-sided bootstrap p of the mean being 0, from one set of
+    replicates (for per-task paired differences)."""
     boots = stratified_boots(per_task, n_boot, seed)
     alpha = (1.0 - ci) / 2.0
     lo, hi = np.quantile(boots, [alpha, 1.0 - alpha])
-    return float(np.mean([np.mean(x) for x in per_task])), float(lo), float(hi)
+    p = two_sided_p(float((boots <= 0).mean()), float((boots >= 0).mean()))
+    return float(np.mean([np.mean(x) for x in per_task])), float(lo), float(hi), p
 
 
-def boot_p(boots: np.ndarray) -> float:
-    """Two-sided bootstrap p of a difference being 0: ``min(1, 2 min(P(<= 0), P(>= 0)))`` over replicates."""
-    return float(min(1.0, 2.0 * min((boots <= 0).mean(), (boots >= 0).mean())))
+def two_sided_p(p_le_0: float, p_ge_0: float) -> float:
+    """Two-sided bootstrap p of a difference being 0 from the shares of replicates <= 0 and >= 0."""
+    return min(1.0, 2.0 * min(p_le_0, p_ge_0))
 
 
 def ruler_leaderboard(points: pd.DataFrame, samples: pd.DataFrame, metric: str = "string_match_all",
@@ -715,10 +724,8 @@ def ruler_leaderboard(points: pd.DataFrame, samples: pd.DataFrame, metric: str =
                 pairs = [(mine[t].align(other[t], join="inner")) for t in use]
                 if any(len(a) == 0 for a, _ in pairs):
                     continue
-                diffs = [(a - o).to_numpy() for a, o in pairs]
-                d, dlo, dhi = stratified_mean_ci(diffs, n_boot, seed)
-                row.update({f"vs_{r}": d, f"vs_{r}_lo": dlo, f"vs_{r}_hi": dhi,
-                            f"vs_{r}_p": boot_p(stratified_boots(diffs, n_boot, seed))})
+                d, dlo, dhi, dp = stratified_diff([(a - o).to_numpy() for a, o in pairs], n_boot, seed)
+                row.update({f"vs_{r}": d, f"vs_{r}_lo": dlo, f"vs_{r}_hi": dhi, f"vs_{r}_p": dp})
             rows.append(row)
     out = pd.DataFrame(rows)
     if out.empty:
@@ -737,7 +744,7 @@ def ruler_setting_gap(aware: Frames, agnostic: Frames, metric: str = "string_mat
                       seed: int = 0) -> pd.DataFrame:
     """Query-agnostic minus question-aware, paired: per (policy, budget) with every task in both settings,
     each sample's agnostic score minus its question-aware score (the same generated records), averaged per
-    task and over tasks, with the stratified bootstrap CI and two-sided p (:func:`stratified_boots`).
+    task and over tasks, with the stratified bootstrap CI and two-sided p (:func:`stratified_diff`).
     Columns: policy, budget, ratio, aware, agnostic, gap, gap_lo, gap_hi, gap_p, n."""
     rows = []
     for (policy, budget), _ in aware[0].groupby(["policy", "budget"]):
@@ -750,12 +757,11 @@ def ruler_setting_gap(aware: Frames, agnostic: Frames, metric: str = "string_mat
         pairs = [g[t].align(a[t], join="inner") for t in tasks]
         if any(len(x) == 0 for x, _ in pairs):
             continue
-        diffs = [(x - y).to_numpy() for x, y in pairs]
-        d, lo, hi = stratified_mean_ci(diffs, n_boot, seed)
+        d, lo, hi, p = stratified_diff([(x - y).to_numpy() for x, y in pairs], n_boot, seed)
         rows.append({"policy": policy, "budget": float(budget),
                      "ratio": 0.0 if policy == "full" else RULER_RATIO.get(float(budget), 0.0),
                      "aware": float(np.mean([y.mean() for _, y in pairs])),
                      "agnostic": float(np.mean([x.mean() for x, _ in pairs])), "gap": d, "gap_lo": lo,
-                     "gap_hi": hi, "gap_p": boot_p(stratified_boots(diffs, n_boot, seed)),
+                     "gap_hi": hi, "gap_p": p,
                      "n": sum(len(x) for x, _ in pairs)})
     return pd.DataFrame(rows)

@@ -440,7 +440,6 @@ def _ruler_brief(res: Path, name: str = "exp10_ruler") -> list[str]:
             kf = g[g["policy"] == "keyformer"]
             if kf.empty or len(g) < 2:  # a rank needs another policy with every task
                 continue
-            g = g.assign(rank=g["mean"].rank(ascending=False, method="min"))
             sig = g[g["vs_keyformer_p_holm"] < 0.05]
             said = ", ".join(f"{r['policy']} {'ahead' if r['vs_keyformer'] > 0 else 'behind'} "
                              f"({r['vs_keyformer']:+.1f})" for _, r in sig.sort_values("rank").iterrows())
