@@ -418,3 +418,22 @@ def test_beam_numbers_in_prose_are_the_committed_run() -> None:
             "Keyformer@0.5") in doc
     dec = [f"{rows[p]['prompt_once']['decode_vs_full']:.2f}x" for p in ("h2o", "keyformer")]
     assert f"take {dec[0]} and {dec[1]} of full's" in doc
+
+
+def test_exp10_prose_numbers_are_the_generated_tables() -> None:
+    """Every CI typed in results/README.md's experiment 10 prose (before the generated tables) is a cell of
+    the generated leaderboard / setting-gap tables, and the KVzip prefill range is points.csv's."""
+    text = (RES / "README.md").read_text()
+    sec = text[text.index("## Experiment 10"):text.index("## Overall")]
+    start, end = "<!-- keyformer-report:exp10_ruler -->", "<!-- /keyformer-report:exp10_ruler -->"
+    prose, region = " ".join(sec[:sec.index(start)].split()), sec[sec.index(start):sec.index(end)]
+    cis = re.findall(r"[+-]\d+\.\d\d \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\]", prose)
+    assert len(cis) >= 10  # the KVzip, window, R-KV, tier-2 and gap numbers
+    for ci in cis:
+        assert ci in region, ci
+    p = pd.read_csv(RES / "exp10_ruler" / "aware" / "points.csv")
+    s = p.loc[p["policy"] == "kvzip", "prefill_ms"] / 1000
+    assert f"took {s.min():.0f}-{s.max():.0f} s (median over its points {s.median():.0f} s" in prose
+    a = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
+    kf = a.loc[a["policy"] == "keyformer", "prefill_ms"].median() / 1000
+    assert f"about {kf:.0f} s for Keyformer's context prefill" in prose
