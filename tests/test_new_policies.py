@@ -446,6 +446,46 @@ def test_kvzip_reconstructs_long_prompts_in_chunks(arch, repeat, monkeypatch):
         assert [{p for p in h if p < n} for h in cache.kept_positions(li)[0]] == w, li
 
 
+@pytest.mark.parametrize("arch,reruns", [("llama", False), ("gemma3_text", False), ("mpt", True)])
+def test_kvzip_runs_the_prompt_once(arch, reruns, monkeypatch):
+    """KVzip's reconstruction reads the keys and values of the real prompt forward (its cut deferred until
+    after it), so the prompt runs once: the model reads the padded prompt once, then per sample (one chunk)
+    the repeat (3 ids) and the sample's prompt again; re-running each unpadded prompt first (MPT, whose
+    attention is wrapped, and the pre-hook path) reads each sample's prompt once more. A padded batch of 2:
+    kept sets, logits and tokens equal those of the path that runs each sample's unpadded prompt again."""
+    from keyformer.core import generate as gen
+
+    model = tiny_model(arch, seed=0)
+    ids = torch.randint(3, 256, (2, N), generator=torch.Generator().manual_seed(8))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding
+    calls = []
+    handle = model.register_forward_pre_hook(
+        lambda m, a, kw: calls.append(kw.get("input_ids", a[0] if a else None).shape[-1]), with_kwargs=True)
+
+    def run():
+        calls.clear()
+        pol = make_policy("kvzip", budget=0.5, repeat_ids=[7, 8, 9])
+        out = generate(model, ids, mask, pol, max_new_tokens=1, output_logits=True)
+        n = sum(calls)  # tokens the model read
+        kept = [out.cache.kept_positions(li) for li in range(len(out.cache.layers))]
+        return n, kept, out
+
+    try:
+        n_once, kept_once, once = run()
+        monkeypatch.setattr(gen, "_prepare_after_prompt", gen._prepare_at_prompt)
+        n_again, kept_again, again = run()
+    finally:
+        handle.remove()
+    lengths = [N, N - 5]  # the two samples' real prompt lengths
+    once_tokens = N + sum(3 + n for n in lengths)  # the padded prompt, then each sample's repeat + prompt
+    assert n_again == once_tokens + sum(lengths)
+    assert n_once == (once_tokens + sum(lengths) if reruns else once_tokens)
+    assert kept_once == kept_again
+    assert torch.equal(once.sequences, again.sequences)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(once.logits, again.logits, strict=True))
+
+
 def test_kvzip_repeat_pieces_by_hand():
     from keyformer.core.policies.kvzip import RepeatPieces
 

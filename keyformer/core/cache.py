@@ -275,8 +275,12 @@ class EvictingLayer(CacheLayerMixin):
         return self.cache.layer_k(self.layer_idx).view(-1, 1)
 
     def evict(self) -> None:
-        """Cut the cache back to the budget after this forward's attention (see module docstring)."""
+        """Cut the cache back to the budget after this forward's attention (see module docstring). With
+        ``cache.defer_prompt_cut`` the prompt's cut waits (the layer stays pending) for
+        :meth:`KVCache.cut_prompt`, after the whole prompt forward."""
         cache, q, L = self.cache, self.q_len, self.length
+        if L == 0 and cache.defer_prompt_cut:
+            return
         S = L + q
         self.pending = False
         if self.window is not None:
@@ -488,6 +492,9 @@ class KVCache(Cache):
         self.prompt_mask = prompt_mask
         # > 1: the prompt forward runs once per sample, then expand_prompt_rows() (beams)
         self.prompt_expand = 1
+        # True: the prompt's cut waits until after the prompt forward (cut_prompt), for a policy that scores
+        # the prompt from its keys and values in one more forward (KVzip; set by make_cache)
+        self.defer_prompt_cut = False
         super().__init__(layers=[EvictingLayer(self, i) for i in range(num_layers)])
         self._set_windows(windows)
 
@@ -508,6 +515,28 @@ class KVCache(Cache):
             raise ValueError(f"policy={self.policy.name!r}: every layer of this model slides (window "
                              f"{windows[0]}) and a policy acts on full-attention layers only, so it would "
                              "change nothing; use policy=full")
+
+    def prompt_kv(self, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Sample ``b``'s prompt keys and values per layer, [1, Hkv, n_b, D] each (its real positions in
+        order, pads left out), held after a deferred prompt forward (``defer_prompt_cut``), before its cut."""
+        out = []
+        for layer in self.layers:
+            if not (layer.pending and layer.length == 0) or layer.slots is not KV:
+                raise RuntimeError("prompt_kv needs the uncut prompt of an unquantized cache "
+                                   "(defer_prompt_cut, before cut_prompt)")
+            real = (layer.pos[b, 0, : layer.q_len] >= 0).nonzero().view(-1)
+            out.append((layer.keys[b: b + 1, :, real], layer.values[b: b + 1, :, real]))
+        return out
+
+    def cut_prompt(self) -> None:
+        """The deferred prompt cut of every layer (``defer_prompt_cut``), once ``model_info`` is set."""
+        self.defer_prompt_cut = False
+        try:
+            for layer in self.layers:
+                if layer.pending and layer.length == 0:
+                    layer.evict()
+        finally:
+            self.defer_prompt_cut = True
 
     def reset(self, prompt_mask: torch.Tensor | None = None) -> None:
         """Empty the cache for a new prompt (the same policy, seeds and layers): the next forward is a prompt.

@@ -55,8 +55,39 @@ def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: to
     if policy is not None and policy.needs_context and hasattr(policy, "model_info"):
         cache.model_info = policy.model_info(model)  # what the rule needs (RoPE, ALiBi), or one line
     if policy is not None and hasattr(policy, "prepare"):
-        _prepare_at_prompt(model, cache)
+        if kv_quant is None and model.config.model_type != "mpt":
+            _prepare_after_prompt(model, cache)
+        else:  # quantized rows or MPT's wrapped attention: the prompt runs once more, before the real one
+            _prepare_at_prompt(model, cache)
     return cache
+
+
+def _prepare_after_prompt(model: PreTrainedModel, cache: KVCache) -> None:
+    """Run ``policy.prepare(model, input_ids, attention_mask, prompt_kv=cache.prompt_kv)`` (KVzip's
+    reconstruction over the prompt's own keys and values) right after each prompt forward that uses
+    ``cache``, then the cut it defers (``cache.defer_prompt_cut``): the prompt runs once. A forward hook that
+    holds the cache weakly and removes itself once the cache is gone; it acts only after a prompt forward
+    (so a :meth:`KVCache.reset` cache is prepared again)."""
+    ref = weakref.ref(cache)
+    cache.defer_prompt_cut = True
+
+    def hook(module, args, kwargs, output):
+        c = ref()
+        if c is None:
+            handle.remove()
+            return
+        if (kwargs.get("cache") or kwargs.get("past_key_values")) is not c:
+            return
+        first = c.layers[0]
+        if not (first.pending and first.length == 0):
+            return
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        mask = kwargs.get("attention_mask")
+        c.model_info = c.policy.prepare(module, ids, torch.ones_like(ids) if mask is None else mask,
+                                        prompt_kv=c.prompt_kv)
+        c.cut_prompt()
+
+    handle = model.register_forward_hook(hook, with_kwargs=True)
 
 
 def _prepare_at_prompt(model: PreTrainedModel, cache: KVCache) -> None:

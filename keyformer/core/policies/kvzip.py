@@ -18,12 +18,14 @@ its ``H`` KV heads, with no per-head safeguard (kvpress's ``layerwise=True``; it
 ``layerwise=False``, shares one budget across *all* layers, which our per-layer budgets cannot express; see
 docs/policies_2025.md). Every generated token is then kept (prompt compression, as kvpress).
 
-**Cost.** The prompt runs once more with the model's own attention (its keys and values cached), then each
-chunk's repeat rows (``r + chunk`` tokens) run over that cache with the recording attention, an fp32 softmax
-over up to ``n + r + chunk`` keys in blocks of query rows (kvpress: "2-3 times the initial prefilling cost").
-``scripts/kvzip_cost.py`` measures it. It runs per sample on the unpadded prompt (so a sample's result does
-not depend on its batchmates), from a one-shot forward pre-hook that
-:func:`keyformer.core.generate.make_cache` installs; a cache made otherwise refuses with one line."""
+**Cost.** After the real prompt forward (its cut deferred: ``KVCache.defer_prompt_cut``), each chunk's repeat
+rows (``r + chunk`` tokens) run over the prompt's keys and values as that forward computed them, with the
+recording attention, an fp32 softmax over up to ``n + r + chunk`` keys in blocks of query rows (kvpress: "2-3
+times the initial prefilling cost"); then the prompt is cut. ``scripts/kvzip_cost.py`` measures it. It runs
+per sample over that sample's real positions (pads left out), from a forward hook that
+:func:`keyformer.core.generate.make_cache` installs; a cache made otherwise refuses with one line. With a
+quantized cache (whose stored rows are not the prompt's) and on MPT (whose attention is wrapped, not an
+``AttentionInterface``), a one-shot pre-hook runs the prompt once more first, unpadded, as before."""
 
 from __future__ import annotations
 
@@ -126,21 +128,25 @@ class RepeatPieces:
 
 @torch.inference_mode()
 def reconstruction_scores(model: Any, ids: torch.Tensor, repeat_ids: list[int] | RepeatPieces | None,
-                          chunk_size: int | None = None, n_sink: int = 0) -> list[torch.Tensor]:
+                          chunk_size: int | None = None, n_sink: int = 0,
+                          prompt_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+                          ) -> list[torch.Tensor]:
     """Per layer [Hkv, n]: KVzip's scores of one unpadded prompt ``ids`` [n]. With one chunk (``chunk_size``
     None or >= n): one forward over ``ids + repeat + ids``, the max over every row after the prompt (the
     instruction's included). Longer prompts are reconstructed chunk by chunk as kvpress does: for chunk ``c``
     (prompt positions ``[c * chunk_size, ...)``), one forward over ``ids + extra_c + chunk_c``
     (:class:`RepeatPieces`; a plain id list is ``first`` and ``later`` alike, no suffix), each key of the
     chunk scored by its max probability, over the rows after the prompt, in the softmax restricted to the
-    first ``min(n_sink, start)`` keys, the chunk and the rows after the prompt (:func:`_chunk_max`)."""
+    first ``min(n_sink, start)`` keys, the chunk and the rows after the prompt (:func:`_chunk_max`).
+    ``prompt_kv``: the prompt's keys and values per layer ([1, Hkv, n, D] each), as the real prompt forward
+    computed them (the cache's, :meth:`KVCache.prompt_kv`); None runs the prompt here first."""
     n = ids.numel()
     pieces = repeat_ids if isinstance(repeat_ids, RepeatPieces) else RepeatPieces(
         tuple(repeat_ids or ()), tuple(repeat_ids or ()))
     chunk = n if chunk_size is None or chunk_size >= n else int(chunk_size)
     layers = model.config.get_text_config().num_hidden_layers
     out: list[torch.Tensor] | None = None
-    prompt = _prompt_cache(model, ids)
+    prompt = _prompt_cache(model, ids) if prompt_kv is None else _as_cache(prompt_kv)
     for c in range((n + chunk - 1) // chunk):
         start, end = c * chunk, min(n, (c + 1) * chunk)
         extra = torch.tensor(pieces.extra(ids, c, chunk), dtype=ids.dtype, device=ids.device)
@@ -170,6 +176,16 @@ def _prompt_cache(model: Any, ids: torch.Tensor) -> Any:
 
     cache = DynamicCache()
     model(input_ids=ids.view(1, -1), cache=cache, use_cache=True, logits_to_keep=1)
+    return cache
+
+
+def _as_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """A ``DynamicCache`` (full layers) holding ``kv``, one (keys, values) pair per layer."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for i, (k, v) in enumerate(kv):
+        cache.update(k, v, i)
     return cache
 
 
@@ -272,16 +288,19 @@ class KVzipPolicy(AdaKVMixin, Policy):
                                             or not isinstance(self.chunk_size, int) or self.chunk_size < 1):
             raise ValueError(f"chunk_size={self.chunk_size!r} must be an int >= 1 or null (one chunk)")
 
-    def prepare(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, Any]:
+    def prepare(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                prompt_kv: Any = None) -> dict[str, Any]:
         """The reconstruction scores of every sample, per layer [B, Hkv, N] indexed by prompt position (the
-        extra forward; see the module docstring)."""
+        extra forward; see the module docstring). ``prompt_kv(b)``: sample ``b``'s prompt keys and values per
+        layer from the real prompt forward (:meth:`KVCache.prompt_kv`; None: the prompt runs again here)."""
         B, N = input_ids.shape
         out: list[torch.Tensor] | None = None
         repeat = (self.repeat_ids if self.repeat_ids != "auto"
                   else instruction_pieces(model.config.name_or_path))
         for b in range(B):
             ids = input_ids[b][attention_mask[b].bool()]
-            per_layer = reconstruction_scores(model, ids, repeat, self.chunk_size, self.n_sink)
+            per_layer = reconstruction_scores(model, ids, repeat, self.chunk_size, self.n_sink,
+                                              None if prompt_kv is None else prompt_kv(b))
             if out is None:
                 out = [s.new_zeros(B, s.shape[0], N) for s in per_layer]
             for li, s in enumerate(per_layer):
