@@ -486,6 +486,21 @@ def test_kvzip_runs_the_prompt_once(arch, reruns, monkeypatch):
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(once.logits, again.logits, strict=True))
 
 
+def test_kvzip_blocks_by_bytes(monkeypatch):
+    """The recording attention splits its query rows by ``BLOCK_FLOATS`` too (logits past it are fresh
+    allocations whose page faults dominated a 4k reconstruction): one row per block gives the same scores
+    (to float rounding: a one-row product is a GEMV)."""
+    from keyformer.core.policies import kvzip
+    from keyformer.core.policies.kvzip import reconstruction_scores
+
+    model = tiny_model("llama", seed=0)
+    ids = torch.randint(3, 256, (40,), generator=torch.Generator().manual_seed(6))
+    whole = reconstruction_scores(model, ids, [7, 8], chunk_size=16, n_sink=4)
+    monkeypatch.setattr(kvzip, "BLOCK_FLOATS", 1)
+    rows = reconstruction_scores(model, ids, [7, 8], chunk_size=16, n_sink=4)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(whole, rows, strict=True))
+
+
 def test_kvzip_repeat_pieces_by_hand():
     from keyformer.core.policies.kvzip import RepeatPieces
 

@@ -41,12 +41,16 @@ from .adakv import AdaKVMixin
 from .base import Context, Policy
 
 RECORD_IMPL = "keyformer_kvzip_record"
-ROWS_PER_BLOCK = 256  # query rows whose logits the scoring holds at once (one layer: Hq x 256 x S floats)
+ROWS_PER_BLOCK = 256  # at most this many query rows' logits held at once (one layer: Hq x rows x S floats)
+# and at most this many floats per block tensor (8 MB): larger blocks are fresh mmaps of the allocator, whose
+# page faults (13M a 4k reconstruction at 256 rows, 0.2M at 64) cost more than the attention they hold
+BLOCK_FLOATS = 2 * 2**20
 _RECORD: dict[str, Any] = {}
 
 
 def _record_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Causal attention (batch 1, no pads; fp32 softmax, in blocks of ``ROWS_PER_BLOCK`` query rows) that
+    """Causal attention (batch 1, no pads; fp32 softmax, in blocks of query rows: ``ROWS_PER_BLOCK`` at most,
+    fewer where their logits would pass ``BLOCK_FLOATS``) that
     records, per KV head, the max over the rows after the prompt (absolute positions >= ``_RECORD["n"]``)
     and the group's query heads of their probabilities at the keys of the chunk being reconstructed, in the
     softmax restricted to the sinks ``[0, sink)``, the chunk ``[start, end)`` and everything after the prompt
@@ -65,8 +69,9 @@ def _record_attention(module, query, key, value, attention_mask, scaling=None, d
     j = torch.arange(S, device=query.device).view(1, -1)
     out = query.new_empty(B, Hq, T, D, dtype=torch.float32)
     best = None
-    for r0 in range(0, T, ROWS_PER_BLOCK):
-        r1 = min(T, r0 + ROWS_PER_BLOCK)
+    rows_per_block = max(1, min(ROWS_PER_BLOCK, BLOCK_FLOATS // (B * Hq * S)))
+    for r0 in range(0, T, rows_per_block):
+        r1 = min(T, r0 + rows_per_block)
         i = torch.arange(S - T + r0, S - T + r1, device=query.device).view(-1, 1)  # the rows' positions
         hide = j > i  # causal
         if kwargs.get("sliding_window"):  # a sliding layer sees keys (i - W, i]
