@@ -558,3 +558,18 @@ def test_beams(name):
         assert (once.logits - other.logits).abs().max() < 1e-4
         for li in range(len(once.cache.layers)):
             assert once.cache.kept_positions(li) == other.cache.kept_positions(li)
+
+
+def test_kvzip_deferred_cut_refuses_without_its_hook():
+    """A cache whose prompt cut waits for KVzip's scoring refuses the next forward with one clear line when
+    the hook never ran (a cache built by hand, the prompt forward passed no cache kwarg the hook knows)."""
+    from keyformer.core.cache import KVCache
+
+    model = tiny_model("llama", seed=0)
+    ids = torch.randint(3, 256, (1, N), generator=torch.Generator().manual_seed(6))
+    cache = KVCache(make_policy("kvzip", budget=0.5), model.config.num_hidden_layers, max_new_tokens=2)
+    cache.defer_prompt_cut = True
+    with torch.inference_mode():
+        model(input_ids=ids, cache=cache, use_cache=True)
+        with pytest.raises(RuntimeError, match="'kvzip' cuts the prompt after scoring"):
+            model(input_ids=ids[:, :1], cache=cache, use_cache=True)

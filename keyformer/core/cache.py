@@ -165,6 +165,10 @@ class EvictingLayer(CacheLayerMixin):
         """Append ``q`` new tokens at slots [L, L + q); return views over the L + q slots to attend."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        elif self.pending and self.length == 0 and self.cache.defer_prompt_cut:
+            raise RuntimeError(f"policy {self.cache.policy.name!r} cuts the prompt after scoring it in one "
+                               "more forward, which the hook of keyformer.make_cache runs when the prompt "
+                               "forward gets this cache as cache= or past_key_values=; it did not run")
         elif self.pending:
             raise RuntimeError("the model's attention did not run our evicting path on the previous forward; "
                                "call keyformer.prepare_model(model) and keep its attention implementation")
