@@ -452,7 +452,8 @@ def test_kvzip_runs_the_prompt_once(arch, reruns, monkeypatch):
     after it), so the prompt runs once: the model reads the padded prompt once, then per sample (one chunk)
     the repeat (3 ids) and the sample's prompt again; re-running each unpadded prompt first (MPT, whose
     attention is wrapped, and the pre-hook path) reads each sample's prompt once more. A padded batch of 2:
-    kept sets, logits and tokens equal those of the path that runs each sample's unpadded prompt again."""
+    kept sets, logits and tokens equal those of the path that runs each sample's unpadded prompt again
+    (decode steps included: the reconstruction reads the cache's buffers, never writes them)."""
     from keyformer.core import generate as gen
 
     model = tiny_model(arch, seed=0)
@@ -466,8 +467,8 @@ def test_kvzip_runs_the_prompt_once(arch, reruns, monkeypatch):
     def run():
         calls.clear()
         pol = make_policy("kvzip", budget=0.5, repeat_ids=[7, 8, 9])
-        out = generate(model, ids, mask, pol, max_new_tokens=1, output_logits=True)
-        n = sum(calls)  # tokens the model read
+        out = generate(model, ids, mask, pol, max_new_tokens=3, output_logits=True)
+        n = sum(calls) - 2  # tokens the model read (per row), less the 2 one-token decode steps
         kept = [out.cache.kept_positions(li) for li in range(len(out.cache.layers))]
         return n, kept, out
 
@@ -562,7 +563,8 @@ def test_beams(name):
 
 def test_kvzip_deferred_cut_refuses_without_its_hook():
     """A cache whose prompt cut waits for KVzip's scoring refuses the next forward with one clear line when
-    the hook never ran (a cache built by hand, the prompt forward passed no cache kwarg the hook knows)."""
+    the hook never ran (a cache built by hand, the prompt forward passed no cache kwarg the hook knows).
+    Before the cut, ``prompt_kv`` gives views of the held prompt."""
     from keyformer.core.cache import KVCache
 
     model = tiny_model("llama", seed=0)
@@ -571,5 +573,8 @@ def test_kvzip_deferred_cut_refuses_without_its_hook():
     cache.defer_prompt_cut = True
     with torch.inference_mode():
         model(input_ids=ids, cache=cache, use_cache=True)
+        kv = cache.prompt_kv(0)  # views of the uncut prompt, not copies
+        assert all(k.shape[2] == N and k.untyped_storage().data_ptr() == lay.keys.untyped_storage().data_ptr()
+                   for (k, _), lay in zip(kv, cache.layers, strict=True))
         with pytest.raises(RuntimeError, match="'kvzip' cuts the prompt after scoring"):
             model(input_ids=ids[:, :1], cache=cache, use_cache=True)

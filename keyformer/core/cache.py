@@ -522,14 +522,19 @@ class KVCache(Cache):
 
     def prompt_kv(self, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Sample ``b``'s prompt keys and values per layer, [1, Hkv, n_b, D] each (its real positions in
-        order, pads left out), held after a deferred prompt forward (``defer_prompt_cut``), before its cut."""
+        order, pads left out; views of the buffers), held after a deferred prompt forward
+        (``defer_prompt_cut``), before its cut."""
         out = []
         for layer in self.layers:
             if not (layer.pending and layer.length == 0) or layer.slots is not KV:
                 raise RuntimeError("prompt_kv needs the uncut prompt of an unquantized cache "
                                    "(defer_prompt_cut, before cut_prompt)")
             real = (layer.pos[b, 0, : layer.q_len] >= 0).nonzero().view(-1)
-            out.append((layer.keys[b: b + 1, :, real], layer.values[b: b + 1, :, real]))
+            lo, hi = int(real[0]), int(real[-1]) + 1
+            if hi - lo == real.numel():  # left padding: the real positions are one run, a view
+                out.append((layer.keys[b: b + 1, :, lo:hi], layer.values[b: b + 1, :, lo:hi]))
+            else:
+                out.append((layer.keys[b: b + 1, :, real], layer.values[b: b + 1, :, real]))
         return out
 
     def cut_prompt(self) -> None:

@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 
 import torch
 from transformers import AttentionInterface
+from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .adakv import AdaKVMixin
@@ -161,7 +162,6 @@ def reconstruction_scores(model: Any, ids: torch.Tensor, repeat_ids: list[int] |
             _record_forward(model, torch.cat([ids, tail]).view(1, -1))
         else:  # the prompt's keys and values from its one forward; only the repeat rows run here
             _record_forward(model, tail.view(1, -1), prompt)
-            prompt.crop(-tail.numel())  # back to the prompt's n positions
         if out is None:
             out = [sc.new_zeros(sc.shape[1], n) for sc in _RECORD["scores"]]
         for o, sc in zip(out, _RECORD["scores"], strict=True):
@@ -171,26 +171,39 @@ def reconstruction_scores(model: Any, ids: torch.Tensor, repeat_ids: list[int] |
 
 
 def _prompt_cache(model: Any, ids: torch.Tensor) -> Any:
-    """The prompt's keys and values at every layer (a ``DynamicCache`` of full layers: every position, the
-    sliding layers' windows applied by the recording attention's mask), from one forward with the model's own
-    attention; None for MPT (its attention is wrapped, not an ``AttentionInterface``: the prompt is run again
-    with each chunk)."""
+    """The prompt's keys and values at every layer (:func:`_as_cache`: every position, the sliding layers'
+    windows applied by the recording attention's mask), from one forward with the model's own attention; None
+    for MPT (its attention is wrapped, not an ``AttentionInterface``: the prompt is run again with each
+    chunk)."""
     if model.config.model_type == "mpt":
         return None
     from transformers import DynamicCache
 
     cache = DynamicCache()
     model(input_ids=ids.view(1, -1), cache=cache, use_cache=True, logits_to_keep=1)
-    return cache
+    return _as_cache([(layer.keys, layer.values) for layer in cache.layers])
+
+
+class _PromptLayer(DynamicLayer):
+    """One layer's prompt keys and values, read and never grown: a forward over them attends to the prompt
+    followed by its own rows (concatenated for that layer's attention only, then dropped), so each chunk's
+    forward finds the prompt as it was and nothing is copied into the cache."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.keys, self.values, self.device, self.is_initialized = keys, values, keys.device, True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
 
 
 def _as_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-    """A ``DynamicCache`` (full layers) holding ``kv``, one (keys, values) pair per layer."""
+    """A ``DynamicCache`` of :class:`_PromptLayer`, one per (keys, values) pair of ``kv`` (views, not copies:
+    peak memory is the prompt's keys and values once plus one layer's prompt + chunk)."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    for i, (k, v) in enumerate(kv):
-        cache.update(k, v, i)
+    cache.layers = [_PromptLayer(k, v) for k, v in kv]
     return cache
 
 
