@@ -578,3 +578,26 @@ def test_kvzip_deferred_cut_refuses_without_its_hook():
                    for (k, _), lay in zip(kv, cache.layers, strict=True))
         with pytest.raises(RuntimeError, match="'kvzip' cuts the prompt after scoring"):
             model(input_ids=ids[:, :1], cache=cache, use_cache=True)
+
+
+def test_kvzip_prepares_again_after_reset():
+    """A reset cache scores its next prompt again (the hook acts after every prompt forward): its kept sets
+    on a second prompt equal those of a fresh cache on that prompt."""
+    from keyformer import make_cache
+
+    model = tiny_model("llama", seed=0)
+    g = torch.Generator().manual_seed(9)
+    a, b = torch.randint(3, 256, (1, N), generator=g), torch.randint(3, 256, (1, N), generator=g)
+
+    def kept(cache):
+        return [cache.kept_positions(li) for li in range(len(cache.layers))]
+
+    with torch.inference_mode():
+        cache = make_cache(model, make_policy("kvzip", budget=0.5), torch.ones_like(a), max_new_tokens=2)
+        model(input_ids=a, cache=cache, use_cache=True)
+        first = kept(cache)
+        cache.reset(torch.ones_like(b))
+        model(input_ids=b, cache=cache, use_cache=True)
+        fresh = make_cache(model, make_policy("kvzip", budget=0.5), torch.ones_like(b), max_new_tokens=2)
+        model(input_ids=b, cache=fresh, use_cache=True)
+    assert kept(cache) == kept(fresh) != first
