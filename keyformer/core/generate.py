@@ -68,26 +68,15 @@ def _prepare_after_prompt(model: PreTrainedModel, cache: KVCache) -> None:
     ``cache``, then the cut it defers (``cache.defer_prompt_cut``): the prompt runs once. A forward hook that
     holds the cache weakly and removes itself once the cache is gone; it acts only after a prompt forward
     (so a :meth:`KVCache.reset` cache is prepared again)."""
-    ref = weakref.ref(cache)
     cache.defer_prompt_cut = True
 
-    def hook(module, args, kwargs, output):
-        c = ref()
-        if c is None:
-            handle.remove()
-            return
-        if (kwargs.get("cache") or kwargs.get("past_key_values")) is not c:
-            return
+    def act(c: KVCache, module, ids: torch.Tensor, mask: torch.Tensor) -> None:
         first = c.layers[0]
-        if not (first.pending and first.length == 0):
-            return
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        mask = kwargs.get("attention_mask")
-        c.model_info = c.policy.prepare(module, ids, torch.ones_like(ids) if mask is None else mask,
-                                        prompt_kv=c.prompt_kv)
-        c.cut_prompt()
+        if first.pending and first.length == 0:
+            c.model_info = c.policy.prepare(module, ids, mask, prompt_kv=c.prompt_kv)
+            c.cut_prompt()
 
-    handle = model.register_forward_hook(hook, with_kwargs=True)
+    _hook_prompt(model, cache, act, after=True)
 
 
 def _prepare_at_prompt(model: PreTrainedModel, cache: KVCache) -> None:
@@ -95,21 +84,34 @@ def _prepare_at_prompt(model: PreTrainedModel, cache: KVCache) -> None:
     just before the first forward that uses ``cache``, its prompt; its result becomes ``cache.model_info``. A
     one-shot forward pre-hook (it holds the cache weakly and removes itself), so ``generate()``,
     ``model.generate`` and a bare forward all run it, inside the prompt's time."""
+
+    def act(c: KVCache, module, ids: torch.Tensor, mask: torch.Tensor) -> bool:
+        c.model_info = c.policy.prepare(module, ids, mask)
+        return True  # once
+
+    _hook_prompt(model, cache, act, after=False)
+
+
+def _hook_prompt(model: PreTrainedModel, cache: KVCache, act, *, after: bool) -> None:
+    """A forward hook (``after``) or pre-hook on ``model`` that calls ``act(cache, model, input_ids,
+    attention_mask)`` on each forward given ``cache`` (as ``cache=`` or ``past_key_values=``); it holds the
+    cache weakly, and removes itself once the cache is gone or ``act`` returns True."""
     ref = weakref.ref(cache)
 
-    def hook(module, args, kwargs):
+    def hook(module, args, kwargs, *output):
         c = ref()
         if c is None:
             handle.remove()
             return
         if (kwargs.get("cache") or kwargs.get("past_key_values")) is not c:
             return
-        handle.remove()
         ids = kwargs.get("input_ids", args[0] if args else None)
         mask = kwargs.get("attention_mask")
-        c.model_info = c.policy.prepare(module, ids, torch.ones_like(ids) if mask is None else mask)
+        if act(c, module, ids, torch.ones_like(ids) if mask is None else mask):
+            handle.remove()
 
-    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    register = model.register_forward_hook if after else model.register_forward_pre_hook
+    handle = register(hook, with_kwargs=True)
 
 
 _BATCH_KWARGS = ("attention_mask", "position_ids", "token_type_ids", "inputs_embeds")
