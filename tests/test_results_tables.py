@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -418,6 +419,27 @@ def test_beam_numbers_in_prose_are_the_committed_run() -> None:
             "Keyformer@0.5") in doc
     dec = [f"{rows[p]['prompt_once']['decode_vs_full']:.2f}x" for p in ("h2o", "keyformer")]
     assert f"take {dec[0]} and {dec[1]} of full's" in doc
+
+
+def test_kvzip_cost_numbers_in_prose_are_the_committed_run() -> None:
+    """KVzip's prefill cost quoted in docs/policies_2025.md, README.md and results/README.md is
+    results/bench/kvzip_cost/cost.json's (medians of the per-round ratios to full), and both KVzip paths kept
+    the same sets in every round."""
+    r = json.loads((RES / "bench" / "kvzip_cost" / "cost.json").read_text())
+    rows = {row["config"]: row for row in r["rows"]}
+    assert all(r["same_kept_sets"]) and r["n"] == 4000 and r["code"] and "dirty" not in r["code"]
+    kz, again = rows["kvzip"], rows["kvzip_again"]
+    saved = sorted(r["again_over_once"])
+    doc = " ".join((ROOT / "docs" / "policies_2025.md").read_text().split())
+    ratio = f"{kz['ratio_median']:.2f}x full's prefill** [{kz['ratio_min']:.2f}, {kz['ratio_max']:.2f}]"
+    assert (f"full {rows['full']['median_s']:.2f} s, SnapKV {rows['snapkv']['ratio_median']:.2f}x, **KVzip "
+            f"{ratio}, and the re-run path {again['ratio_median']:.2f}x") in doc
+    assert f"saves {statistics.median(saved):.2f}x [{saved[0]:.2f}, {saved[-1]:.2f}]" in doc
+    assert f"({kz['ratio_median']:.1f}x full's prefill at 4k" in doc
+    assert f"`kvzip` (a reconstruction pass: {kz['ratio_median']:.1f}x full's prefill at 4k)" in (
+        ROOT / "README.md").read_text()
+    res = " ".join((RES / "README.md").read_text().split())
+    assert f"now costs {kz['ratio_median']:.2f}x full's prefill at 4k" in res
 
 
 def test_exp10_prose_numbers_are_the_generated_tables() -> None:
