@@ -538,23 +538,29 @@ def test_exp10_left_queue_drops_committed_complete_points(tmp_path):
 
 
 def test_ruler_brief_line(tmp_path):
-    """The README brief's experiment 10 line: Keyformer's rank among the compressed policies with every task
-    (H2O 50.0 first, Keyformer 41.7 second; the one-task window is not ranked) and, with no difference
-    surviving Holm's correction on 6 records, says so; a policy far above it is named."""
+    """The README brief's experiment 10 line per model and ratio: Keyformer's rank among the compressed
+    policies with every task in each setting (H2O 50.0 first, Keyformer 41.7 second; the one-task window is
+    not ranked) and, with no difference surviving Holm's correction on 6 records, says so; a policy far above
+    it is named; Gemma 3's line names its model."""
     from keyformer.lab.report import _ruler_brief
 
     assert _ruler_brief(tmp_path) == []
     _fake_results(tmp_path / "exp10_ruler", "aware", SCORES)
     (line,) = _ruler_brief(tmp_path)
-    assert line == ("* Experiment 10 (RULER 4k, question-aware, ratio 0.5, 2 compressed policies): Keyformer "
-                    "ranks 2 of 2; no difference from it survives Holm's correction.")
+    assert line == ("* Experiment 10 (RULER 4k, ratio 0.5): question-aware, Keyformer ranks 2 of 2 "
+                    "compressed policies (none survives Holm's correction).")
     best = {**SCORES, ("snapkv", 0.5): {"vt": [100] * 3, "cwe": [100] * 3}}
     _fake_results(tmp_path / "b" / "exp10_ruler", "aware", best)
     _fake_results(tmp_path / "b" / "exp10_ruler", "agnostic", best)
-    aware, agnostic = _ruler_brief(tmp_path / "b")
-    assert "Keyformer ranks 3 of 3; differences that survive Holm's correction: snapkv ahead (+58.3)." \
-        in aware
-    assert agnostic.startswith("* Experiment 10 (RULER 4k, query-agnostic, ratio 0.5")
+    (both,) = _ruler_brief(tmp_path / "b")  # one line per ratio, both settings in it
+    assert both == ("* Experiment 10 (RULER 4k, ratio 0.5): question-aware, Keyformer ranks 3 of 3 "
+                    "compressed policies (Holm-surviving differences: snapkv ahead (+58.3)); query-agnostic, "
+                    "Keyformer ranks 3 of 3 compressed policies (Holm-surviving differences: snapkv ahead "
+                    "(+58.3)).")
+    _fake_results(tmp_path / "b" / "exp10_ruler_gemma", "aware", SCORES)
+    (gemma,) = _ruler_brief(tmp_path / "b", "exp10_ruler_gemma")
+    assert gemma.startswith("* Experiment 10 on Gemma 3 270M (RULER 4k, ratio 0.5): question-aware, "
+                            "Keyformer ranks 2 of 2")
     alone = {("keyformer", 0.5): SCORES[("keyformer", 0.5)], ("window", 0.5): SCORES[("window", 0.5)]}
     _fake_results(tmp_path / "c" / "exp10_ruler", "aware", alone)
     assert _ruler_brief(tmp_path / "c") == []  # Keyformer the only policy with every task: no rank to give

@@ -422,15 +422,15 @@ def brief(res: Path) -> None:
                          f" ({fw} with Holm's family-wise correction)"
                          + (f" ({holds.count('partial')} on fewer budgets)" if "partial" in holds else "")
                          + (f"; {holds.count('pending')} not run yet" if "pending" in holds else "") + ".")
-    lines += _ruler_brief(res)
+    lines += _ruler_brief(res) + _ruler_brief(res, "exp10_ruler_gemma")
     if lines:
         print("\n".join(lines))
 
 
 def _ruler_brief(res: Path, name: str = "exp10_ruler") -> list[str]:
-    """Experiment 10's line: Keyformer's rank among the compressed policies at each ratio of each setting, and
-    the policies whose difference from it survives Holm's correction."""
-    out = []
+    """Experiment 10's lines, one per ratio: Keyformer's rank among the compressed policies in each setting,
+    and the policies whose difference from it survives Holm's correction."""
+    parts: dict[float, list[str]] = {}
     for folder, label in RULER_SETTINGS:
         if not (res / name / folder / "points.csv").is_file():
             continue
@@ -443,12 +443,13 @@ def _ruler_brief(res: Path, name: str = "exp10_ruler") -> list[str]:
             sig = g[g["vs_keyformer_p_holm"] < 0.05]
             said = ", ".join(f"{r['policy']} {'ahead' if r['vs_keyformer'] > 0 else 'behind'} "
                              f"({r['vs_keyformer']:+.1f})" for _, r in sig.sort_values("rank").iterrows())
-            out.append(f"* Experiment 10 (RULER 4k, {label}, ratio {kf['ratio'].iloc[0]:g}, {len(g)} "
-                       f"compressed policies): Keyformer ranks {int(g.loc[kf.index[0], 'rank'])} of "
-                       f"{len(g)}; "
-                       + (f"differences that survive Holm's correction: {said}." if said else
-                          "no difference from it survives Holm's correction."))
-    return out
+            rank = int(g.loc[kf.index[0], "rank"])
+            why = f"Holm-surviving differences: {said}" if said else "none survives Holm's correction"
+            parts.setdefault(float(kf["ratio"].iloc[0]), []).append(
+                f"{label}, Keyformer ranks {rank} of {len(g)} compressed policies ({why})")
+    model = " on Gemma 3 270M" if name.endswith("_gemma") else ""
+    return [f"* Experiment 10{model} (RULER 4k, ratio {ratio:g}): {'; '.join(settings)}."
+            for ratio, settings in sorted(parts.items())]
 
 
 def bench_targets(res: Path, name: str = "bench") -> None:
