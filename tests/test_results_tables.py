@@ -443,16 +443,25 @@ def test_kvzip_cost_numbers_in_prose_are_the_committed_run() -> None:
 
 
 def test_exp10_prose_numbers_are_the_generated_tables() -> None:
-    """Every CI typed in results/README.md's experiment 10 prose (before the generated tables) is a cell of
-    the generated leaderboard / setting-gap tables, and the KVzip prefill range is points.csv's."""
+    """Every CI typed in results/README.md's experiment 10 prose (before the generated tables: differences
+    and averages) is a cell of the generated leaderboard / setting-gap tables, SmolLM2's and, once its results
+    exist, Gemma 3's subsection alike; the KVzip prefill range is points.csv's."""
     text = (RES / "README.md").read_text()
     sec = text[text.index("## Experiment 10"):text.index("## Overall")]
-    start, end = "<!-- keyformer-report:exp10_ruler -->", "<!-- /keyformer-report:exp10_ruler -->"
-    prose, region = " ".join(sec[:sec.index(start)].split()), sec[sec.index(start):sec.index(end)]
-    cis = re.findall(r"[+-]\d+\.\d\d \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\]", prose)
-    assert len(cis) >= 10  # the KVzip, window, R-KV, tier-2 and gap numbers
-    for ci in cis:
-        assert ci in region, ci
+    ci_re = r"[+-]\d+\.\d\d \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\]|\b\d+\.\d \[\d+\.\d, \d+\.\d\]"
+    gemma = "### The same table on Gemma 3 270M"
+    parts = [("exp10_ruler", sec.split(gemma)[0], 10)]
+    if (RES / "exp10_ruler_gemma").is_dir():
+        assert gemma in sec
+        parts.append(("exp10_ruler_gemma", sec[sec.index(gemma):], 3))
+    for name, part, least in parts:
+        start, end = f"<!-- keyformer-report:{name} -->", f"<!-- /keyformer-report:{name} -->"
+        region = part[part.index(start):part.index(end)]
+        cis = re.findall(ci_re, " ".join(part[:part.index(start)].split()))
+        assert len(cis) >= least, name  # SmolLM2: the KVzip, window, R-KV, tier-2 and gap numbers
+        for ci in cis:
+            assert ci in region, (name, ci)
+    prose = " ".join(sec[:sec.index("<!-- keyformer-report:exp10_ruler -->")].split())
     p = pd.read_csv(RES / "exp10_ruler" / "aware" / "points.csv")
     s = p.loc[p["policy"] == "kvzip", "prefill_ms"] / 1000
     assert f"took {s.min():.0f}-{s.max():.0f} s (median over its points {s.median():.0f} s" in prose
