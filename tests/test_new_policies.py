@@ -496,9 +496,14 @@ def test_kvzip_blocks_by_bytes(monkeypatch):
 
     model = tiny_model("llama", seed=0)
     ids = torch.randint(3, 256, (40,), generator=torch.Generator().manual_seed(6))
+    calls = []
+    softmax = torch.softmax
+    monkeypatch.setattr(torch, "softmax", lambda *a, **k: calls.append(1) or softmax(*a, **k))
     whole = reconstruction_scores(model, ids, [7, 8], chunk_size=16, n_sink=4)
+    blocks = len(calls)
     monkeypatch.setattr(kvzip, "BLOCK_FLOATS", 1)
     rows = reconstruction_scores(model, ids, [7, 8], chunk_size=16, n_sink=4)
+    assert len(calls) - blocks > 2 * blocks  # one query row per block: many more softmax blocks
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(whole, rows, strict=True))
 
 

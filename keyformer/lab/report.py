@@ -427,6 +427,11 @@ def brief(res: Path) -> None:
         print("\n".join(lines))
 
 
+def _ruler_model(name: str) -> str:
+    """The model an experiment 10 section names (SmolLM2's, the default, is not named)."""
+    return " on Gemma 3 270M" if name.endswith("_gemma") else ""
+
+
 def _ruler_brief(res: Path, name: str = "exp10_ruler") -> list[str]:
     """Experiment 10's lines, one per ratio: Keyformer's rank among the compressed policies in each setting,
     and the policies whose difference from it survives Holm's correction."""
@@ -447,8 +452,7 @@ def _ruler_brief(res: Path, name: str = "exp10_ruler") -> list[str]:
             why = f"Holm-surviving differences: {said}" if said else "none survives Holm's correction"
             parts.setdefault(float(kf["ratio"].iloc[0]), []).append(
                 f"{label}, Keyformer ranks {rank} of {len(g)} compressed policies ({why})")
-    model = " on Gemma 3 270M" if name.endswith("_gemma") else ""
-    return [f"* Experiment 10{model} (RULER 4k, ratio {ratio:g}): {'; '.join(settings)}."
+    return [f"* Experiment 10{_ruler_model(name)} (RULER 4k, ratio {ratio:g}): {'; '.join(settings)}."
             for ratio, settings in sorted(parts.items())]
 
 
@@ -750,7 +754,7 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
         return
     for label, t in tables.items():
         avg = t[t["task"] == "average"] if len(t) else t
-        model = " on Gemma 3 270M" if name.endswith("_gemma") else ""
+        model = _ruler_model(name)
         print(f"\n**{label}**{model} (RULER 4k, string_match_all x 100, mean over "
               f"{int(avg['n_tasks'].max()) if len(avg) else 0} tasks; 95 % CIs)\n")
         if avg.empty:
