@@ -70,6 +70,17 @@ def test_stats_helpers() -> None:
     assert bench.make_prompts(None, 50, 10, 2, 0).max() < 50
 
 
+def test_cpu_name_tells_zen3_from_zen4() -> None:
+    """Two hosts that both call themselves "AMD EPYC" get different names (a journal keys on this name)."""
+    def info(model: str, flags: str) -> str:
+        return (f"processor\t: 0\ncpu family\t: 25\nmodel\t\t: {model}\nmodel name\t: AMD EPYC\nflags\t\t: "
+                f"{flags}\n\nprocessor\t: 1\nmodel name\t: other\n")
+    zen3 = bench.cpu_name(info("1", "fpu sse avx2 fma"))
+    zen4 = bench.cpu_name(info("17", "fpu avx2 avx512f avx512_bf16"))
+    assert zen3 == "AMD EPYC (family 25 model 1, AVX2)" and zen4 == "AMD EPYC (family 25 model 17, AVX-512)"
+    assert bench.cpu_name("model name\t: X\nflags\t: avx2 amx_tile avx512f\n") == "X (AMX)"
+
+
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
 def test_peak_rss_reset() -> None:
     assert bench.reset_peak_rss()

@@ -593,17 +593,31 @@ def format_targets(targets: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU as timings must name it: ``model name`` plus family/model and the widest vector ISA, e.g.
+    ``AMD EPYC (family 25 model 1, AVX2)``. Virtual machines often report only "AMD EPYC", which covers both
+    Zen 3 (AVX2) and Zen 4 (AVX-512) hosts: timings from the two must not be compared or resumed as one."""
+    try:
+        text = cpuinfo if cpuinfo is not None else open("/proc/cpuinfo").read()
+    except OSError:
+        return ""
+    first = text.split("\n\n", 1)[0]
+    info = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in first.splitlines()) if k.strip()}
+    name = info.get("model name", "")
+    flags = set(info.get("flags", "").split())
+    isa = ("AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags
+           else "no AVX2")
+    ident = ", ".join(x for x in (f"family {info['cpu family']} model {info['model']}"
+                                   if "cpu family" in info and "model" in info else "", isa) if x)
+    return f"{name} ({ident})" if name else ident
+
+
 def environment() -> dict[str, Any]:
     import transformers
 
-    cpu = ""
-    try:
-        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     return {"python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__,
-            "threads": torch.get_num_threads(), "cpu": cpu, "cores": os.cpu_count(),
+            "threads": torch.get_num_threads(), "cpu": cpu_name(), "cores": os.cpu_count(),
             "loadavg": list(os.getloadavg()),
             "git_commit": git_commit()}
 
