@@ -435,6 +435,14 @@ def test_ruler_report_section(tmp_path, capsys):
     assert "| vs Keyformer [CI] | p (Holm) |" in out
 
 
+def test_ruler_p_cell_says_below_resolution_not_zero():
+    """A bootstrap p of 0 (no replicate of 2000 crossed 0) prints as "< 0.001", never as 0.000."""
+    from keyformer.lab.report import _p_cell
+
+    assert _p_cell(0.0) == "< 0.001" and _p_cell(0.001) == "0.001" and _p_cell(0.0467) == "0.047"
+    assert _p_cell(float("nan")) == "" and _p_cell(0.0, n_boot=200) == "< 0.01"
+
+
 def test_ruler_setting_gap_is_paired_by_hand(tmp_path):
     """agnostic - aware per record, mean per task, then over tasks. Keyformer: vt (0, +100, 0) -> +100/3,
     cwe (0, 0, -50) -> -50/3, average +25/3; H2O identical in both settings: exactly 0 with a zero-width

@@ -687,8 +687,11 @@ def two_sided_p(p_le_0: float, p_ge_0: float) -> float:
     return min(1.0, 2.0 * min(p_le_0, p_ge_0))
 
 
+RULER_N_BOOT = 2000  # experiment 10's bootstrap replicates: its two-sided p moves in steps of 2 / 2000
+
+
 def ruler_leaderboard(points: pd.DataFrame, samples: pd.DataFrame, metric: str = "string_match_all",
-                      refs: Sequence[str] = ("keyformer", "full"), n_boot: int = 2000,
+                      refs: Sequence[str] = ("keyformer", "full"), n_boot: int = RULER_N_BOOT,
                       seed: int = 0) -> pd.DataFrame:
     """Experiment 10's table: per (policy, budget) and per task (plus ``average``, the mean over tasks), the
     mean ``metric`` with a bootstrap CI and the paired difference from each of ``refs`` with its CI

@@ -4,6 +4,7 @@
     keyformer-collect exp1_cnndm results/exp1_cnndm --wandb ENTITY/keyformer   # from W&B
     keyformer-collect multirun/fewshot results/fewshot                          # lm-eval runs (task=lm_eval)
     keyformer-collect multirun/exp1_rerun results/exp1_cnndm --replace          # re-run points replace theirs
+    keyformer-collect multirun/exp10 results/exp10_ruler/aware --replace --complete-only  # finished runs only
 
 The W&B source reads the runs of one group (``logger=wandb`` names the group after the sweep folder) with
 their config, summary metrics and per-sample table, and writes the same files, so the notebooks read either.
@@ -347,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                                                               "folder")
     ap.add_argument("--replace", action="store_true", help="merge into OUT: the collected points replace its "
                     "same-named points, the others stay; logged to stdout and OUT/replaced.csv")
+    ap.add_argument("--complete-only", action="store_true", help="collect only the points whose runs have "
+                    "finished (complete = true); the unfinished ones are named and left out")
     args = ap.parse_args(argv)
     if args.wandb:
         points, samples = collect_wandb(args.wandb, args.sweep)
@@ -362,8 +365,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         points, samples = collect(sweep)
         where = str(sweep)
+    if args.complete_only and not points.empty:
+        partial = sorted(points.loc[~points["complete"].astype(bool), "point"])
+        if partial:
+            print(f"left out {len(partial)} unfinished point(s) (--complete-only): {', '.join(partial[:5])}"
+                  f"{', ...' if len(partial) > 5 else ''}")
+            points = points[~points["point"].isin(partial)].reset_index(drop=True)
+            samples = samples[~samples["point"].isin(partial)].reset_index(drop=True)
     if points.empty:
-        print(f"error: no runs with predictions in {where}", file=sys.stderr)
+        print(f"error: no {'finished ' if args.complete_only else ''}runs with predictions in {where}",
+              file=sys.stderr)
         return 1
     if args.replace:
         log = replace_points(points, samples, args.out, where)

@@ -469,6 +469,38 @@ def bench_targets(res: Path, name: str = "bench") -> None:
         print(f"| {m[1]} | {m[2]} | {m[3].lower()} | {m[4]} |")
 
 
+def exp6_speedup(res: Path, name: str = "bench") -> None:
+    """Experiment 6 in brief, from the committed benchmark (``bench.json``): each policy's decode speedup over
+    full per group and budget (median of the interleaved ratios) and the equal-KV-memory throughput gain."""
+    f = res / name / "bench.json"
+    if not f.exists():
+        return
+    r = json.loads(f.read_text(encoding="utf-8"))
+    env = r["environment"]
+    names = {"window": "window", "h2o": "H2O", "keyformer": "Keyformer"}
+    print(f"\nFrom `{name}/bench.json` (git {str(env['git_commit'])[:7]}, {env['cpu']}, {env['threads']} "
+          f"threads, fp32; decode speedup = full's ms per token over the policy's, median of "
+          f"interleaved ratios):\n")
+    groups: dict[str, list[dict]] = {}
+    for row in r["rows"]:
+        if row["policy"] in names:
+            groups.setdefault(row["group"], []).append(row)
+    for rows in groups.values():
+        by_budget: dict[float, list[str]] = {}
+        for row in rows:
+            by_budget.setdefault(row["budget"], []).append(f"{names[row['policy']]} {row['speedup']:.2f}x")
+        parts = "; ".join(f"{', '.join(v)} at budget {b:g}" for b, v in by_budget.items())
+        L, B = rows[0]["prompt_len"], rows[0]["batch"]
+        print(f"- **Decode vs full, {L}-token prompt, batch {B}:** {parts}.")
+    t = r.get("throughput")
+    if t:
+        p, fu = t["policy"], t["full"]
+        print(f"- **End to end at equal KV memory** ({t['kv_memory_bytes'] / 2**20:.0f} MiB of K/V, "
+              f"{t['prompt_len']} + {t['new_tokens']} tokens): {p['label']} fits batch {p['batch']} against "
+              f"full's {fu['batch']} and generates {t['e2e_gain']:.2f}x full's tokens per second, prefill "
+              f"included ({t['gain']:.2f}x in decode alone).")
+
+
 def bench_floors(res: Path, name: str = "bench/floors") -> None:
     """What stops each unmet CPU target, as ``keyformer-bench --floors`` measured it (``floors.json``)."""
     f = res / name / "floors.json"
@@ -733,6 +765,14 @@ def pareto_bytes(res: Path, name: str = "exp7_field", head_dim: int = 64) -> Non
 RULER_SETTINGS = (("aware", "question-aware"), ("agnostic", "query-agnostic"))
 
 
+def _p_cell(p: float, n_boot: int = analysis.RULER_N_BOOT) -> str:
+    """A bootstrap p as the table prints it: 3 decimals, or ``< 2/n_boot`` where no replicate crossed 0
+    (a bootstrap p of 0 means "below its resolution", not 0)."""
+    if np.isnan(p):
+        return ""
+    return f"< {2 / n_boot:g}" if p < 2 / n_boot else f"{p:.3f}"
+
+
 def _ci_cell(r: pd.Series, key: str) -> str:
     v = r.get(key)
     if v is None or (isinstance(v, float) and np.isnan(v)):
@@ -766,10 +806,12 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
             ph = r.get("vs_keyformer_p_holm", np.nan)
             print(f"| {r['policy']} | {r['ratio']:g} | {r['budget']:g} | {r['mean']:.1f} [{r['ci_lo']:.1f}, "
                   f"{r['ci_hi']:.1f}] | {_ci_cell(r, 'vs_keyformer')} | "
-                  f"{'' if np.isnan(ph) else f'{ph:.3f}'} | {_ci_cell(r, 'vs_full')} | "
+                  f"{_p_cell(ph)} | {_ci_cell(r, 'vs_full')} | "
                   f"{'' if np.isnan(r.get('rank', np.nan)) else int(r['rank'])} | {int(r['n'])} |")
         print("\np (Holm): the two-sided bootstrap p of the difference from Keyformer, Holm-adjusted over "
-              "the policies at that ratio (below 0.05: the difference survives the number of comparisons).")
+              "the policies at that ratio (below 0.05: the difference survives the number of comparisons); "
+              f"< {2 / analysis.RULER_N_BOOT:g}: no bootstrap replicate (of {analysis.RULER_N_BOOT}) "
+              "crossed 0, the smallest p the bootstrap resolves, not p = 0.")
         tasks = [x for x in analysis.RULER_TASKS if x in set(t["task"])]
         print("\nPer task (mean):\n")
         print("| policy | ratio | " + " | ".join(tasks) + " |")
@@ -822,6 +864,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     "kvpress_kvzip": lambda res: kvpress(res, "crosscheck_kvpress/kvzip"),
     "kvpress_kvzip_long": lambda res: kvpress(res, "crosscheck_kvpress/kvzip_long"),
     "bench_targets": bench_targets,
+    "exp6_speedup": exp6_speedup,
     "bench_floors": bench_floors,
     "exp10_ruler": ruler,
     "exp10_ruler_gemma": lambda res: ruler(res, "exp10_ruler_gemma"),
