@@ -101,6 +101,21 @@ def test_collect_refuses_to_drop_points_without_replace(tmp_path: Path, capsys) 
     assert list(pd.read_csv(out / "points.csv")["point"]) == ["a", "b", "c"]
 
 
+def test_collect_complete_only_leaves_unfinished_points_out(tmp_path: Path, capsys) -> None:
+    sweep = _sweep(tmp_path / "s", {"a": 1.0, "b": 2.0})
+    (sweep / "b" / "metrics.json").write_text(json.dumps({"complete": False}))  # b is still running
+    out = tmp_path / "out"
+    assert collect.main([str(sweep), str(out), "--replace", "--complete-only"]) == 0
+    assert "left out 1 unfinished point(s)" in capsys.readouterr().out
+    assert list(pd.read_csv(out / "points.csv")["point"]) == ["a"]
+    assert set(pd.read_csv(out / "samples.csv")["point"]) == {"a"}
+    collect.main([str(sweep), str(tmp_path / "all")])  # without the flag the partial point is collected
+    assert list(pd.read_csv(tmp_path / "all" / "points.csv")["point"]) == ["a", "b"]
+    (sweep / "a" / "metrics.json").write_text(json.dumps({"complete": False}))
+    assert collect.main([str(sweep), str(tmp_path / "none"), "--complete-only"]) == 1
+    assert "no finished runs" in capsys.readouterr().err
+
+
 def test_merge_script_is_gone() -> None:
     assert not (ROOT / "scripts" / "merge_results.py").exists()
 
@@ -149,7 +164,7 @@ def test_exp7_devices_match_the_h200_log() -> None:
 
 def test_archive_holds_the_superseded_runs_and_its_manifest() -> None:
     names = {"exp1_cnndm_7e9326a", "exp1_cnndm_oldstream", "exp8_powered_buggy", "exp8_authors_raw",
-             "bench_63988e1", "bench_7ae70b7", "bench_long_ffed69b"}
+             "bench_63988e1", "bench_7ae70b7", "bench_4b5ff8d", "bench_long_ffed69b"}
     assert {d.name for d in (RES / "archive").iterdir() if d.is_dir()} == names
     manifest = (RES / "archive" / "MANIFEST.md").read_text()
     assert all(f"`{n}/`" in manifest for n in names)
@@ -336,26 +351,76 @@ def test_bench_status_prose_is_read_from_the_committed_runs() -> None:
     para = doc[doc.index("**Status of these numbers.**"):doc.index("The committed run's own verdict")]
     para = " ".join(para.split())
     new = (RES / "bench" / "table.txt").read_text()
-    old = (RES / "archive" / "bench_7ae70b7" / "table.txt").read_text()
+    old = (RES / "archive" / "bench_4b5ff8d" / "table.txt").read_text()
+    bench = json.loads((RES / "bench" / "bench.json").read_text())
+    env = bench["environment"]
+    assert f"a clean worktree at `{env['git_commit'][:7]}`" in para and "dirty" not in env["git_commit"]
+    assert env["cpu"] == "AMD EPYC (family 25 model 1, AVX2)" and "Zen 3 (family 25 model 1, AVX2" in para
 
     def target(t: str, n: int) -> float:
         return float(re.search(rf"^Target {n}:.*\(value ([\d.]+)\)", t, re.M)[1])
 
-    assert f"from {target(old, 6):.3f} (met) to {target(new, 6):.3f} (not met)" in para
+    def met(t: str, n: int) -> str:
+        return "met" if re.search(rf"^Target {n}:.*: MET ", t, re.M) else "not met"
+
+    def read_bw(t: str) -> str:
+        return re.search(r"read ([\d.]+) GB/s", t)[1]
+
+    assert f"read bandwidth {read_bw(new)} GB/s" in para and f"had {read_bw(old)} GB/s" in para
+    assert (f"from {target(old, 5):.3f} ({met(old, 5)}) to {target(new, 5):.3f} ({met(new, 5)})" in para
+            and (met(old, 5), met(new, 5)) == ("not met", "met"))
+    assert f"from {target(old, 6):.3f} to {target(new, 6):.3f}" in para
+    assert all(met(new, n) == "not met" for n in (1, 2, 3, 4, 6)) and met(new, 7) == "met"
     spread = [round(pd.Series([(hi - lo) / med * 100 for _, med, lo, hi in _bench_rows(t).values()]).median())
               for t in (new, old)]
     assert f"a median {spread[0]} % of their medians, against {spread[1]} %" in para
     kf4 = [sorted(r[0] for k, r in _bench_rows(t).items() if k.startswith("L4096xB1 keyformer"))
-           for t in (old, new)]
-    assert f"from {kf4[0][0]:.2f}-{kf4[0][-1]:.2f}x full's to {kf4[1][0]:.2f}-{kf4[1][-1]:.2f}x" in para
+           for t in (new, old)]
+    (a, b), (c, d) = (kf4[0][0], kf4[0][-1]), (kf4[1][0], kf4[1][-1])
+    assert f"measured {a:.2f}-{b:.2f}x full's, against {c:.2f}-{d:.2f}x" in para
+    assert f"read {kf4[0][-1]:.2f}x and {kf4[0][0]:.2f}x here" in para
     b8 = {t: {p: _bench_rows(s)[f"L2048xB8 {p}@0.5"][0] for p in ("keyformer", "h2o")}
           for t, s in (("n", new), ("o", old))}
     n, o = b8["n"], b8["o"]
-    pair = f"({n['keyformer']:.2f}x and {n['h2o']:.2f}x, against {o['keyformer']:.2f}x and {o['h2o']:.2f}x)"
+    pair = f"{n['keyformer']:.2f}x and {n['h2o']:.2f}x, against {o['keyformer']:.2f}x and {o['h2o']:.2f}x"
     assert pair in para
     floors = " ".join(doc[doc.index("<!-- keyformer-report:bench_floors -->"):].split())
     noise = re.search(r"hash noise (\+[\d.]+)", floors)[1]
     assert f"**{noise} of a full prefill at" in " ".join(doc.split())
+
+
+def test_floors_prose_is_read_from_the_committed_probe() -> None:
+    """The numbers docs/performance-analysis.md's "How to read the floors" notes quote are the committed
+    floors.json's (prefill ratios, the decode split over window, the shares, the equal-memory decomposition)
+    and the bench table's Keyformer share at 4k x 1."""
+    doc = (ROOT / "docs" / "performance-analysis.md").read_text()
+    notes = doc[doc.index("How to read the floors"):doc.index("The previous run, on the quiet")]
+    notes = " ".join(notes.split())
+    r = json.loads((RES / "bench" / "floors" / "floors.json").read_text())
+    assert f"at `{r['environment']['git_commit'][:7]}`" in notes
+    pf = r["prefill"]["floors"]
+    assert (f"within the 1.5x limit ({pf['keyformer']['x_full_without_noise']:.2f}x) and near H2O's "
+            f"({pf['h2o']['x_full']:.2f}x)") in notes
+    split = []
+    for d in r["decode"]:
+        o = d["floors"]["overhead"]["keyformer"]
+        split.append(f"+{o['scores_ms']:.1f}, +{o['gumbel_ms']:.1f} and +{o['noise_ms']:.1f} ms over "
+                     f"window's {d['floors']['window_ms']:.0f} ms")
+    assert f"at 4k x 1 {split[0]}; at 2k x 8 {split[1]}" in notes
+    sh = r["decode"][0]["floors"]["share_of_bytes"]
+    assert (f"window, H2O and Keyformer reach {100 * sh['window']:.0f} %, {100 * sh['h2o']:.0f} % and "
+            f"{100 * sh['keyformer']:.0f} % of the bytes model") in notes
+    table = (RES / "bench" / "table.txt").read_text()
+    kf = re.search(r"config L4096xB1 keyformer@0.5, measured [\d.]+, predicted [\d.]+, attainment ([\d.]+)",
+                   table)
+    assert f"gave Keyformer {100 * float(kf[1]):.0f} %" in notes
+    top = r["decode"][1]["floors"]["max_share_of_bytes"]
+    assert f"stays at {100 * top:.0f} % of the bytes model" in notes
+    e = r["e2e"]
+    assert f"met ({e['e2e_gain']:.3f}x)" in notes and f"decode-alone gain is {e['decode_gain']:.2f}x" in notes
+    assert (f"at {e['policy_prefill_x_full_per_sample']:.2f}x full's per-sample cost, takes "
+            f"{100 * e['policy_parts']['prefill_share']:.0f} % of its time") in notes
+    assert f"would give {e['e2e_gain_if_prefill_at_full_rate']:.2f}x" in notes
 
 
 def test_exp9_counts_in_prose_are_read_from_the_generated_table() -> None:
@@ -468,3 +533,47 @@ def test_exp10_prose_numbers_are_the_generated_tables() -> None:
     a = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
     kf = a.loc[a["policy"] == "keyformer", "prefill_ms"].median() / 1000
     assert f"about {kf:.0f} s for Keyformer's context prefill" in prose
+
+
+def _ruler_per_task(region: str) -> dict[tuple[str, str, str], dict[str, str]]:
+    """``(setting, policy, ratio) -> {task: cell}`` from the "Per task (mean)" tables of a generated exp10
+    region (setting: ``question-aware`` / ``query-agnostic``)."""
+    out: dict[tuple[str, str, str], dict[str, str]] = {}
+    parts = re.split(r"^\*\*(question-aware|query-agnostic)\*\*", region, flags=re.M)[1:]
+    for setting, block in zip(parts[::2], parts[1::2], strict=True):
+        table = block[block.index("Per task (mean):"):]
+        lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
+        head = [c.strip() for c in lines[0].strip("|").split("|")]
+        for ln in lines[1:]:
+            cells = [c.strip() for c in ln.strip("|").split("|")]
+            if len(cells) != len(head):
+                break
+            out[(setting, cells[0], cells[1])] = dict(zip(head[2:], cells[2:], strict=True))
+    return out
+
+
+def test_exp10_prose_per_task_counts_are_the_generated_cells() -> None:
+    """The per-task scores results/README.md's experiment 10 prose quotes are cells of the generated per-task
+    tables below them (SmolLM2: KVzip vs full on cwe/fwe, query-agnostic; Gemma 3: full's single needles,
+    SnapKV vs Keyformer on niah_single_1, full's niah_multiquery in both settings)."""
+    text = (RES / "README.md").read_text()
+    sec = text[text.index("## Experiment 10"):text.index("## Overall")]
+    gemma = "### The same table on Gemma 3 270M"
+    smol, gem = sec.split(gemma)
+    def region(part: str, name: str) -> dict:
+        return _ruler_per_task(part[part.index(f"<!-- keyformer-report:{name} -->"):
+                                    part.index(f"<!-- /keyformer-report:{name} -->")])
+
+    t = region(smol, "exp10_ruler")
+    kz, full = t[("query-agnostic", "kvzip", "0.5")], t[("query-agnostic", "full", "0")]
+    prose = " ".join(smol.split())
+    assert f"on cwe and fwe ({kz['cwe']} vs {full['cwe']}, {kz['fwe']} vs {full['fwe']})" in prose
+    g = region(gem, "exp10_ruler_gemma")
+    fa, fg = g[("question-aware", "full", "0")], g[("query-agnostic", "full", "0")]
+    sn, kf = g[("question-aware", "snapkv", "0.5")], g[("question-aware", "keyformer", "0.5")]
+    prose = " ".join(gem.split())
+    assert f"({fa['niah_single_1']} and {fa['niah_single_2']} on niah_single_1/2)" in prose
+    assert f"(niah_single_1: {sn['niah_single_1']} against {kf['niah_single_1']}, as full)" in prose
+    assert sn["niah_single_1"] == fa["niah_single_1"]
+    assert f"niah_multiquery ({fg['niah_multiquery']} against {fa['niah_multiquery']})" in prose
+    assert all(fg[x] == fa[x] for x in fa if x != "niah_multiquery")  # "on every task but niah_multiquery"
