@@ -389,6 +389,38 @@ def test_bench_status_prose_is_read_from_the_committed_runs() -> None:
     assert f"**{noise} of a full prefill at" in " ".join(doc.split())
 
 
+def _run_minutes(run_log: Path) -> int:
+    """Minutes between a run_log's ``started <iso>`` and ``finished <iso>`` stamps."""
+    import datetime as dt
+
+    text = run_log.read_text()
+    t0, t1 = (dt.datetime.fromisoformat(re.search(rf"{k} ([^;\s]+)", text)[1])
+              for k in ("started", "finished"))
+    return round((t1 - t0).total_seconds() / 60)
+
+
+def test_bench_readme_numbers_are_the_committed_runs() -> None:
+    """results/bench/README.md's account of the table (commit, host, bandwidth, minutes, decode spread, target
+    5) and of the run before it is read from the committed files, not typed."""
+    text = " ".join((RES / "bench" / "README.md").read_text().split())
+    new = (RES / "bench" / "table.txt").read_text()
+    old = (RES / "archive" / "bench_4b5ff8d" / "table.txt").read_text()
+    commit = json.loads((RES / "bench" / "bench.json").read_text())["environment"]["git_commit"][:7]
+    bw = [re.search(r"read ([\d.]+) GB/s", t)[1] for t in (new, old)]
+    spread = [round(pd.Series([(hi - lo) / med * 100 for _, med, lo, hi in _bench_rows(t).values()]).median())
+              for t in (new, old)]
+    minutes = [_run_minutes(RES / "bench" / "run_log.txt"), _run_minutes(RES / "archive" / "bench_4b5ff8d" /
+                                                                         "run_log.txt")]
+    assert f"a clean worktree at `{commit}`" in text and f"AVX2, read {bw[0]} GB/s" in text
+    assert f"the grid took {minutes[0]} minutes" in text
+    assert f"a median {spread[0]} % of their medians" in text
+    assert f"read {bw[1]} GB/s; decode IQRs {spread[1]} %" in text
+    assert f"{minutes[1]} minutes in the `4b5ff8d` run, {minutes[0]} in the Zen 3 run of `{commit}`" in text
+    assert re.search(r"^Target 5:.*: MET ", new, re.M) and re.search(r"^Target 5:.*: NOT MET ", old, re.M)
+    doc = " ".join((ROOT / "docs" / "performance-analysis.md").read_text().split())
+    assert f"the run took {minutes[0]} minutes" in doc
+
+
 def test_floors_prose_is_read_from_the_committed_probe() -> None:
     """The numbers docs/performance-analysis.md's "How to read the floors" notes quote are the committed
     floors.json's (prefill ratios, the decode split over window, the shares, the equal-memory decomposition)
@@ -414,6 +446,8 @@ def test_floors_prose_is_read_from_the_committed_probe() -> None:
     kf = re.search(r"config L4096xB1 keyformer@0.5, measured [\d.]+, predicted [\d.]+, attainment ([\d.]+)",
                    table)
     assert f"gave Keyformer {100 * float(kf[1]):.0f} %" in notes
+    floor = sorted(round(100 * d["floors"]["floor_share_of_full"]) for d in r["decode"])
+    assert f"takes most of full's step ({floor[0]}-{floor[-1]} % here)" in notes
     top = r["decode"][1]["floors"]["max_share_of_bytes"]
     assert f"stays at {100 * top:.0f} % of the bytes model" in notes
     e = r["e2e"]
