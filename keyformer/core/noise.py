@@ -14,9 +14,14 @@ the prompt). It does not depend on the batch, padding, slot layout, simulation m
 ``mix`` is a 32-bit integer finaliser (two multiply-xorshift rounds). Keys are int64 tensors holding values in
 [0, 2**32); the per-entry hash (``mix(key ^ colkey)``, the bulk of the work) runs in int32 lanes holding the
 same bits, since every step is mod 2**32: the same values (tested against a Python-int reference), and CPUs
-without AVX-512 have no 64-bit vector multiply. The 24-bit uniform gives ``E`` in [2.9e-8, 17.3]. The noise
-stream changed once, in the fast-core rewrite (it was numpy PCG64 / torch generator draws before); compiled
-and eager evaluation can differ in the last bit of ``log``.
+without AVX-512 have no 64-bit vector multiply. The 24-bit uniform gives ``E`` in [2.9e-8, 17.3].
+
+``-log(u)`` is a fixed fp32 polynomial (Cephes' ``logf``, under 1 ulp from the exact value over all 2**24
+uniforms), not the platform's ``log``: so eager, compiled (inductor), native
+(:mod:`keyformer.core.noise_native`, a C loop) and GPU evaluation give the same bits, and the native loop can
+inline it. The noise stream changed twice: in the fast-core rewrite (it was numpy PCG64 / torch generator
+draws before), and in the last bit of some draws when ``log`` became this polynomial (2026-12-02; before,
+compiled and eager could differ there).
 """
 
 from __future__ import annotations
@@ -27,9 +32,12 @@ import warnings
 
 import torch
 
+from . import noise_native as native
+
 M32 = 0xFFFFFFFF
 U_MAX = 1.0 - 2.0**-24  # the largest fp32 below 1
 C1, C2, C3, C4, C5 = 0x9E3779B1, 0x85EBCA77, 0x27D4EB2F, 0x165667B1, 0xC2B2AE3D
+HASH_CONSTANTS = (C1, C2, C3, C4, C5)  # what the native loop is built with
 _C5_LANES = C5 - 2**32  # C5's bits as a signed int32 constant
 
 
@@ -88,7 +96,26 @@ def exp_of_hash(h: torch.Tensor) -> torch.Tensor:
     # (2**24 - 1) + 0.5 rounds to 2**24 in fp32, so u would be 1 and E = 0 (score p / 0 = inf, then NaN) once
     # in 2**24 draws; the largest u below 1 gives E = 6e-8 (Gumbel g = 16.6) and leaves every other draw
     # unchanged
-    return -torch.log(u.clamp_(max=U_MAX))
+    return neg_log_unit(u.clamp_(max=U_MAX))
+
+
+def neg_log_unit(u: torch.Tensor) -> torch.Tensor:
+    """``-log(u)`` for fp32 ``u`` in (0, 1) (normal numbers): ``u = m 2**e``, ``m`` in [sqrt(1/2), sqrt(2)),
+    ``log u = e log 2 + log m`` with Cephes' polynomial for ``log m``; every operation an fp32 one, in the
+    order of the native loop (:mod:`keyformer.core.noise_native`), so every backend gives the same bits."""
+    bits = u.view(torch.int32)
+    e = ((bits >> 23) & 0xFF) - 126
+    m = ((bits & 0x7FFFFF) | 0x3F000000).view(torch.float32)  # [1/2, 1)
+    small = m < native.SQRTHF
+    e = (e - small.to(torch.int32)).to(torch.float32)
+    x = torch.where(small, m + m, m) - 1.0
+    z = x * x
+    y = x * native.LOG_P[0]
+    for p in native.LOG_P[1:]:
+        y = (y + p) * x
+    y = y * z + e * native.LOG_Q1
+    y = y + z * -0.5
+    return -((x + y) + e * native.LOG_Q2)
 
 
 def draw_seeds(seeds: torch.Tensor, draw: int) -> torch.Tensor:
@@ -102,11 +129,15 @@ def noise_at(seeds: torch.Tensor, layer: int | torch.Tensor, qpos: torch.Tensor,
     """Noise of one query per row at given key positions (a decode step over its held slots).
 
     ``seeds`` [B]; ``layer`` an int or [B] per row; ``qpos`` [B]; ``kpos`` [B, Hkv, S] -> [B, Hkv, G, S] for
-    query heads ``hkv * G + g``. About 50 small integer ops: one fused compiled kernel on CPU (see
-    :func:`exp_noise_fast`); an entry's value does not depend on the shape it is computed in."""
-    fn = compiled("at", _noise_at) if use_compile(kpos) else _eager(_noise_at)
+    query heads ``hkv * G + g``. About 50 small integer ops: on CPU one native loop
+    (:mod:`keyformer.core.noise_native`), else one fused compiled kernel (see :func:`exp_noise_fast`); an
+    entry's value does not depend on the shape it is computed in."""
     if not isinstance(layer, torch.Tensor):  # a tensor, so that there is no recompilation per layer
         layer = torch.full((1,), layer, dtype=torch.long, device=kpos.device)
+    lib = _native(kpos)
+    if lib is not None:
+        return native.at(lib, draw_seeds(seeds, draw), layer, qpos, kpos, group)
+    fn = compiled("at", _noise_at) if use_compile(kpos) else _eager(_noise_at)
     return fn(draw_seeds(seeds, draw), layer, qpos, kpos, group)
 
 
@@ -149,6 +180,17 @@ _RAN: set[str] = set()  # "compiled" / "eager": what the kernels ran as since re
 _FALLBACK: list[str] = []  # why this process fell back to eager (the first failure), else empty
 
 
+def _native(t: torch.Tensor):
+    """The native noise library where the compiled kernels would run (CPU, ``KEYFORMER_COMPILE`` on) and
+    ``KEYFORMER_NATIVE`` is not 0; None else, or when it cannot be built (the compiled kernels then run)."""
+    if not (use_compile(t) and native.enabled()):
+        return None
+    lib = native.load(HASH_CONSTANTS)
+    if lib is not None:
+        _RAN.add("native")
+    return lib
+
+
 def use_compile(t: torch.Tensor) -> bool:
     """Whether CPU kernels on ``t`` run compiled (``KEYFORMER_COMPILE``, default on; off after a failure)."""
     return (t.device.type == "cpu" and os.environ.get("KEYFORMER_COMPILE", "1") != "0"
@@ -157,10 +199,13 @@ def use_compile(t: torch.Tensor) -> bool:
 
 def kernel_record() -> dict | None:
     """What the noise kernels (:func:`noise_at`, :func:`exp_noise_fast` and the compiled Gumbel score) ran as
-    in this process since :func:`reset_kernel_record`: None when none ran, else ``{"kernels": ["compiled"],
-    ["eager"] or ["compiled", "eager"], "fallback": null or why the compiled kernels failed (exception type
-    and first line; process-wide: once failed, every later call is eager)}``. Eager without a fallback: by
-    choice (a device other than CPU, ``KEYFORMER_COMPILE=0``)."""
+    in this process since :func:`reset_kernel_record`: None when none ran, else ``{"kernels": [...],
+    "fallback": ...}``: the kernels any of ``native`` (the C loop), ``compiled`` (inductor: the Gumbel score
+    of a prompt block, and the noise where the native loop cannot be built) and ``eager``; the fallback null
+    or why the compiled kernels failed (exception type and first line; process-wide: once failed, every later
+    call is eager). Eager without a fallback: by choice (a device other than CPU, ``KEYFORMER_COMPILE=0``).
+    Every kernel gives the same noise bits (tested); the compiled Gumbel score can differ from eager in the
+    last bit."""
     if not _RAN:
         return None
     return {"kernels": sorted(_RAN), "fallback": _FALLBACK[0] if _FALLBACK and "eager" in _RAN else None}
@@ -205,7 +250,7 @@ def _guarded(fast, eager):
             _COMPILED["ok"] = False  # once per process: every later call runs eager
             _FALLBACK.append(failure_reason(e))
             warnings.warn(f"Keyformer's compiled noise kernels failed ({_FALLBACK[0]}); this process now "
-                          f"runs them eager, whose log can differ from the compiled one in the last bit "
+                          f"runs them eager (the same noise; the Gumbel score can differ in the last bit) "
                           f"(recorded as metrics.json's noise_kernel). A known cause: an inductor cache "
                           f"(TORCHINDUCTOR_CACHE_DIR) corrupted by processes compiling into it at once.",
                           RuntimeWarning, stacklevel=3)
@@ -218,13 +263,18 @@ def _guarded(fast, eager):
 
 def exp_noise_fast(rkey: torch.Tensor, ckey: torch.Tensor) -> torch.Tensor:
     """:func:`exp_noise` of ``rkey`` [B, ..., r, 1] and ``ckey`` [B, 1, ..., c] for large blocks (the prompt's
-    causal triangle): one fused compiled loop on CPU (about 10x fewer passes over memory than eager); eager on
-    other devices, with ``KEYFORMER_COMPILE=0``, or when the compiler is unavailable. Compiled and eager
-    values can differ in the last bit of ``log``; every path of one run uses the same one."""
+    causal triangle): on CPU one native loop (:mod:`keyformer.core.noise_native`, split over the torch thread
+    count), else one fused compiled loop (about 10x fewer passes over memory than eager); eager on other
+    devices, with ``KEYFORMER_COMPILE=0``, or when no compiler is available. Every path gives the same
+    bits."""
     shape = torch.broadcast_shapes(rkey.shape, ckey.shape)
     if not use_compile(rkey):
         return _eager(exp_noise)(rkey, ckey)
     B, c = shape[0], shape[-1]
+    lib = _native(rkey)
+    if lib is not None:
+        rk = lanes32(rkey.expand(*shape[:-1], 1).reshape(B, -1))  # [B, M]
+        return native.outer(lib, rk, lanes32(ckey.reshape(ckey.shape[0], c))).view(shape)
     r2 = lanes32(rkey.expand(*shape[:-1], 1).reshape(B, -1, 1))  # [B, M, 1]: few graphs (B == 1 or not)
     # int32 keys in: the fused loop then reads and hashes 32-bit lanes only
     return compiled("block", exp_noise)(r2, lanes32(ckey.reshape(B, 1, c))).view(shape)
