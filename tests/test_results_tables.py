@@ -611,3 +611,33 @@ def test_exp10_prose_per_task_counts_are_the_generated_cells() -> None:
     assert sn["niah_single_1"] == fa["niah_single_1"]
     assert f"niah_multiquery ({fg['niah_multiquery']} against {fa['niah_multiquery']})" in prose
     assert all(fg[x] == fa[x] for x in fa if x != "niah_multiquery")  # "on every task but niah_multiquery"
+
+
+def test_exp10_gemma_status_quotes_the_generated_table() -> None:
+    """The Gemma query-agnostic status sentence quotes H2O's difference from Keyformer as generated."""
+    text = (RES / "README.md").read_text()
+    start, end = "<!-- keyformer-report:exp10_ruler_gemma -->", "<!-- /keyformer-report:exp10_ruler_gemma -->"
+    region = text[text.index(start):text.index(end)]
+    agn = region[region.index("**query-agnostic**"):]
+    row = next(r.split("|") for r in agn.splitlines() if r.startswith("| h2o | 0.5 |"))
+    prose = " ".join(text[:text.index(start)].split())
+    assert f"H2O ties with Keyformer ({row[5].strip()}, Holm p {row[6].strip()})" in prose
+
+
+def test_native_noise_prose_is_read_from_the_committed_files() -> None:
+    """docs/performance-analysis.md's native-noise paragraph: the kernel ratios are noise_kernels.txt's
+    (median ind-log ratio per shape, min-max per kernel), the prefill noise shares the two floors probes'."""
+    doc = " ".join((ROOT / "docs" / "performance-analysis.md").read_text().split())
+    para = doc[doc.index("**Since `0770fc8`"):doc.index("The previous run, on the quiet")]
+    rows = [r.split() for r in (RES / "bench" / "noise_kernels.txt").read_text().splitlines()
+            if r.split() and r.split()[0] in ("decode", "block")]
+    for kernel, what in (("decode", "on decode steps"), ("block", "on prompt blocks")):
+        ratios = sorted(float(r[-3]) for r in rows if r[0] == kernel)
+        assert f"{ratios[0]:.2f}-{ratios[-1]:.2f}x {'faster ' if kernel == 'decode' else ''}{what}" in para
+    new = json.loads((RES / "bench" / "floors_native" / "floors.json").read_text())
+    old = json.loads((RES / "bench" / "floors" / "floors.json").read_text())
+    assert new["environment"]["git_commit"].startswith("0770fc8")
+    noise = [r["prefill"]["floors"]["components_x_full"]["noise"] for r in (new, old)]
+    was = old["environment"]["git_commit"][:7]
+    assert f"+{noise[0]:.2f} of a full prefill (+{noise[1]:.2f} at `{was}`)" in para
+    assert new["decode"][1]["floors"]["overhead"]["keyformer"]["gumbel_ms"] < 0  # "came out negative"
