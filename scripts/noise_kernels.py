@@ -39,17 +39,17 @@ def _exp_of_hash_log(h: torch.Tensor) -> torch.Tensor:
     return -torch.log(u.clamp_(max=nz.U_MAX))
 
 
-def _decode(seeds, layer_t, qpos, kpos, group: int, log: bool = False):
+def _decode_log(seeds, layer_t, qpos, kpos, group: int):
+    """:func:`keyformer.core.noise._noise_at` with ``torch.log``."""
     B, Hkv, S = kpos.shape
     rk = nz.row_keys(seeds, layer_t, torch.arange(Hkv * group), qpos.view(-1, 1))
     ck = nz.col_keys(kpos.clamp(min=0).to(torch.int32)).unsqueeze(2)
-    h = nz.mix32(nz.lanes32(rk.view(B, Hkv, group, 1)) ^ ck)
-    return _exp_of_hash_log(h) if log else nz.exp_of_hash(h)
+    return _exp_of_hash_log(nz.mix32(nz.lanes32(rk.view(B, Hkv, group, 1)) ^ ck))
 
 
-def _block(rkey, ckey, log: bool = False):
-    h = nz.mix32(nz.lanes32(rkey) ^ nz.lanes32(ckey))
-    return _exp_of_hash_log(h) if log else nz.exp_of_hash(h)
+def _block_log(rkey, ckey):
+    """:func:`keyformer.core.noise.exp_noise` with ``torch.log``."""
+    return _exp_of_hash_log(nz.mix32(nz.lanes32(rkey) ^ nz.lanes32(ckey)))
 
 
 def _time(fn, n: int) -> float:
@@ -88,8 +88,9 @@ def main(argv: list[str] | None = None) -> None:
                          "kernels that runs use on CPU: unset KEYFORMER_COMPILE or set it to 1")
     if noise_native.load(nz.HASH_CONSTANTS) is None:
         raise SystemExit(f"the native noise loop cannot be built here: {noise_native.failure()}")
-    ind_decode = torch.compile(_decode, dynamic=True)
-    ind_block = torch.compile(_block, dynamic=True)
+    # inductor: the functions noise.py compiles where no C compiler is available
+    ind_decode, ind_decode_log = (torch.compile(f, dynamic=True) for f in (nz._noise_at, _decode_log))
+    ind_block, ind_block_log = (torch.compile(f, dynamic=True) for f in (nz.exp_noise, _block_log))
 
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
@@ -116,13 +117,14 @@ def main(argv: list[str] | None = None) -> None:
         cases.append(("decode", f"B={B} Hkv=3 G=3 S={S}",
                       functools.partial(nz.noise_at, seeds, 5, qpos, kpos, 3),
                       functools.partial(ind_decode, seeds, layer, qpos, kpos, 3),
-                      functools.partial(ind_decode, seeds, layer, qpos, kpos, 3, True), 20))
+                      functools.partial(ind_decode_log, seeds, layer, qpos, kpos, 3), 20))
     for r, c in [(32, 64)] if args.quick else BLOCK:
         rk = nz.row_keys(nz.seeds_tensor([1], "cpu"), 2, torch.arange(9), torch.arange(c - r, c).view(1, -1))
         rk = rk.unsqueeze(-1)  # [1, 9, r, 1]
         ck = nz.col_keys(torch.arange(c)).view(1, 1, 1, c)
         cases.append(("block", f"9 x {r} x {c}", functools.partial(nz.exp_noise_fast, rk, ck),
-                      functools.partial(ind_block, rk, ck), functools.partial(ind_block, rk, ck, True), 3))
+                      functools.partial(ind_block, nz.lanes32(rk), nz.lanes32(ck)),
+                      functools.partial(ind_block_log, rk, ck), 3))
     for kernel, shape, native, ind, ind_log, n in cases:
         out = native()
         if not torch.equal(out, ind()):

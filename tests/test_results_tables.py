@@ -631,6 +631,9 @@ def test_native_noise_prose_is_read_from_the_committed_files() -> None:
     para = doc[doc.index("**Since `0770fc8`"):doc.index("The previous run, on the quiet")]
     rows = [r.split() for r in (RES / "bench" / "noise_kernels.txt").read_text().splitlines()
             if r.split() and r.split()[0] in ("decode", "block")]
+    big = max((r for r in rows if r[0] == "decode"), key=lambda r: int(r[1][2:]) * int(r[4][2:]))
+    entries = int(big[1][2:]) * int(big[2][4:]) * int(big[3][2:]) * int(big[4][2:])  # B x Hkv x G x S
+    assert f"took {float(big[5]) * float(big[-3]) * 1e3 / entries:.1f} ns an entry" in para  # native x ratio
     for kernel, what in (("decode", "on decode steps"), ("block", "on prompt blocks")):
         ratios = sorted(float(r[-3]) for r in rows if r[0] == kernel)
         assert f"{ratios[0]:.2f}-{ratios[-1]:.2f}x {'faster ' if kernel == 'decode' else ''}{what}" in para

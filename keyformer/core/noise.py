@@ -35,7 +35,7 @@ import torch
 from . import noise_native as native
 
 M32 = 0xFFFFFFFF
-U_MAX = 1.0 - 2.0**-24  # the largest fp32 below 1
+U_MAX = native.U_MAX  # the largest fp32 below 1 (the native loop's cap too)
 C1, C2, C3, C4, C5 = 0x9E3779B1, 0x85EBCA77, 0x27D4EB2F, 0x165667B1, 0xC2B2AE3D
 HASH_CONSTANTS = (C1, C2, C3, C4, C5)  # what the native loop is built with
 _C5_LANES = C5 - 2**32  # C5's bits as a signed int32 constant

@@ -1,12 +1,13 @@
 """Keyformer's noise as one C loop: the hash and ``E = -log(u)`` of :mod:`keyformer.core.noise`, compiled once
 per machine with the system C compiler and called through ``ctypes``.
 
-Why: inductor's fused kernel for the same formula ran at ~9 ns an entry on an AVX2 host (its int32 vectors
-round-trip through the stack, and ``log`` is an out-of-line call); this loop, auto-vectorised by gcc with the
-log as an inline polynomial, is several times faster (``scripts/noise_kernels.py`` measures both side by
-side). The values are bit-identical to :func:`keyformer.core.noise.exp_noise` evaluated eagerly: the same
-32-bit hash, the same fp32 operations in the same order (``-ffp-contract=off``: no fused multiply-adds), the
-constants as the exact fp32 values the tensor code uses (tested on every one of the 2**24 uniforms).
+Why: inductor's fused kernel for the same formula is slow on an AVX2 host (its int32 vectors round-trip
+through the stack, and ``log`` is an out-of-line call); this loop, auto-vectorised by gcc with the log as an
+inline polynomial, is faster (``scripts/noise_kernels.py`` measures both side by side,
+``results/bench/noise_kernels.txt``). The values are bit-identical to :func:`keyformer.core.noise.exp_noise`
+evaluated eagerly: the same 32-bit hash, the same fp32 operations in the same order (``-ffp-contract=off``:
+no fused multiply-adds), the constants as the exact fp32 values the tensor code uses (tested on every one of
+the 2**24 uniforms).
 
 Two entry points, both filling a contiguous fp32 output:
 
