@@ -39,6 +39,10 @@ def test_prefill_floors_by_hand():
     f = floors.prefill_floors(_runs(s), {"h2o": 1.25, "keyformer": 1.5})
     assert f["components_x_full"] == pytest.approx({"scores": 0.2, "gumbel": 0.1, "noise": 0.7})
     assert f["h2o"]["met"] and not f["keyformer"]["met"] and f["keyformer"]["met_without_noise"]
+    assert f["noise_field_x_full"] is None  # a run from before the fused score: no keyformer-field label
+    f = floors.prefill_floors(_runs({**s, "keyformer-field": 24.0}), {"h2o": 1.25, "keyformer": 1.5})
+    assert f["noise_field_x_full"] == pytest.approx(0.4)
+    assert f["components_x_full"]["noise"] == pytest.approx(0.7)
 
 
 def test_e2e_floors_by_hand():

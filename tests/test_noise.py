@@ -306,6 +306,46 @@ def test_native_loop_equals_eager_bit_for_bit(monkeypatch, tmp_path):
     assert (tmp_path / "native").is_dir() and len(list((tmp_path / "native").glob("*.so"))) == 1  # cached
 
 
+def test_fused_prompt_score_is_the_gumbel_score_of_the_same_noise(monkeypatch, tmp_path):
+    """:func:`nz.gumbel_fast` (the prompt's score at tau = 1 without the noise field) against a float64
+    ``normalise(p / E)`` built from the eager noise: on a row slice of a softmax block (as the prompt loop
+    passes it), per-sample column keys and shared ones, row lengths that are and are not multiples of its 16
+    sum lanes, one call and split over three threads; in place; None (and ``probs`` untouched) for a layout
+    it cannot walk."""
+    from keyformer.core import noise_native
+
+    _fresh_native(monkeypatch, tmp_path)
+    g = torch.Generator().manual_seed(5)
+    seeds = nz.seeds_tensor([3, 2**40 + 5], "cpu")
+    threads = torch.get_num_threads()
+    for c, shared, split in ((160, False, False), (37, True, False), (1, False, False), (211, False, True)):
+        r = min(c, 24)
+        rk = nz.row_keys(seeds, 3, torch.arange(6), torch.arange(c - r, c).view(1, -1).expand(2, -1))
+        rk = rk.view(2, 2, 3, r, 1)
+        ck = nz.col_keys(torch.arange(c)).view(1, 1, 1, 1, -1)
+        if not shared:
+            ck = torch.cat([ck, nz.col_keys(torch.arange(c) * 7 + 1).view(1, 1, 1, 1, -1)])
+        block = torch.softmax(torch.randn(2, 2, 3, r + 5, c, generator=g) * 4, dim=-1)
+        probs = block[:, :, :, 5:]  # the scored rows of a block: a view with a plane stride
+        w = probs.double() / nz.exp_noise(rk, ck).double()
+        want = w / w.sum(-1, keepdim=True)
+        if split:
+            monkeypatch.setattr(noise_native, "SPLIT_MIN", 1)
+        try:
+            torch.set_num_threads(3 if split else 1)
+            got = nz.gumbel_fast(rk, ck, probs)
+        finally:
+            torch.set_num_threads(threads)
+        assert got is not None and got.data_ptr() == probs.data_ptr()
+        torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-12)
+    rk = nz.row_keys(seeds, 3, torch.arange(6), torch.arange(4).view(1, -1).expand(2, -1)).view(2, 2, 3, 4, 1)
+    ck = nz.col_keys(torch.arange(8)).view(1, 1, 1, 1, -1)
+    odd = torch.rand(2, 3, 2, 4, 8).transpose(1, 2)  # [2, 2, 3, 4, 8] whose planes do not flatten
+    before = odd.clone()
+    assert nz.gumbel_fast(rk, ck, odd) is None and torch.equal(odd, before)
+    assert nz.gumbel_fast(rk, ck, odd.contiguous().double()) is None
+
+
 def test_native_build_failure_falls_back_to_the_compiled_kernels(monkeypatch, tmp_path):
     """No C compiler: the native loop is not used, :func:`noise_native.failure` says why, and the noise
     (from inductor's kernels) is the same."""
@@ -337,10 +377,19 @@ def test_noise_kernels_script_runs(tmp_path, monkeypatch):
 def test_a_generation_on_the_native_noise_equals_the_eager_one(monkeypatch, tmp_path):
     """End to end: Keyformer (per-sample seeds, batch 2, the steady all-layers step and the prompt blocks) on
     the native loop accumulates the same scores (every draw enters them), keeps the same tokens and generates
-    the same text as on the eager kernels."""
+    the same text as on the eager kernels: bit for bit with the noise materialised, and within fp32 rounding
+    of the normaliser with the prompt's fused score (:func:`keyformer.core.noise.gumbel_fast`, which must
+    run)."""
     model = tiny_model("llama")
     ids = torch.randint(3, 256, (2, 40), generator=torch.Generator().manual_seed(3))
     pol = make_policy("keyformer", budget=0.4)
+    fused_calls = []
+    fused = nz.gumbel_fast
+
+    def counted(*args):
+        out = fused(*args)
+        fused_calls.append(out is not None)
+        return out
 
     def run():
         out = generate(model, ids, None, pol, max_new_tokens=8, seeds=[11, 2**33 + 1])
@@ -348,10 +397,16 @@ def test_a_generation_on_the_native_noise_equals_the_eager_one(monkeypatch, tmp_
         return out.sequences.tolist(), [out.cache.kept_positions(li) for li in range(2)], scores
 
     _fresh_native(monkeypatch, tmp_path)
+    monkeypatch.setattr(nz, "gumbel_fast", counted)
+    fused_run = run()
+    assert fused_calls and all(fused_calls)  # every prompt block scored by the fused loop
+    monkeypatch.setattr(nz, "gumbel_fast", lambda *args: None)
     native_run = run()
     assert nz.kernel_record()["kernels"] == ["native"]
     _backend(monkeypatch, "eager")
     eager_run = run()
     assert nz.kernel_record()["kernels"] == ["eager"]
-    assert eager_run[:2] == native_run[:2]
+    assert eager_run[:2] == native_run[:2] == fused_run[:2]
     assert all(torch.equal(a, b) for a, b in zip(eager_run[2], native_run[2], strict=True))
+    for a, b in zip(eager_run[2], fused_run[2], strict=True):
+        torch.testing.assert_close(b, a, rtol=2e-6, atol=1e-7)

@@ -232,7 +232,8 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
         if a >= r1:
             continue
         if policy.uses_noise:
-            sctx.noise = _prompt_noise(seeds, layer.layer_idx, heads, kpos_s[:, a:r1], kpos_s[:, :r1], Hkv, G)
+            sctx.noise, sctx.noised = _prompt_noise(seeds, layer.layer_idx, heads, kpos_s[:, a:r1],
+                                                    kpos_s[:, :r1], Hkv, G)
         ps = p[:, :, :, a - r0 :]
         s = policy.score(ps.repeat_interleave(nb, dim=0) if nb > 1 else ps, sctx)  # [Bs, Hkv, G, r1 - a, r1]
         wrow = (kpos_s[:, a:r1] >= 0).to(f32).repeat(1, G).view(Bs, 1, 1, G * (r1 - a))
@@ -246,16 +247,22 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
 
 
 def _prompt_noise(seeds, layer_idx, heads, qpos, kpos, Hkv, G):
-    """Thunk: Exp(1) noise of query rows at ``qpos`` [B, r] over keys at ``kpos`` [B, c] -> [B, Hkv, G, r,
-    c]."""
+    """Thunks ``noise(draw)``: Exp(1) noise of query rows at ``qpos`` [B, r] over keys at ``kpos`` [B, c] ->
+    [B, Hkv, G, r, c], and ``noised(probs, draw)``: ``normalise(probs / noise(draw))`` in place without the
+    noise field, or None where the native loop is not in use (:func:`keyformer.core.noise.gumbel_fast`)."""
 
-    def noise(draw: int = 0) -> torch.Tensor:
+    def keys(draw: int) -> tuple[torch.Tensor, torch.Tensor]:
         B, r = qpos.shape
         rk = gumbel.row_keys(gumbel.draw_seeds(seeds, draw), layer_idx, heads, qpos.clamp(min=0))
-        rk = rk.view(B, Hkv, G, r, 1)
-        return gumbel.exp_noise_fast(rk, gumbel.col_keys(kpos.clamp(min=0)).view(B, 1, 1, 1, -1))
+        return rk.view(B, Hkv, G, r, 1), gumbel.col_keys(kpos.clamp(min=0)).view(B, 1, 1, 1, -1)
 
-    return noise
+    def noise(draw: int = 0) -> torch.Tensor:
+        return gumbel.exp_noise_fast(*keys(draw))
+
+    def noised(probs: torch.Tensor, draw: int = 0) -> torch.Tensor | None:
+        return gumbel.gumbel_fast(*keys(draw), probs)
+
+    return noise, noised
 
 
 def _upper(r0: int, r1: int, device) -> torch.Tensor:

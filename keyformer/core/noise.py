@@ -198,14 +198,15 @@ def use_compile(t: torch.Tensor) -> bool:
 
 
 def kernel_record() -> dict | None:
-    """What the noise kernels (:func:`noise_at`, :func:`exp_noise_fast` and the compiled Gumbel score) ran as
-    in this process since :func:`reset_kernel_record`: None when none ran, else ``{"kernels": [...],
-    "fallback": ...}``: the kernels any of ``native`` (the C loop), ``compiled`` (inductor: the Gumbel score
-    of a prompt block, and the noise where the native loop cannot be built) and ``eager``; the fallback null
-    or why the compiled kernels failed (exception type and first line; process-wide: once failed, every later
-    call is eager). Eager without a fallback: by choice (a device other than CPU, ``KEYFORMER_COMPILE=0``).
-    Every kernel gives the same noise bits (tested); the compiled Gumbel score can differ from eager in the
-    last bit."""
+    """What the noise kernels (:func:`noise_at`, :func:`exp_noise_fast` and the compiled Gumbel score) ran
+    as in this process since :func:`reset_kernel_record`: None when none ran, else ``{"kernels": [...],
+    "fallback": ...}``: the kernels any of ``native`` (the C loop), ``compiled`` (inductor: the Gumbel
+    score of a prompt block at tau != 1, and noise and score where the native loop cannot be built) and
+    ``eager``; the fallback null or why the compiled kernels failed (exception type and first line;
+    process-wide: once failed, every later call is eager). Eager without a fallback: by choice (a device
+    other than CPU, ``KEYFORMER_COMPILE=0``). Every kernel gives the same noise bits (tested); the native
+    and compiled Gumbel scores of a prompt block can differ from eager in the last bit (the normaliser's
+    sum order)."""
     if not _RAN:
         return None
     return {"kernels": sorted(_RAN), "fallback": _FALLBACK[0] if _FALLBACK and "eager" in _RAN else None}
@@ -278,3 +279,21 @@ def exp_noise_fast(rkey: torch.Tensor, ckey: torch.Tensor) -> torch.Tensor:
     r2 = lanes32(rkey.expand(*shape[:-1], 1).reshape(B, -1, 1))  # [B, M, 1]: few graphs (B == 1 or not)
     # int32 keys in: the fused loop then reads and hashes 32-bit lanes only
     return compiled("block", exp_noise)(r2, lanes32(ckey.reshape(B, 1, c))).view(shape)
+
+
+def gumbel_fast(rkey: torch.Tensor, ckey: torch.Tensor, probs: torch.Tensor) -> torch.Tensor | None:
+    """Keyformer's score at tau = 1, ``normalise(probs / E)`` over the last axis with ``E`` the noise of
+    :func:`exp_noise_fast` ``(rkey, ckey)``, in place on ``probs`` (fp32, the broadcast shape), as one native
+    loop that never writes the noise field (a prompt block's: 2.3 G entries at a 4k prompt); None where that
+    loop is not in use or ``probs``' layout does not suit it (then the caller materialises the noise). The
+    division gives the same bits as ``probs / E``; the normaliser's sum is taken in another order than
+    torch's (last-bit differences, as the compiled score's)."""
+    shape = torch.broadcast_shapes(rkey.shape, ckey.shape)
+    if probs.shape != shape or not use_compile(rkey):
+        return None
+    lib = _native(rkey)
+    if lib is None:
+        return None
+    B, c = shape[0], shape[-1]
+    rk = lanes32(rkey.expand(*shape[:-1], 1).reshape(B, -1))  # [B, M]
+    return native.outer_gumbel(lib, rk, lanes32(ckey.reshape(ckey.shape[0], c)), probs)

@@ -9,13 +9,15 @@ evaluated eagerly: the same 32-bit hash, the same fp32 operations in the same or
 no fused multiply-adds), the constants as the exact fp32 values the tensor code uses (tested on every one of
 the 2**24 uniforms).
 
-Two entry points, both filling a contiguous fp32 output:
+Three entry points, the first two filling a contiguous fp32 output:
 
 * :func:`outer` ``(rk [N, R] int32 bits, ck [N or 1, C] int32 bits) -> [N, R, C]``: ``E(mix(rk ^ ck))`` (the
   prompt's causal blocks; split over ``torch.get_num_threads()`` Python threads when large: ``ctypes``
   releases the GIL);
 * :func:`at` ``(seeds [B], layer [B], qpos [B], kpos [B, Hkv, S] int64, G) -> [B, Hkv, G, S]``: a decode
-  step's noise at the held slots, row and column keys included (:func:`keyformer.core.noise.noise_at`).
+  step's noise at the held slots, row and column keys included (:func:`keyformer.core.noise.noise_at`);
+* :func:`outer_gumbel` ``(rk, ck, probs)``: Keyformer's prompt score at tau = 1, ``normalise(probs / E)`` with
+  the noise of :func:`outer`, in place, without writing the noise field.
 
 :func:`load` returns None (and says why once, in :func:`failure`) when there is no compiler or the build
 fails; callers then use the torch kernels. ``KEYFORMER_NATIVE=0`` turns it off.
@@ -100,6 +102,28 @@ void kf_outer(const int32_t* rk, const int32_t* ck, int64_t ck_sn, float* out, i
         uint32_t r = (uint32_t)rk[i];
         float* o = out + i * C;
         for (int64_t k = 0; k < C; k++) o[k] = e_of_hash(mix32(r ^ (uint32_t)c[k]));
+    }
+}
+
+/* The prompt's Gumbel score at tau = 1 without the noise field: each probability row divided in place by
+   its noise, then normalised (the sum in 16 lanes, so that it vectorises). Row i is the i-th row of the
+   [N, R] row keys; its probabilities start at p + (i / P) * p_sp + (i % P) * p_sr (P rows a plane). */
+void kf_outer_gumbel(const int32_t* rk, const int32_t* ck, int64_t ck_sn, float* p, int64_t P, int64_t p_sp,
+                     int64_t p_sr, int64_t n0, int64_t n1, int64_t R, int64_t C) {
+    for (int64_t i = n0; i < n1; i++) {
+        const int32_t* c = ck + (i / R) * ck_sn;
+        uint32_t r = (uint32_t)rk[i];
+        float* o = p + (i / P) * p_sp + (i % P) * p_sr;
+        for (int64_t k = 0; k < C; k++) o[k] = o[k] / e_of_hash(mix32(r ^ (uint32_t)c[k]));
+        float acc[16] = {0};
+        int64_t k = 0;
+        for (; k + 16 <= C; k += 16)
+            for (int j = 0; j < 16; j++) acc[j] += o[k + j];
+        for (int j = 0; k < C; k++, j++) acc[j] += o[k];
+        for (int w = 8; w > 0; w >>= 1)
+            for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+        float s = acc[0];
+        for (k = 0; k < C; k++) o[k] = o[k] / s;
     }
 }
 
@@ -201,6 +225,8 @@ def _build(hash_constants: tuple[int, ...]) -> ctypes.CDLL | None:
     i64, p = ctypes.c_int64, ctypes.c_void_p
     lib.kf_outer.argtypes = [p, p, i64, p, i64, i64, i64, i64]
     lib.kf_outer.restype = None
+    lib.kf_outer_gumbel.argtypes = [p, p, i64, p, i64, i64, i64, i64, i64, i64, i64]
+    lib.kf_outer_gumbel.restype = None
     lib.kf_at.argtypes = [p, p, i64, p, p, i64, i64, i64, i64, i64, i64, p, p]
     lib.kf_at.restype = None
     return lib
@@ -237,6 +263,30 @@ def outer(lib: ctypes.CDLL, rk: torch.Tensor, ck: torch.Tensor) -> torch.Tensor:
     args = (rk.data_ptr(), ck.data_ptr(), 0 if ck.shape[0] == 1 else C, out.data_ptr())
     _run([functools.partial(lib.kf_outer, *args, r0, r1, R, C) for r0, r1 in _split(N * R, N * R * C)])
     return out
+
+
+def outer_gumbel(lib: ctypes.CDLL, rk: torch.Tensor, ck: torch.Tensor,
+                 probs: torch.Tensor) -> torch.Tensor | None:
+    """Keyformer's prompt score at tau = 1, ``normalise(probs / E)`` over the last axis with ``E`` the noise
+    of :func:`outer` (``rk`` [N, R], ``ck`` [N or 1, C] int32), in place on ``probs`` ([N, ..., C] fp32 whose
+    leading axes hold the R rows of each of the N in order; the last axis contiguous and the axes before the
+    rows flattenable). The noise field is never written. None (nothing done) for any other layout."""
+    rk, ck = rk.contiguous(), ck.contiguous()
+    N, R = rk.shape
+    C = ck.shape[-1]
+    if (probs.dtype != torch.float32 or probs.device.type != "cpu" or probs.dim() < 2 or probs.shape[-1] != C
+            or probs.numel() != N * R * C or (C > 1 and probs.stride(-1) != 1)):
+        return None
+    P = probs.shape[-2]  # rows a plane; the planes: the axes before, which must flatten to one
+    lead = [(n, st) for n, st in zip(probs.shape[:-2], probs.stride()[:-2], strict=True) if n > 1]
+    if any(lead[d][1] != lead[d + 1][1] * lead[d + 1][0] for d in range(len(lead) - 1)):
+        return None
+    planes_sn = lead[-1][1] if lead else 0
+    args = (rk.data_ptr(), ck.data_ptr(), 0 if ck.shape[0] == 1 else C, probs.data_ptr(), P, planes_sn,
+            probs.stride(-2))
+    _run([functools.partial(lib.kf_outer_gumbel, *args, r0, r1, R, C)
+          for r0, r1 in _split(N * R, N * R * C)])
+    return probs
 
 
 def at(lib: ctypes.CDLL, seeds: torch.Tensor, layer: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor,

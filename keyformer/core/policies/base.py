@@ -60,6 +60,9 @@ class Context:
     values: torch.Tensor | None = None
     query: torch.Tensor | None = None  # [B, Hq, q, D]
     noise: Callable[..., torch.Tensor] | None = None  # noise(draw=0): Exp(1) at the entries being scored
+    # noised(probs, draw=0): ``normalise(probs / noise(draw))`` in place in one pass that never writes the
+    # noise (the prompt's native loop), or None where unavailable for this call (then use ``noise``)
+    noised: Callable[..., torch.Tensor | None] | None = None
     # Only for policies with ``needs_context`` (rules on keys/queries, not attention weights): which of the S
     # slots are held ([B, Hkv, S] bool; mask mode: not yet evicted), the layer's scratch dict (kept for one
     # generation, reordered with beams) and what the policy's ``model_info(model)`` returned.

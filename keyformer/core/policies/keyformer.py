@@ -81,12 +81,13 @@ class KeyformerPolicy(Policy):
         from the attention probabilities ``p = softmax(x)`` (``exp((x - log E) / tau) = (e^x / E)^(1/tau)``).
         Works in place on ``probs``; noise is evaluated only at the entries scored."""
         tau = self.tau(ctx.step, ctx.horizon)
-        if not self.noise or self.noise_samples == 1:
-            return gumbel_score(probs, ctx.noise() if self.noise else None, tau)
-        total = gumbel_score(probs.clone(), ctx.noise(0), tau)
+        if not self.noise:
+            return gumbel_score(probs, None, tau)
+        if self.noise_samples == 1:
+            return _one_draw(probs, ctx, 0, tau)
+        total = _one_draw(probs.clone(), ctx, 0, tau)
         for draw in range(1, self.noise_samples):
-            total += (gumbel_score(probs.clone() if draw + 1 < self.noise_samples else probs,
-                                   ctx.noise(draw), tau))
+            total += _one_draw(probs.clone() if draw + 1 < self.noise_samples else probs, ctx, draw, tau)
         return total.div_(self.noise_samples)
 
     def priority(self, score: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -96,6 +97,16 @@ class KeyformerPolicy(Policy):
         if self.head_reduction == "shared":
             score = score.sum(dim=1, keepdim=True).expand_as(score)
         return score
+
+
+def _one_draw(probs: torch.Tensor, ctx: Context, draw: int, tau: float) -> torch.Tensor:
+    """The score under noise field ``draw``: fused with the noise where the forward offers it at this tau
+    (``ctx.noised``: the prompt's native loop, tau = 1), else from the materialised noise."""
+    if tau == 1.0 and ctx.noised is not None:
+        out = ctx.noised(probs, draw)
+        if out is not None:
+            return out
+    return gumbel_score(probs, ctx.noise(draw), tau)
 
 
 def gumbel_score(probs: torch.Tensor, noise: torch.Tensor | None, tau: float) -> torch.Tensor:

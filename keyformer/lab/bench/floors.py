@@ -7,9 +7,10 @@ switching one thing off at a time (interleaved rounds, medians with IQR):
 * **Prefill** (targets 2, 4, 5) at ``--prefill-len`` tokens, batch 1: ``full`` (flash SDPA), ``h2o`` (the
   attention probabilities materialised and column-summed: what every score-reading policy pays),
   ``keyformer-nonoise`` (Keyformer's rule with ``noise=False``: adds the temperature softmax of the scores)
-  and ``keyformer`` (adds the hash-noise field, ``n^2/2`` values per layer and query head). Each difference is
-  one component's cost; the target's limit is compared with the components that no rule-preserving change
-  could remove.
+  and ``keyformer`` (adds the hash noise, ``n^2/2`` values per layer and query head, fused with the score
+  in one native loop on CPU), beside ``keyformer-field`` (the same with the noise field materialised first,
+  as before that fusion and wherever the native loop is not used). Each difference is one component's cost;
+  the target's limit is compared with the components that no rule-preserving change could remove.
 * **Decode** (targets 1, 3, 4) at each ``--decode`` point ``LxB``: ms per step of ``full``, ``window``,
   ``h2o``, ``keyformer-nonoise``, ``keyformer`` (budget ``--budget``) and the **compute floor**: full over an
   8-token cache at the same batch (the weight GEMMs and per-layer fixed costs; almost no K/V). ``kv`` =
@@ -31,6 +32,7 @@ Run on a quiet machine: ``keyformer-bench --floors --out results/bench/floors`` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -41,6 +43,7 @@ from typing import Any
 
 import torch
 
+from keyformer.core import noise
 from keyformer.core.generate import make_cache
 from keyformer.core.policies import make_policy
 
@@ -59,7 +62,7 @@ from .cpu import (
 )
 
 DEFAULT_OUT = "outputs/bench_floors"
-PREFILL = ("full", "h2o", "keyformer-nonoise", "keyformer")
+PREFILL = ("full", "h2o", "keyformer-nonoise", "keyformer-field", "keyformer")
 DECODE = ("full", "window", "h2o", "keyformer-nonoise", "keyformer", "floor")
 QUICK = ["--model", "tiny", "--prompt", "random", "--prefill-len", "48", "--decode", "48x1", "--steps", "3",
          "--rounds", "1", "--profile-steps", "1", "--bandwidth-mb", "8", "--bench", ""]
@@ -71,16 +74,31 @@ def policy_of(label: str, budget: float):
         return make_policy("full")
     if label == "keyformer-nonoise":
         return make_policy("keyformer", budget=budget, noise=False)
-    return make_policy(label, budget=budget)
+    return make_policy(label.removesuffix("-field"), budget=budget)
+
+
+@contextlib.contextmanager
+def _noise_field(label: str):
+    """For ``keyformer-field``: the prompt's fused native score off, so the noise field is materialised."""
+    if label != "keyformer-field":
+        yield
+        return
+    fused = noise.gumbel_fast
+    noise.gumbel_fast = lambda *args: None
+    try:
+        yield
+    finally:
+        noise.gumbel_fast = fused
 
 
 def prefill(model: Any, ids: torch.Tensor, label: str, budget: float, n_new: int) -> tuple[Snapshot, float]:
     """Prompt forward of ``ids`` into a fresh cache of ``label``'s policy; (snapshot, seconds)."""
     mask = torch.ones_like(ids)
     cache = make_cache(model, policy_of(label, budget), mask, max_new_tokens=n_new, seed=0)
-    t0 = time.perf_counter()
-    out = model(input_ids=ids, attention_mask=mask, cache=cache, logits_to_keep=1)
-    sec = time.perf_counter() - t0
+    with _noise_field(label):
+        t0 = time.perf_counter()
+        out = model(input_ids=ids, attention_mask=mask, cache=cache, logits_to_keep=1)
+        sec = time.perf_counter() - t0
     return Snapshot(cache, out.logits[:, -1].argmax(-1, keepdim=True)), sec
 
 
@@ -113,8 +131,10 @@ def prefill_floors(pf: dict[str, dict[str, Any]], limits: dict[str, float]) -> d
     comp = {"scores": _med(pf, "h2o") - full, "gumbel": _med(pf, "keyformer-nonoise") - _med(pf, "h2o"),
             "noise": _med(pf, "keyformer") - _med(pf, "keyformer-nonoise")}
     x = {k: float(pf[k]["x_full"]["median"]) for k in pf}
+    # what the fused score saves: the field written and read (runs before that fusion lack the label)
+    field = (_med(pf, "keyformer-field") - _med(pf, "keyformer")) / full if "keyformer-field" in pf else None
     return {"full_s": full, "components_s": comp, "components_x_full": {k: v / full for k, v in comp.items()},
-            "x_full": x,
+            "x_full": x, "noise_field_x_full": field,
             "h2o": {"limit": limits["h2o"], "x_full": x["h2o"], "met": x["h2o"] <= limits["h2o"]},
             "keyformer": {"limit": limits["keyformer"], "x_full": x["keyformer"],
                           "x_full_without_noise": x["keyformer-nonoise"],
@@ -189,7 +209,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     cfg = {"model_name": args.model, "dtype": "float32", "prompt": args.prompt, "data_dir": args.data_dir}
     model, tok = load_bench_model(cfg)
     vocab = model.config.vocab_size
-    points = [tuple(int(v) for v in p.split("x")) for p in args.decode.split(",")]
+    points = [tuple(int(v) for v in p.split("x")) for p in args.decode.split(",") if p]  # '': prefill only
     text_ids = prompt_tokens(cfg, tok, max([args.prefill_len] + [L * B for L, B in points]))
     bw = measure_bandwidth(args.bandwidth_mb)
     w_bytes, per_token = weight_bytes(model), kv_bytes_per_token(model, torch.float32)
@@ -276,6 +296,9 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(f"    components (x full's prefill): scores (materialised P + column sums) "
                  f"{c['scores']:+.2f}, Gumbel temperature softmax {c['gumbel']:+.2f}, "
                  f"hash noise {c['noise']:+.2f}")
+    if f.get("noise_field_x_full") is not None:
+        lines.append(f"    the noise field (keyformer-field - keyformer), which the fused score never "
+                     f"writes: {f['noise_field_x_full']:+.2f}")
     lines.append(f"    h2o {f['h2o']['x_full']:.2f}x: {'met' if f['h2o']['met'] else 'NOT MET'}; keyformer "
                  f"{f['keyformer']['x_full']:.2f}x: {'met' if f['keyformer']['met'] else 'NOT MET'} "
                  f"(without the noise {f['keyformer']['x_full_without_noise']:.2f}x: "
@@ -334,7 +357,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default="cnn_dailymail", choices=("cnn_dailymail", "random"))
     p.add_argument("--data-dir", default=os.environ.get("KEYFORMER_DATA_DIR"))
     p.add_argument("--prefill-len", type=int, default=4096)
-    p.add_argument("--decode", default="4096x1,2048x8", help="decode points LxB, comma-separated")
+    p.add_argument("--decode", default="4096x1,2048x8", help="decode points LxB, comma-separated ('': none)")
     p.add_argument("--budget", type=float, default=0.5)
     p.add_argument("--steps", type=int, default=32, help="decode steps timed per run")
     p.add_argument("--rounds", type=int, default=3)
