@@ -410,3 +410,22 @@ def test_a_generation_on_the_native_noise_equals_the_eager_one(monkeypatch, tmp_
     assert all(torch.equal(a, b) for a, b in zip(eager_run[2], native_run[2], strict=True))
     for a, b in zip(eager_run[2], fused_run[2], strict=True):
         torch.testing.assert_close(b, a, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("tau", [0.5, 1.37, 2.0])
+def test_gumbel_score_power_is_within_fp32_rounding(tau):
+    """The decode step's eager score ``normalise((p / E) ** (1 / tau))`` (on CPU the power is
+    ``exp(log(w) / tau)``) against float64: within a few ulp, masked entries (p = 0) exactly 0, rows summing
+    to 1."""
+    from keyformer.core.policies.keyformer import gumbel_score
+
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(4, 3, 3, 1, 257, generator=g) * 6
+    logits[..., 200:] = float("-inf")  # empty slots
+    p = torch.softmax(logits, dim=-1)
+    E = torch.rand(p.shape, generator=g) * 17 + 3e-8
+    got = gumbel_score(p.clone(), E, tau)
+    w = (p.double() / E.double()) ** (1 / tau)
+    want = w / w.sum(-1, keepdim=True)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=0)
+    assert torch.equal(got[..., 200:], torch.zeros_like(got[..., 200:]))
