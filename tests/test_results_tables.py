@@ -164,7 +164,8 @@ def test_exp7_devices_match_the_h200_log() -> None:
 
 def test_archive_holds_the_superseded_runs_and_its_manifest() -> None:
     names = {"exp1_cnndm_7e9326a", "exp1_cnndm_oldstream", "exp8_powered_buggy", "exp8_authors_raw",
-             "bench_63988e1", "bench_7ae70b7", "bench_4b5ff8d", "bench_long_ffed69b"}
+             "bench_63988e1", "bench_7ae70b7", "bench_4b5ff8d", "bench_long_ffed69b",
+             "bench_long_217af8f"}
     assert {d.name for d in (RES / "archive").iterdir() if d.is_dir()} == names
     manifest = (RES / "archive" / "MANIFEST.md").read_text()
     assert all(f"`{n}/`" in manifest for n in names)
@@ -477,7 +478,7 @@ def test_exp9_counts_in_prose_are_read_from_the_generated_table() -> None:
 
 def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
     """The long-generation numbers of docs/performance.md and results/bench/README.md are the committed
-    long.txt's (gain, model, share, bound, share of the bound) and the archived run's gains."""
+    long.txt's (gain, model, share, bound, share of the bound, peak RSS) and the archived runs' gains."""
     def rows(path: Path) -> dict[str, list[str]]:
         out = {}
         for ln in path.read_text().splitlines():
@@ -487,7 +488,6 @@ def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
         return out  # dec batch seq gain model share bound share floor% e2e e2e-m agree rss
 
     now = rows(RES / "bench" / "long" / "512_2048" / "long.txt")
-    old = rows(RES / "archive" / "bench_long_ffed69b" / "512_2048" / "long.txt")
     h, k = now["h2o@256"], now["keyformer@256"]
     doc = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     bench = " ".join((RES / "bench" / "README.md").read_text().split())
@@ -497,11 +497,26 @@ def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
     for text in (doc, bench):
         assert f"{h[3]}x (H2O) and {k[3]}x" in text or f"{h[3]}x and {k[3]}x" in text
         assert f"bytes model's {h[4]}x" in text
+        assert f"peak RSS by {k[-1]} MiB" in text and f"H2O's {h[-1]}" in text
     assert f"{pct(h[5])} and {pct(k[5])} of the bytes model's {h[4]}x" in doc
     assert f"{pct(h[7])} and {pct(k[7])} of the compute-floor bound ({h[6]}x)" in doc
     assert f"{pct(h[5])} and {pct(k[5])} of it" in bench
     assert f"{pct(h[7])} (H2O) and {pct(k[7])} (Keyformer) of that bound" in bench
-    assert f"gains {old['h2o@256'][3]}x and {old['keyformer@256'][3]}x, bound {old['h2o@256'][6]}x" in bench
+    assert f"is {h[6]}x, and the policies reach" in bench
+    assert f"end to end (prefill included) {h[9]}x and {k[9]}x" in bench
+    assert f"decode is now {float(k[0]):.0f} against H2O's {float(h[0]):.0f} tok/s" in bench
+    assert min(float(h[7]), float(k[7])) >= 0.9  # "the CPU target's compute clause is met"
+    for name in ("bench_long_217af8f", "bench_long_ffed69b"):
+        old = rows(RES / "archive" / name / "512_2048" / "long.txt")
+        assert (f"`{name}/` (gains {old['h2o@256'][3]}x and {old['keyformer@256'][3]}x, bound "
+                f"{old['h2o@256'][6]}x)") in bench
+    old = rows(RES / "archive" / "bench_long_217af8f" / "512_2048" / "long.txt")
+    was = f"{pct(old['keyformer@256'][7])} against {pct(old['h2o@256'][7])} of the bound at `217af8f`"
+    assert was in bench
+    assert f"`217af8f` had Keyformer at {pct(old['keyformer@256'][7])}" in doc
+    assert f"Keyformer's at `217af8f` {old['keyformer@256'][-1]}" in bench
+    assert json.loads((RES / "bench" / "long" / "512_2048" / "long.json").read_text())[
+        "environment"]["git_commit"].startswith("86a5f65")
 
 
 def test_beam_numbers_in_prose_are_the_committed_run() -> None:
@@ -644,3 +659,19 @@ def test_native_noise_prose_is_read_from_the_committed_files() -> None:
     was = old["environment"]["git_commit"][:7]
     assert f"+{noise[0]:.2f} of a full prefill (+{noise[1]:.2f} at `{was}`)" in para
     assert new["decode"][1]["floors"]["overhead"]["keyformer"]["gumbel_ms"] < 0  # "came out negative"
+
+
+def test_fused_score_prose_is_read_from_the_committed_probe() -> None:
+    """docs/performance-analysis.md's fused-score paragraph quotes results/bench/floors_fused/floors.json:
+    Keyformer with and without the field, the field's and the noise's shares, Keyformer without noise, H2O."""
+    doc = " ".join((ROOT / "docs" / "performance-analysis.md").read_text().split())
+    para = doc[doc.index("**Since `71d17b0`"):doc.index("The previous run, on the quiet")]
+    r = json.loads((RES / "bench" / "floors_fused" / "floors.json").read_text())
+    assert r["environment"]["git_commit"].startswith("86a5f65") and r["args"]["rounds"] == 3
+    f = r["prefill"]["floors"]
+    x = f["x_full"]
+    assert f"{x['keyformer-field']:.2f}x full's prefill with the field, {x['keyformer']:.2f}x fused" in para
+    assert f"cost +{f['noise_field_x_full']:.2f} of a full prefill" in para
+    assert f"computing the noise, +{f['components_x_full']['noise']:.2f}" in para
+    assert f"without the noise it is at {x['keyformer-nonoise']:.2f}x (H2O {x['h2o']:.2f}x" in para
+    assert not f["keyformer"]["met"] and f["keyformer"]["met_without_noise"]
