@@ -637,6 +637,19 @@ def test_exp10_gemma_status_quotes_the_generated_table() -> None:
     row = next(r.split("|") for r in agn.splitlines() if r.startswith("| h2o | 0.5 |"))
     prose = " ".join(text[:text.index(start)].split())
     assert f"H2O ties with Keyformer ({row[5].strip()}, Holm p {row[6].strip()})" in prose
+    rows = {r.split("|")[1].strip(): r.split("|") for r in agn.split("Per task")[0].splitlines()
+            if r.startswith("| ") and "| 0.5 |" in r}
+    assert f"the window is ahead ({rows['window'][5].strip()}, surviving Holm)" in prose
+    assert rows["window"][6].strip() == "< 0.001"
+    assert f"SnapKV is tied ({rows['snapkv'][5].strip()}, Holm p {rows['snapkv'][6].strip()})" in prose
+    assert f"Keyformer ranks {rows['keyformer'][8].strip()} of 4 compressed policies" in prose
+    both = region[region.index("Question-aware vs query-agnostic"):]
+    snap = next(r.split("|") for r in both.splitlines() if r.startswith("| snapkv | 0.5 |"))
+    assert f"Without the question SnapKV loses {snap[5].strip()}" in prose
+    assert all(int(r[-2]) == 55 for r in rows.values())  # complete
+    whole = " ".join(text.split())  # the summary of where Keyformer ranks
+    assert f"query-agnostic it ranks third of four, behind the window ({rows['window'][5].strip()})" in whole
+    assert rows["keyformer"][8].strip() == "3"
 
 
 def test_native_noise_prose_is_read_from_the_committed_files() -> None:
