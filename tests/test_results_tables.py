@@ -517,6 +517,9 @@ def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
     assert f"Keyformer's at `217af8f` {old['keyformer@256'][-1]}" in bench
     assert json.loads((RES / "bench" / "long" / "512_2048" / "long.json").read_text())[
         "environment"]["git_commit"].startswith("86a5f65")
+    bw = [re.search(r"read bandwidth ([\d.]+) GB/s", (d / "512_2048" / "long.txt").read_text()).group(1)
+          for d in (RES / "bench" / "long", RES / "archive" / "bench_long_217af8f")]
+    assert f"read bandwidth of {bw[0]} GB/s where the `217af8f` run measured {bw[1]}" in bench
 
 
 def test_beam_numbers_in_prose_are_the_committed_run() -> None:

@@ -249,7 +249,8 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
 def _prompt_noise(seeds, layer_idx, heads, qpos, kpos, Hkv, G):
     """Thunks ``noise(draw)``: Exp(1) noise of query rows at ``qpos`` [B, r] over keys at ``kpos`` [B, c] ->
     [B, Hkv, G, r, c], and ``noised(probs, draw)``: ``normalise(probs / noise(draw))`` in place without the
-    noise field, or None where the native loop is not in use (:func:`keyformer.core.noise.gumbel_fast`)."""
+    noise field (:func:`keyformer.core.noise.gumbel_fast`); ``noised`` is None where that loop is not in use,
+    so no block computes its keys twice."""
 
     def keys(draw: int) -> tuple[torch.Tensor, torch.Tensor]:
         B, r = qpos.shape
@@ -262,7 +263,7 @@ def _prompt_noise(seeds, layer_idx, heads, qpos, kpos, Hkv, G):
     def noised(probs: torch.Tensor, draw: int = 0) -> torch.Tensor | None:
         return gumbel.gumbel_fast(*keys(draw), probs)
 
-    return noise, noised
+    return noise, (noised if gumbel.gumbel_fast_available(kpos) else None)
 
 
 def _upper(r0: int, r1: int, device) -> torch.Tensor:

@@ -26,6 +26,7 @@ compiled and eager could differ there).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import warnings
@@ -274,26 +275,49 @@ def exp_noise_fast(rkey: torch.Tensor, ckey: torch.Tensor) -> torch.Tensor:
     B, c = shape[0], shape[-1]
     lib = _native(rkey)
     if lib is not None:
-        rk = lanes32(rkey.expand(*shape[:-1], 1).reshape(B, -1))  # [B, M]
-        return native.outer(lib, rk, lanes32(ckey.reshape(ckey.shape[0], c))).view(shape)
+        return native.outer(lib, *_native_keys(rkey, ckey, shape)).view(shape)
     r2 = lanes32(rkey.expand(*shape[:-1], 1).reshape(B, -1, 1))  # [B, M, 1]: few graphs (B == 1 or not)
     # int32 keys in: the fused loop then reads and hashes 32-bit lanes only
     return compiled("block", exp_noise)(r2, lanes32(ckey.reshape(B, 1, c))).view(shape)
+
+
+
+def _native_keys(rkey: torch.Tensor, ckey: torch.Tensor,
+                 shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row keys [B, M] and column keys [B or 1, c] as int32 lanes, as the native loops take them."""
+    B, c = shape[0], shape[-1]
+    return lanes32(rkey.expand(*shape[:-1], 1).reshape(B, -1)), lanes32(ckey.reshape(ckey.shape[0], c))
+
+
+_FUSED = [True]  # the prompt's fused native score in use (fused_score(False): the noise field materialised)
+
+
+@contextlib.contextmanager
+def fused_score(enabled: bool):
+    """Within the block, :func:`gumbel_fast` is used (True, the default) or not (False: the noise field is
+    materialised, as where the native loop is not available; ``keyformer-bench --floors`` times both)."""
+    before = _FUSED[0]
+    _FUSED[0] = enabled
+    try:
+        yield
+    finally:
+        _FUSED[0] = before
+
+
+def gumbel_fast_available(t: torch.Tensor) -> bool:
+    """Whether :func:`gumbel_fast` runs for tensors like ``t`` (checked once per prompt block, before any
+    key is computed for it)."""
+    return _FUSED[0] and use_compile(t) and native.enabled() and _native(t) is not None
 
 
 def gumbel_fast(rkey: torch.Tensor, ckey: torch.Tensor, probs: torch.Tensor) -> torch.Tensor | None:
     """Keyformer's score at tau = 1, ``normalise(probs / E)`` over the last axis with ``E`` the noise of
     :func:`exp_noise_fast` ``(rkey, ckey)``, in place on ``probs`` (fp32, the broadcast shape), as one native
     loop that never writes the noise field (a prompt block's: 2.3 G entries at a 4k prompt); None where that
-    loop is not in use or ``probs``' layout does not suit it (then the caller materialises the noise). The
-    division gives the same bits as ``probs / E``; the normaliser's sum is taken in another order than
-    torch's (last-bit differences, as the compiled score's)."""
+    loop is not in use (:func:`gumbel_fast_available`) or ``probs``' layout does not suit it (then the caller
+    materialises the noise). The division gives the same bits as ``probs / E``; the normaliser's sum is taken
+    in another order than torch's (last-bit differences, as the compiled score's)."""
     shape = torch.broadcast_shapes(rkey.shape, ckey.shape)
-    if probs.shape != shape or not use_compile(rkey):
+    if probs.shape != shape or not gumbel_fast_available(rkey):
         return None
-    lib = _native(rkey)
-    if lib is None:
-        return None
-    B, c = shape[0], shape[-1]
-    rk = lanes32(rkey.expand(*shape[:-1], 1).reshape(B, -1))  # [B, M]
-    return native.outer_gumbel(lib, rk, lanes32(ckey.reshape(ckey.shape[0], c)), probs)
+    return native.outer_gumbel(native.load(HASH_CONSTANTS), *_native_keys(rkey, ckey, shape), probs)

@@ -32,7 +32,6 @@ Run on a quiet machine: ``keyformer-bench --floors --out results/bench/floors`` 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -77,25 +76,11 @@ def policy_of(label: str, budget: float):
     return make_policy(label.removesuffix("-field"), budget=budget)
 
 
-@contextlib.contextmanager
-def _noise_field(label: str):
-    """For ``keyformer-field``: the prompt's fused native score off, so the noise field is materialised."""
-    if label != "keyformer-field":
-        yield
-        return
-    fused = noise.gumbel_fast
-    noise.gumbel_fast = lambda *args: None
-    try:
-        yield
-    finally:
-        noise.gumbel_fast = fused
-
-
 def prefill(model: Any, ids: torch.Tensor, label: str, budget: float, n_new: int) -> tuple[Snapshot, float]:
     """Prompt forward of ``ids`` into a fresh cache of ``label``'s policy; (snapshot, seconds)."""
     mask = torch.ones_like(ids)
     cache = make_cache(model, policy_of(label, budget), mask, max_new_tokens=n_new, seed=0)
-    with _noise_field(label):
+    with noise.fused_score(label != "keyformer-field"):  # keyformer-field: the noise field materialised
         t0 = time.perf_counter()
         out = model(input_ids=ids, attention_mask=mask, cache=cache, logits_to_keep=1)
         sec = time.perf_counter() - t0
