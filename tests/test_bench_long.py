@@ -104,10 +104,29 @@ def test_quick_run_writes_only_its_out_folder(tmp_path, monkeypatch):
             assert r[key] is not None, key
         assert r["decode_gain"] == pytest.approx(r["batch_gain"] * r["seq_gain"])
         assert r["batch_capped"] is False  # --quick's max batch (8) is above every fit
+        # budgeted memory: the probe's peak at the run's batch = the timed run's cache at its end
+        assert r["peak_kv_bytes"] == fits[r["batch"]] == r["kv_tensor_bytes_end"]
     assert rows[("h2o", 16)]["agreement"]["rows"] == 2
     assert rows[("h2o", 16)]["batch_probes"] == rows[("h2o", 0.5)]["batch_probes"]  # 0.5 of 32 = 16
     text = (out / "long.txt").read_text()
     assert "h2o@16" in text and "model" in text
+    head = next(ln.split() for ln in text.splitlines() if ln.startswith("setting"))
+    row = next(ln.split() for ln in text.splitlines() if ln.startswith("32+8") and "h2o@16" in ln)
+    assert head[-2:] == ["kvMB", "rssMB"]
+    assert row[-2] == f"{rows[('h2o', 16)]['peak_kv_bytes'] / 2**20:.0f}"
+
+
+def test_timed_run_measures_rss_from_a_trimmed_heap(monkeypatch):
+    """Each timed run starts its peak-RSS measurement with .memory.start_peak (heap trimmed, mark reset), so
+    its increase does not count memory an earlier run freed but the allocator kept."""
+    calls = []
+    real = lb.start_peak
+    monkeypatch.setattr(lb, "start_peak", lambda: calls.append(1) or real())
+    model = lb.load_bench_model({"model_name": "tiny", "dtype": "float32", "prompt": "random",
+                                 "data_dir": None})[0]
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    r = lb.timed_run(model, ids, "h2o", 6, 3)
+    assert calls == [1] and r["peak_rss_delta_mb"] >= 0
 
 
 def test_quick_run_with_beams_via_keyformer_bench(tmp_path, monkeypatch):
@@ -340,3 +359,17 @@ def test_mask_mode_sliding_layer_still_grows_by_doubling():
             out = model(input_ids=out.logits[:, -1].argmax(-1, keepdim=True), cache=cache, logits_to_keep=1)
             caps.append(cache.layers[0].capacity)
     assert len(set(caps)) <= 4 and max(caps) >= 47  # 8 + 39 slots held, in a few doublings
+
+
+@pytest.mark.slow
+def test_rss_history_script_quick():
+    """scripts/rss_history.py: the same runs from an untrimmed and a trimmed heap, one line per run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rss_history", ROOT / "scripts" / "rss_history.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = mod.main(["--model", "tiny", "--batch", "2", "--prompt-len", "32", "--budget", "8"])
+    rows = [ln.split() for ln in text.splitlines()[3:]]
+    assert [r[1] for r in rows] == ["h2o", "keyformer", "h2o"]
+    assert all(float(x) >= 0 for r in rows for x in r[2:])

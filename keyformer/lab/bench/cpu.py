@@ -12,10 +12,10 @@ Method (also written into the outputs):
 * **Decode phase.** ``rounds`` times: full, c1, full, c2, ..., full; each run restores a copy of its
   snapshot (untimed) and greedy-decodes ``new_tokens`` tokens in a manual loop (timed). Every decode ratio
   is the run's time over the mean of the full runs just before and after it; medians over rounds.
-* **Memory.** Peak RSS of each configuration's prefill: the kernel's high-water mark (VmHWM) is reset
-  through ``/proc/self/clear_refs`` before it and read after it, and reported as the increase over the RSS
-  before it (``peak_rss_delta_mb``). ``kv_tensor_mb`` is what the cache's K/V tensors allocate after the
-  prompt, ``kv_live_mb`` the live tokens they hold.
+* **Memory.** Peak RSS of each configuration's prefill: the C heap is trimmed and the kernel's high-water
+  mark (VmHWM) reset through ``/proc/self/clear_refs`` before it (:func:`.memory.start_peak`) and read
+  after it, reported as the increase over the RSS before it (``peak_rss_delta_mb``). ``kv_tensor_mb`` is
+  what the cache's K/V tensors allocate after the prompt, ``kv_live_mb`` the live tokens they hold.
 * **Bytes model.** Bytes read per decode step = weights + K/V attended (average over the decode), over
   the read bandwidth measured in this run (a large ``torch.sum``); the predicted speedup over full is the
   bytes ratio.
@@ -45,7 +45,7 @@ from keyformer.core.generate import make_cache
 from keyformer.core.policies import make_policy
 from keyformer.run.results import git_commit
 
-from .memory import reset_peak_rss, status_mb
+from .memory import start_peak, status_mb
 
 # ---------------------------------------------------------------------------------------------------------
 # Process memory
@@ -294,13 +294,12 @@ def run_group(model: Any, cfg: dict[str, Any], g: dict[str, Any], prompts: torch
     snaps: dict[str, Snapshot] = {}
 
     def one_prefill(conf: Config) -> float:
-        before = rss_mb()
-        resettable = reset_peak_rss()
+        before = start_peak()  # the heap trimmed first: the increase is not an earlier run's garbage
         snap, sec = prefill(model, prompts, conf, n_new, seed)
         r = results.setdefault(conf.label, Result(name, L, B, conf.policy, conf.budget, conf.label))
         r.prefill_s.append(sec)
         if conf.label not in snaps:
-            if resettable:
+            if before == before:  # not NaN: the high-water mark was reset
                 r.peak_rss_mb = peak_rss_mb()
                 r.peak_rss_delta_mb = r.peak_rss_mb - before
             r.kv_tensor_bytes, r.kv_live_bytes = cache_bytes(snap.cache)

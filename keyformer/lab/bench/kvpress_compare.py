@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from keyformer.lab.bench.memory import reset_peak_rss, status_mb
+from keyformer.lab.bench.memory import start_peak, status_mb
 
 DEFAULT_OUT = Path("results") / "bench" / "kvpress"
 KVPRESS_PYTHON = Path(".venv-kvpress") / "bin" / "python"  # below the checkout's root
@@ -72,8 +72,7 @@ def load_prompts(path: Path) -> dict[str, Any]:
 
 def timed_generate(fn: Any, clock: Any) -> dict[str, Any]:
     """Run ``fn()`` (a generate call using ``clock``) and return prefill/decode times and peak RSS."""
-    before = status_mb("VmRSS")
-    reset_peak_rss()
+    before = start_peak()
     t0 = time.perf_counter()
     out = fn()
     t1 = time.perf_counter()
@@ -195,8 +194,7 @@ def side_ours(args: argparse.Namespace) -> None:
 
     def run(policy: Any, ids: list[int], n: int) -> dict[str, Any]:
         x = torch.tensor([ids])
-        before = status_mb("VmRSS")
-        reset_peak_rss()
+        before = start_peak()
         o = generate(model, x, torch.ones_like(x), policy, max_new_tokens=n, min_new_tokens=n)
         return {"prefill_s": o.prefill_s, "decode_ms": 1000 * o.decode_s / max(1, o.n_decode_steps),
                 "n_decode_steps": o.n_decode_steps, "peak_rss_delta_mb": status_mb("VmHWM") - before,

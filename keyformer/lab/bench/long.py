@@ -13,8 +13,10 @@ long generations ("batch gain x throughput gain"). This module does that for our
   confirmed by measuring ``b`` (fits) and ``b + 1`` (does not fit); every probe is recorded.
 * **Timed runs.** ``rounds`` interleaved rounds (full, then each policy@budget) of prompt forward + greedy
   decode of ``new_tokens`` tokens at that batch; generated tok/s end to end (prefill included) and of the
-  decode alone, medians with IQR, peak RSS increase of the run, and each run's token agreement with full
-  (same prompts; the rows both batches hold).
+  decode alone, medians with IQR, and each run's token agreement with full (same prompts; the rows both
+  batches hold). Memory: the measured peak K/V bytes at the run's batch (the quantity the budget caps), and
+  the run's peak RSS increase over the RSS before it, the C heap trimmed first (:mod:`.memory`: without
+  that, the increase depended on the runs before it in the process).
 * **Gains.** ``batch_gain`` = B_policy / B_full; ``seq_gain`` = per-sequence tok/s ratio; ``gain`` = their
   product = total tok/s ratio (decode and end to end).
 * **Bytes model** beside every gain: a decode step reads the weights once plus every sample's attended K/V, at
@@ -68,7 +70,7 @@ from .cpu import (
     weight_bytes,
 )
 from .journal import Journal
-from .memory import reset_peak_rss, status_mb
+from .memory import start_peak, status_mb
 
 DEFAULT_OUT = "outputs/bench_long"
 DEFAULTS = {"settings": "512+2048,512+4096,2048+2048", "budgets": "256,512,1024,0.5",
@@ -189,8 +191,7 @@ def timed_run(model: Any, ids: torch.Tensor, name: str, budget: float | int | No
     the generated tokens [B, n_new] and the peak RSS increase (MiB) of the run."""
     pol = _policy(name, budget)
     mask = torch.ones_like(ids)
-    rss0 = status_mb("VmRSS")
-    reset_peak_rss()
+    rss0 = start_peak()  # the heap trimmed first (see .memory): the increase is this run's
     with torch.inference_mode():
         cache = make_cache(model, pol, mask, max_new_tokens=n_new, seed=seed)
         t0 = time.perf_counter()
@@ -430,6 +431,7 @@ def summarize(s: Setting, runs: dict, batch: dict, probes: dict, floors: dict[in
                "decode_tok_s": spread(dec), "step_ms": median(step_ms),
                "prefill_s": median([r["prefill_s"] for r in rs]),
                "peak_rss_delta_mb": max(r["peak_rss_delta_mb"] for r in rs),
+               "peak_kv_bytes": next((v for b, v in probes[c] if b == B), None),
                "kv_tensor_bytes_end": rs[0]["kv_tensor_bytes_end"], "attended_slots_avg": slots,
                "bytes_model_step_ms": model_ms, "floor_step_ms": floors.get(B),
                "compute_bound": bool(floors.get(B, 0.0) > model_ms)}
@@ -515,17 +517,20 @@ def format_table(report: dict[str, Any]) -> str:
              "batch); model = the bytes model's gain, share = gain / model; bound = max(bytes model, "
              "measured compute floor); floor% = floor ms / measured ms; e2e = end-to-end gain, e2e-m = "
              "its model (measured prefill + bytes-model decode); agree = token agreement with full; "
-             "* = batch capped by --max-batch (more might fit)",
+             "kvMB = measured peak K/V tensors at that batch (what the budget caps); rssMB = peak RSS "
+             "increase of the run over the heap-trimmed RSS before it; * = batch capped by --max-batch "
+             "(more might fit)",
              f"{'setting':<10} {'config':<16} {'B':>3} {'e2e tok/s':>22} {'dec tok/s':>8} {'batch':>6} "
              f"{'seq':>6} "
              f"{'gain':>6} {'model':>6} {'share':>6} {'bound':>6} {'share':>6} {'floor%':>6} {'e2e':>6} "
-             f"{'e2e-m':>6} {'agree':>6} {'rssMB':>7}"]
+             f"{'e2e-m':>6} {'agree':>6} {'kvMB':>6} {'rssMB':>7}"]
     for r in report["rows"]:
         e = r["e2e_tok_s"]
         cfg = r["policy"] + ("@" + budget_label(r["budget"]) if r["budget"] is not None else "")
         cfg += "*" if r.get("batch_capped") else ""
         ag = r.get("agreement", {}).get("match")
         fs = r.get("floor_share")
+        kv = r.get("peak_kv_bytes")
         lines.append(
             f"{r['setting']:<10} {cfg:<16} {r['batch']:>3} {e['median']:>8.1f} [{e['q1']:.1f}, "
             f"{e['q3']:.1f}]".ljust(44)
@@ -535,7 +540,9 @@ def format_table(report: dict[str, Any]) -> str:
             f"{_f(r.get('bound_gain')):>6} {_f(r.get('share_of_bound')):>6} "
             f"{'-' if fs is None else format(100 * fs, '.0f'):>6} {_f(r.get('e2e_gain')):>6} "
             f"{_f(r.get('e2e_model_gain')):>6} "
-            f"{'-' if ag is None else format(ag, '.2f'):>6} {r['peak_rss_delta_mb']:>7.0f}")
+            f"{'-' if ag is None else format(ag, '.2f'):>6} "
+            f"{'-' if kv is None else format(kv / 2**20, '.0f'):>6} "
+            f"{r['peak_rss_delta_mb']:>7.0f}")
     if report.get("beams"):
         bm = report["beams"]
         lines.append(f"\nbeam search, {bm['num_beams']} beams, batch 1, "
