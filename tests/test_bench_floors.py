@@ -82,5 +82,7 @@ def test_quick_run_via_keyformer_bench(tmp_path, monkeypatch):
 def test_bad_options_name_the_value():
     with pytest.raises(SystemExit, match="--rounds=0"):
         floors.main(["--rounds", "0"])
+    with pytest.raises(SystemExit, match="--decode-rounds=0"):
+        floors.main(["--decode-rounds", "0"])
     with pytest.raises(SystemExit, match="--budget=1.5"):
         floors.main(["--budget", "1.5"])

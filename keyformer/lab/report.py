@@ -506,11 +506,13 @@ def bench_floors(res: Path, name: str = "bench/floors") -> None:
     f = res / name / "floors.json"
     if not f.exists():
         return
+    from keyformer.lab.bench.floors import rounds_label
+
     r = json.loads(f.read_text(encoding="utf-8"))
     env, pf = r["environment"], r["prefill"]["floors"]
     print(f"\n### What stops each unmet target, measured (`{name}/floors.txt`: git "
-          f"{str(env['git_commit'])[:7]}, {env['cpu']}, {env['threads']} threads, {r['args']['rounds']} "
-          f"interleaved rounds, medians)\n")
+          f"{str(env['git_commit'])[:7]}, {env['cpu']}, {env['threads']} threads, "
+          f"{rounds_label(r['args'])}, medians)\n")
     print("| target | measured | the floor under it |\n|---|---|---|")
     c = pf["components_x_full"]
     print(f"| 2: prefill at {r['prefill']['prompt_len']} tokens vs full | H2O {pf['h2o']['x_full']:.2f}x, "

@@ -64,7 +64,8 @@ DEFAULT_OUT = "outputs/bench_floors"
 PREFILL = ("full", "h2o", "keyformer-nonoise", "keyformer-field", "keyformer")
 DECODE = ("full", "window", "h2o", "keyformer-nonoise", "keyformer", "floor")
 QUICK = ["--model", "tiny", "--prompt", "random", "--prefill-len", "48", "--decode", "48x1", "--steps", "3",
-         "--rounds", "1", "--profile-steps", "1", "--bandwidth-mb", "8", "--bench", ""]
+         "--rounds", "1", "--decode-rounds", "1", "--profile-steps", "1", "--bandwidth-mb", "8",
+         "--bench", ""]
 
 
 def policy_of(label: str, budget: float):
@@ -232,7 +233,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
             snaps["floor"] = prefill(model, make_prompts(None, vocab, 8, B, 1), "floor", args.budget,
                                      args.steps)[0]
 
-            dc = interleaved(DECODE, args.rounds, lambda k, s=snaps: decode_ms(model, s[k], args.steps))
+            dc = interleaved(DECODE, args.decode_rounds,
+                             lambda k, s=snaps: decode_ms(model, s[k], args.steps))
             log(f"  decode L{L}xB{B}: " + ", ".join(f"{k} {_med(dc, k):.1f}" for k in DECODE) + " ms/step")
             fl = decode_floors(dc, args.budget, w_bytes, per_token, L, B, args.steps, bw["read_gbs"],
                                args.overhead_limit, args.share_target)
@@ -262,12 +264,19 @@ def _iqr(s: dict[str, float], fmt: str = ".1f") -> str:
     return f"{s['median']:{fmt}} [{s['q1']:{fmt}}, {s['q3']:{fmt}}]"
 
 
+def rounds_label(args: dict[str, Any]) -> str:
+    """"3 interleaved rounds", or "3 prefill and 7 decode interleaved rounds" where they differ (runs before
+    ``--decode-rounds`` existed used ``--rounds`` for both)."""
+    p, d = args["rounds"], args.get("decode_rounds", args["rounds"])
+    return f"{p} interleaved rounds" if p == d else f"{p} prefill and {d} decode interleaved rounds"
+
+
 def format_report(r: dict[str, Any]) -> str:
     env, a = r["environment"], r["args"]
     lines = [f"Floors under keyformer-bench's targets ({env['cpu']}, {env['threads']} threads, torch "
              f"{env['torch']}, fp32, model {a['model']}, git {env['git_commit']}; load avg start "
              f"{[round(x, 2) for x in env['loadavg']]} end {[round(x, 2) for x in env['loadavg_end']]}; "
-             f"{a['rounds']} interleaved rounds, medians [IQR])",
+             f"{rounds_label(a)}, medians [IQR])",
              f"bandwidth read {r['bandwidth']['read_gbs']:.1f} GB/s; weights "
              f"{r['weight_bytes'] / 2**20:.0f} MiB",
              ""]
@@ -345,7 +354,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", default="4096x1,2048x8", help="decode points LxB, comma-separated ('': none)")
     p.add_argument("--budget", type=float, default=0.5)
     p.add_argument("--steps", type=int, default=32, help="decode steps timed per run")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved prefill rounds")
+    p.add_argument("--decode-rounds", type=int, default=7,
+                   help="interleaved decode rounds (cheaper than a prefill, and noisier: the parts "
+                        "they split are a few ms)")
     p.add_argument("--profile-steps", type=int, default=4, help="profiled decode steps per config (0: none)")
     p.add_argument("--bandwidth-mb", type=int, default=1024)
     p.add_argument("--threads", type=int, default=None)
@@ -364,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "--quick" in argv:
         argv = QUICK + [a for a in argv if a != "--quick"]
     args = parser().parse_args(argv)
-    for key in ("rounds", "steps", "prefill_len"):
+    for key in ("rounds", "decode_rounds", "steps", "prefill_len"):
         if getattr(args, key) < 1:
             raise SystemExit(f"--{key.replace('_', '-')}={getattr(args, key)} must be >= 1")
     if not 0 < args.budget <= 1:
