@@ -69,12 +69,12 @@ def main(argv: list[str] | None = None) -> str:
         return ""
     opts = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
             if k not in ("out", "trim", "child")]
+    env = environment()  # before the runs: the commit they ran at
     modes = {}
     for trim in (False, True):  # each mode in a fresh process: the first run starts from the same heap
         res = subprocess.run([sys.executable, __file__, "--child", *opts, *(["--trim"] if trim else [])],
                              capture_output=True, text=True, check=True)
         modes[trim] = json.loads(res.stdout.strip().splitlines()[-1])
-    env = environment()
     lines = [f"peak RSS increase of each run over the RSS before it, in one process, in order ({args.model}, "
              f"batch {args.batch}, {args.prompt_len}-token prompt + 1 decode step, budget {args.budget}, "
              f"{env['threads']} threads)",

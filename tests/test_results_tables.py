@@ -691,3 +691,26 @@ def test_fused_score_prose_is_read_from_the_committed_probe() -> None:
     assert f"computing the noise, +{f['components_x_full']['noise']:.2f}" in para
     assert f"without the noise it is at {x['keyformer-nonoise']:.2f}x (H2O {x['h2o']:.2f}x" in para
     assert not f["keyformer"]["met"] and f["keyformer"]["met_without_noise"]
+
+
+def test_rss_history_numbers_in_prose_are_the_committed_run() -> None:
+    """results/bench/README.md's account of the 16900 MiB reading quotes results/bench/rss_history.txt and the
+    long run's journal probes (the measured K/V peak at batch 64), not typed numbers."""
+    text = " ".join((RES / "bench" / "README.md").read_text().split())
+    rows = [ln.split() for ln in (RES / "bench" / "rss_history.txt").read_text().splitlines()[3:]]
+    assert [r[1] for r in rows] == ["h2o", "keyformer", "h2o"]
+    untrimmed, trimmed = [r[3] for r in rows], [r[5] for r in rows]
+    assert (f"H2O's increase read {untrimmed[0]} MiB, then Keyformer's {untrimmed[1]} and H2O's again "
+            f"{untrimmed[2]}") in text
+    assert f"{trimmed[0]}, {trimmed[1]} and {trimmed[2]}. Trimmed, Keyformer's prefill raises RSS" in text
+    assert float(trimmed[1]) < min(float(trimmed[0]), float(trimmed[2]))
+    probes = {}
+    for ln in (RES / "bench" / "long" / "512_2048" / "journal.jsonl").read_text().splitlines():
+        d = json.loads(ln)
+        if str(d.get("key", "")).startswith("probe/"):
+            probes[d["key"]] = d["value"]
+    kv = {probes[f"probe/{p}/256/512+2048/64"] for p in ("h2o", "keyformer")}
+    assert len(kv) == 1 and f"({kv.pop() / 2**20:.0f} MiB for both policies" in text
+    long = json.loads((RES / "bench" / "long" / "512_2048" / "long.json").read_text())
+    limit = long["kv_memory_budget_bytes"]
+    assert f"within the {limit / 2**20:.0f} MiB budget" in text
