@@ -86,3 +86,12 @@ def test_bad_options_name_the_value():
         floors.main(["--decode-rounds", "0"])
     with pytest.raises(SystemExit, match="--budget=1.5"):
         floors.main(["--budget", "1.5"])
+
+
+def test_docs_state_the_default_rounds():
+    """docs/performance.md's round counts are the parser's defaults."""
+    from pathlib import Path
+
+    a = floors.parser().parse_args([])
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "performance.md").read_text().split())
+    assert f"{a.rounds} prefill rounds, {a.decode_rounds} decode rounds" in doc

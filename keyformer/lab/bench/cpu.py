@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import platform
 import statistics
@@ -299,7 +300,7 @@ def run_group(model: Any, cfg: dict[str, Any], g: dict[str, Any], prompts: torch
         r = results.setdefault(conf.label, Result(name, L, B, conf.policy, conf.budget, conf.label))
         r.prefill_s.append(sec)
         if conf.label not in snaps:
-            if before == before:  # not NaN: the high-water mark was reset
+            if not math.isnan(before):  # NaN: the high-water mark could not be reset
                 r.peak_rss_mb = peak_rss_mb()
                 r.peak_rss_delta_mb = r.peak_rss_mb - before
             r.kv_tensor_bytes, r.kv_live_bytes = cache_bytes(snap.cache)
