@@ -482,6 +482,10 @@ def test_floors_prose_is_read_from_the_committed_probe() -> None:
     assert f"**+{noise[0]:.2f} of a full prefill at `{r['environment']['git_commit'][:7]}`**, against " \
            f"+{noise[1]:.2f} at `{was}`" in notes
     assert (r["args"]["rounds"], r["args"]["decode_rounds"]) == (3, 7) and "3 prefill and 7 decode" in notes
+    kx = [x["prefill"]["floors"]["x_full"]["keyformer"] for x in (r, old)]
+    assert f"{kx[0]:.2f}x full's in this probe against {kx[1]:.2f}x at `{was}`" in notes
+    nx = [x["prefill"]["floors"]["x_full"]["keyformer-nonoise"] for x in (r, old)]
+    assert nx[0] < nx[1] and noise[0] >= noise[1]  # "the noise-free path got faster, the noise part did not"
     kf = r["decode"][0]["floors"]["overhead"]["keyformer"]
     assert (f"without it is {kf['x_window_without_noise']:.3f}x the window, with it {kf['x_window']:.3f}x"
             in notes)
