@@ -379,6 +379,8 @@ def test_bench_status_prose_is_read_from_the_committed_runs() -> None:
     env = json.loads((RES / "bench" / "bench.json").read_text())["environment"]
     old_commit = json.loads((OLD_BENCH / "bench.json").read_text())["environment"]["git_commit"][:7]
     assert f"a clean worktree at `{env['git_commit'][:7]}`" in para and "dirty" not in env["git_commit"]
+    day = re.search(r"started (\d{4}-\d\d-\d\d)", (RES / "bench" / "run_log.txt").read_text())[1]
+    assert f"re-measured on {day} from a clean worktree" in para
     assert f"the `{old_commit}` run (`results/archive/{OLD_BENCH.name}/`)" in para
     assert env["cpu"] == "AMD EPYC (family 25 model 1, AVX2)" and "Zen 3 (family 25 model 1, AVX2" in para
     bw = [re.search(r"read ([\d.]+) GB/s", t)[1] for t in (new, old)]
@@ -428,6 +430,11 @@ def test_bench_readme_numbers_are_the_committed_runs() -> None:
     minutes = [_run_minutes(RES / "bench" / "run_log.txt"), _run_minutes(OLD_BENCH / "run_log.txt")]
     assert f"a clean worktree at `{commit}`" in text and f"AVX2, read {bw[0]} GB/s" in text
     assert f"the grid took {minutes[0]} minutes" in text
+    log = (RES / "bench" / "run_log.txt").read_text()
+    t0, t1 = (re.search(rf"{k} (\d{{4}}-\d\d-\d\d)T(\d\d:\d\d)", log) for k in ("started", "finished"))
+    assert f"the run of {t0[1]} {t0[2]}-{t1[2]} from a clean worktree at `{commit}`" in text
+    old_start = re.search(r"started (\d{4}-\d\d-\d\d)T(\d\d:\d\d)", (OLD_BENCH / "run_log.txt").read_text())
+    assert f"`{old_commit}`, {old_start[1]} {old_start[2]}," in text
     assert f"a median {spread[0]} % of their medians" in text
     assert (f"The run before it (clean worktree at `{old_commit}`" in text
             and f"read {bw[1]} GB/s; decode IQRs {spread[1]} %; {minutes[1]} minutes" in text)
