@@ -373,3 +373,45 @@ def test_rss_history_script_quick():
     rows = [ln.split() for ln in text.splitlines()[3:]]
     assert [r[1] for r in rows] == ["h2o", "keyformer", "h2o"]
     assert all(float(x) >= 0 for r in rows for x in r[2:])
+
+
+@pytest.mark.parametrize("share, bound, compute_bound, want", [
+    (0.93, 1.20, False, "met (bytes model)"),      # bytes-bound and at 93 % of the model
+    (0.89, 1.20, False, "not met"),                # not compute-bound: the bound is not the bar
+    (0.63, 1.09, True, "met (compute floor)"),     # compute-bound, at 109 % of max(bytes model, floor)
+    (0.63, 0.85, True, "not met"),                 # compute-bound but 85 % of the bound
+    (None, None, False, "-"),                      # no full row to compare with
+])
+def test_long_verdict_applies_the_issues_target(share, bound, compute_bound, want):
+    from keyformer.lab.report import long_verdict
+
+    row = {"share_of_bytes_model": share, "share_of_bound": bound, "compute_bound": compute_bound}
+    assert long_verdict(row) == want
+
+
+def test_bench_long_section_reads_every_setting(tmp_path):
+    """``keyformer-report --section bench_long`` prints one row per configuration of every setting's
+    long.json, settings ordered by prompt then generated tokens, partial runs marked, and the beam line."""
+    from keyformer.lab.report import render
+
+    def run(prompt: int, new: int, complete: bool, beams: dict | None) -> dict:
+        row = lambda p, b, g: {"setting": f"{prompt}+{new}", "policy": p, "budget": b, "batch": 4,  # noqa: E731
+                               "decode_tok_s": {"median": 10.0 * g, "n": 1}, "decode_gain": g,
+                               "bytes_model_gain": 2.0 * g, "share_of_bytes_model": 0.5, "bound_gain": g,
+                               "share_of_bound": 1.0, "compute_bound": p != "full", "e2e_gain": g}
+        return {"environment": {"git_commit": "abcdef0123", "cpu": "cpu", "threads": 2},
+                "kv_memory_budget_bytes": 2**20, "settings": [{"prompt_len": prompt, "new_tokens": new}],
+                "bandwidth": {"read_gbs": 20.0}, "complete": complete, "beams": beams,
+                "rows": [row("full", None, 1.0), row("h2o", 256, 3.0)]}
+
+    beams = {"num_beams": 4, "prompt_len": 512, "new_tokens": 64,
+             "rows": [{"policy": "full", "prefill_speedup": 4.0, "same_sequences": True}]}
+    for prompt, new, complete, bm in ((2048, 2048, False, None), (512, 2048, True, beams)):
+        (tmp_path / "bench" / "long" / f"{prompt}_{new}").mkdir(parents=True)
+        (tmp_path / "bench" / "long" / f"{prompt}_{new}" / "long.json").write_text(
+            json.dumps(run(prompt, new, complete, bm)))
+    text = render("bench_long", tmp_path)
+    rows = [ln for ln in text.splitlines() if ln.startswith("| 512") or ln.startswith("| 2048")]
+    assert [r.split("|")[1].strip() for r in rows] == ["512+2048"] * 2 + ["2048+2048 (partial)"] * 2
+    assert rows[1].rstrip().endswith("| met (compute floor) |") and "| 3.00x | 6.00x | 50 % |" in rows[1]
+    assert "git abcdef0" in text and "full 4.00x faster" in text

@@ -4,7 +4,7 @@
     keyformer-report --results DIR      # another curated results folder
     keyformer-report --list             # the section names
     keyformer-report --section exp1_cnndm --section provenance
-    keyformer-report --update-readme    # rewrite the marked tables of README.md, results/README.md, docs/
+    keyformer-report --update-readme    # rewrite the marked tables of the READMEs and docs/
     keyformer-report --check-readme     # exit 1 naming each marked table that differs from the data
 
 Every table a README quotes sits between ``<!-- keyformer-report:NAME -->`` and ``<!-- /keyformer-report:NAME
@@ -501,6 +501,66 @@ def exp6_speedup(res: Path, name: str = "bench") -> None:
               f"included ({t['gain']:.2f}x in decode alone).")
 
 
+def long_verdict(row: dict) -> str:
+    """Issue 23's CPU target for one long-benchmark row: >= 90 % of the bytes model's equal-memory gain, or,
+    where the measured compute floor bounds the policy's step (floor ms > bytes-model ms), >= 90 % of the
+    bound max(bytes model, floor)."""
+    share, bound = row.get("share_of_bytes_model"), row.get("share_of_bound")
+    if share is None:
+        return "-"
+    if share >= 0.9:
+        return "met (bytes model)"
+    if row.get("compute_bound") and bound is not None and bound >= 0.9:
+        return "met (compute floor)"
+    return "not met"
+
+
+def bench_long(res: Path, name: str = "bench/long") -> None:
+    """The long-generation benchmark at a fixed KV memory budget (``keyformer-bench --long``), one row per
+    setting and configuration from each ``<setting>/long.json``, with issue 23's CPU verdict per row."""
+    runs = [json.loads(f.read_text(encoding="utf-8")) for f in sorted((res / name).glob("*/long.json"))]
+    if not runs:
+        return
+    runs.sort(key=lambda r: (r["settings"][0]["prompt_len"], r["settings"][0]["new_tokens"]))
+    envs = {(str(r["environment"]["git_commit"])[:7], r["environment"]["cpu"], r["environment"]["threads"])
+            for r in runs}
+    prov = "; ".join(f"git {c}, {cpu}, {t} threads" for c, cpu, t in sorted(envs))
+    budgets = sorted({round(r["kv_memory_budget_bytes"] / 2**20, 2) for r in runs})
+    print(f"\n### {name}: long generations at a fixed KV memory budget ({prov}; fp32; "
+          f"K/V budget {', '.join(f'{b:.0f}' for b in budgets)} MiB)\n")
+    print("| setting | config | batch | decode tok/s | gain | bytes model | share | compute-floor bound | "
+          "share of bound | e2e gain | agree | K/V MiB | rounds | CPU target |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    f2 = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    pct = lambda v: "-" if v is None else f"{100 * v:.0f} %"  # noqa: E731
+    for r in runs:
+        for row in r["rows"]:
+            cfg = row["policy"] + (f"@{row['budget']:g}" if row["budget"] is not None else "")
+            ag = (row.get("agreement") or {}).get("match")
+            kv = row.get("peak_kv_bytes")
+            print(f"| {row['setting']}{'' if r.get('complete', True) else ' (partial)'} | {cfg} | "
+                  f"{row['batch']}{'*' if row.get('batch_capped') else ''} | "
+                  f"{row['decode_tok_s']['median']:.1f} | {f2(row.get('decode_gain'))}x | "
+                  f"{f2(row.get('bytes_model_gain'))}x | {pct(row.get('share_of_bytes_model'))} | "
+                  f"{f2(row.get('bound_gain'))}x | {pct(row.get('share_of_bound'))} | "
+                  f"{f2(row.get('e2e_gain'))}x | {f2(ag)} | {'-' if kv is None else f'{kv / 2**20:.0f}'} | "
+                  f"{row['decode_tok_s']['n']} | {long_verdict(row) if row['policy'] != 'full' else '-'} |")
+    bw = ", ".join(f"{r['settings'][0]['prompt_len']}+{r['settings'][0]['new_tokens']}: "
+                   f"{r['bandwidth']['read_gbs']:.1f}" for r in runs)
+    print("\nbatch: the largest that fits the K/V budget, measured (`*`: capped by `--max-batch`); gain: "
+          "decode tok/s vs full at its own largest batch; share: gain / the bytes model's; compute-floor "
+          "bound: the gain if each step took max(bytes model, a measured step over an 8-token cache); agree: "
+          "token agreement with full; CPU target (issue 23): share >= 90 %, or share of bound >= 90 % where "
+          f"the floor bounds the step. Read bandwidth (GB/s) per setting: {bw}.")
+    for r in runs:
+        bm = r.get("beams")
+        if bm:
+            parts = ", ".join(f"{b['policy']} {b['prefill_speedup']:.2f}x"
+                              f"{'' if b['same_sequences'] else ' (sequences differ)'}" for b in bm["rows"])
+            print(f"\nBeam search ({bm['num_beams']} beams, batch 1, {bm['prompt_len']}+{bm['new_tokens']}): "
+                  f"prefill with the prompt run once per sample vs once per beam: {parts} faster.")
+
+
 def bench_floors(res: Path, name: str = "bench/floors") -> None:
     """What stops each unmet CPU target, as ``keyformer-bench --floors`` measured it (``floors.json``)."""
     f = res / name / "floors.json"
@@ -868,10 +928,11 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     "bench_targets": bench_targets,
     "exp6_speedup": exp6_speedup,
     "bench_floors": bench_floors,
+    "bench_long": bench_long,
     "exp10_ruler": ruler,
     "exp10_ruler_gemma": lambda res: ruler(res, "exp10_ruler_gemma"),
 }
-README_FILES = (Path("README.md"), Path("results/README.md"))
+README_FILES = (Path("README.md"), Path("results/README.md"), Path("results/bench/README.md"))
 
 
 def readme_files() -> tuple[Path, ...]:
@@ -930,7 +991,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--section", action="append", metavar="NAME", help="print only this section (repeatable)")
     ap.add_argument("--list", action="store_true", help="list the section names")
     ap.add_argument("--update-readme", nargs="*", type=Path, metavar="FILE",
-                    help="rewrite the marked tables of these files (default: README.md results/README.md)")
+                    help="rewrite the marked tables of these files (default: the READMEs and docs/*.md)")
     ap.add_argument("--check-readme", nargs="*", type=Path, metavar="FILE",
                     help="exit 1 if a marked table of these files differs from the data")
     args = ap.parse_args(argv)
