@@ -165,7 +165,7 @@ def test_exp7_devices_match_the_h200_log() -> None:
 def test_archive_holds_the_superseded_runs_and_its_manifest() -> None:
     names = {"exp1_cnndm_7e9326a", "exp1_cnndm_oldstream", "exp8_powered_buggy", "exp8_authors_raw",
              "bench_63988e1", "bench_7ae70b7", "bench_4b5ff8d", "bench_long_ffed69b",
-             "bench_long_217af8f", "bench_f206083"}
+             "bench_long_217af8f", "bench_long_86a5f65", "bench_f206083"}
     assert {d.name for d in (RES / "archive").iterdir() if d.is_dir()} == names
     manifest = (RES / "archive" / "MANIFEST.md").read_text()
     assert all(f"`{n}/`" in manifest for n in names)
@@ -525,48 +525,67 @@ def test_exp9_counts_in_prose_are_read_from_the_generated_table() -> None:
 
 def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
     """The long-generation numbers of docs/performance.md and results/bench/README.md are the committed
-    long.txt's (gain, model, share, bound, share of the bound, peak RSS) and the archived runs' gains."""
+    long.json's (gains, model, shares, bound, decode and prefill, peak RSS and K/V, beams) and the archived
+    runs' long.txt (gains, bound, bandwidth)."""
     def rows(path: Path) -> dict[str, list[str]]:
         out = {}
         for ln in path.read_text().splitlines():
             f = ln.split()
             if len(f) > 10 and f[0] == "512+2048":
                 out[f[1].rstrip("*")] = f[f.index(next(x for x in f if x.endswith("]"))) + 1:]
-        return out  # dec batch seq gain model share bound share floor% e2e e2e-m agree rss
+        return out  # dec batch seq gain model share bound share floor% e2e e2e-m agree [kvMB] rss
 
-    now = rows(RES / "bench" / "long" / "512_2048" / "long.txt")
-    h, k = now["h2o@256"], now["keyformer@256"]
+    run = json.loads((RES / "bench" / "long" / "512_2048" / "long.json").read_text())
+    assert run["environment"]["git_commit"].startswith("c89afe8") and run["complete"] and run["rounds"] == 1
+    now = {r["policy"]: r for r in run["rows"]}
+    h, k, f = now["h2o"], now["keyformer"], now["full"]
     doc = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     bench = " ".join((RES / "bench" / "README.md").read_text().split())
-    def pct(x: str) -> str:
-        return f"{round(float(x) * 100)} %"
-
-    for text in (doc, bench):
-        assert f"{h[3]}x (H2O) and {k[3]}x" in text or f"{h[3]}x and {k[3]}x" in text
-        assert f"bytes model's {h[4]}x" in text
-        assert f"peak RSS by {k[-1]} MiB" in text and f"H2O's {h[-1]}" in text
-    assert f"{pct(h[5])} and {pct(k[5])} of the bytes model's {h[4]}x" in doc
-    assert f"{pct(h[7])} and {pct(k[7])} of the compute-floor bound ({h[6]}x)" in doc
-    assert f"{pct(h[5])} and {pct(k[5])} of it" in bench
-    assert f"{pct(h[7])} (H2O) and {pct(k[7])} (Keyformer) of that bound" in bench
-    assert f"is {h[6]}x, and the policies reach" in bench
-    assert f"end to end (prefill included) {h[9]}x and {k[9]}x" in bench
-    assert f"decode is now {float(k[0]):.0f} against H2O's {float(h[0]):.0f} tok/s" in bench
-    assert min(float(h[7]), float(k[7])) >= 0.9  # "the CPU target's compute clause is met"
-    for name in ("bench_long_217af8f", "bench_long_ffed69b"):
+    x = lambda v: f"{v:.2f}x"  # noqa: E731
+    pct = lambda v: f"{round(100 * v)} %"  # noqa: E731
+    assert f"{pct(h['share_of_bytes_model'])} and {pct(k['share_of_bytes_model'])} of the bytes model's " \
+           f"{x(h['bytes_model_gain'])}" in doc
+    assert f"{pct(h['share_of_bound'])} and {pct(k['share_of_bound'])} of the compute-floor bound " \
+           f"({x(h['bound_gain'])})" in doc
+    assert (f"fit batch {h['batch']} (the `--max-batch` cap) against full's {f['batch']} and reach decode "
+            f"gains of {x(h['decode_gain'])} and {x(k['decode_gain'])}, {pct(h['share_of_bytes_model'])} and "
+            f"{pct(k['share_of_bytes_model'])} of the bytes model's {x(h['bytes_model_gain'])}") in bench
+    assert h["batch"] == k["batch"] == 64 and h["batch_capped"] and k["batch_capped"]
+    assert (f"reach {pct(h['share_of_bound'])} (H2O) and {pct(k['share_of_bound'])} (Keyformer) of the "
+            f"compute-floor bound ({x(h['bound_gain'])})") in bench
+    assert min(h["share_of_bound"], k["share_of_bound"]) >= 0.9 and h["compute_bound"] and k["compute_bound"]
+    assert max(h["share_of_bytes_model"], k["share_of_bytes_model"]) < 0.9  # "not met"
+    dec = [round(r["decode_tok_s"]["median"]) for r in (k, h)]
+    assert f"ahead of H2O's ({dec[0]} against {dec[1]} tok/s at batch 64)" in bench and dec[0] > dec[1]
+    assert (f"End to end (prefill included) {x(h['e2e_gain'])} (H2O) and {x(k['e2e_gain'])} (Keyformer): "
+            f"Keyformer's batch-64 prefill took {k['prefill_s']:.0f} s against H2O's "
+            f"{h['prefill_s']:.0f} s") in bench
+    assert (f"Keyformer's run raised it by {k['peak_rss_delta_mb']:.0f} MiB, H2O's by "
+            f"{h['peak_rss_delta_mb']:.0f}") in bench
+    assert h["peak_kv_bytes"] == k["peak_kv_bytes"] <= run["kv_memory_budget_bytes"]
+    assert (f"peaked at {h['peak_kv_bytes'] / 2**20:.0f} MiB for both (the budget's measure, within "
+            f"{run['kv_memory_budget_bytes'] / 2**20:.0f} MiB)") in bench
+    bm = {b["policy"]: b for b in run["beams"]["rows"]}
+    assert all(b["same_sequences"] for b in bm.values()) and run["beams"]["num_beams"] == 4
+    assert (f"made the prefill {x(bm['full']['prefill_speedup'])} (full), {x(bm['h2o']['prefill_speedup'])} "
+            f"(H2O) and {x(bm['keyformer']['prefill_speedup'])} (Keyformer) faster") in bench
+    for name in ("bench_long_86a5f65", "bench_long_217af8f", "bench_long_ffed69b"):
         old = rows(RES / "archive" / name / "512_2048" / "long.txt")
         assert (f"`{name}/` (gains {old['h2o@256'][3]}x and {old['keyformer@256'][3]}x, bound "
                 f"{old['h2o@256'][6]}x)") in bench
     old = rows(RES / "archive" / "bench_long_217af8f" / "512_2048" / "long.txt")
-    was = f"{pct(old['keyformer@256'][7])} against {pct(old['h2o@256'][7])} of the bound at `217af8f`"
-    assert was in bench
-    assert f"`217af8f` had Keyformer at {pct(old['keyformer@256'][7])}" in doc
+    assert f"At `217af8f` Keyformer reached {pct(float(old['keyformer@256'][7]))} against H2O's " \
+           f"{pct(float(old['h2o@256'][7]))} of the bound" in bench
     assert f"Keyformer's at `217af8f` {old['keyformer@256'][-1]}" in bench
-    assert json.loads((RES / "bench" / "long" / "512_2048" / "long.json").read_text())[
+    was = rows(RES / "archive" / "bench_long_86a5f65" / "512_2048" / "long.txt")
+    assert f"raised peak RSS by {was['keyformer@256'][-1]} MiB (H2O's {was['h2o@256'][-1]}" in bench
+    assert json.loads((RES / "archive" / "bench_long_86a5f65" / "512_2048" / "long.json").read_text())[
         "environment"]["git_commit"].startswith("86a5f65")
-    bw = [re.search(r"read bandwidth ([\d.]+) GB/s", (d / "512_2048" / "long.txt").read_text()).group(1)
-          for d in (RES / "bench" / "long", RES / "archive" / "bench_long_217af8f")]
-    assert f"read bandwidth of {bw[0]} GB/s where the `217af8f` run measured {bw[1]}" in bench
+    bw = [f"{run['bandwidth']['read_gbs']:.1f}"] + [
+        re.search(r"read bandwidth ([\d.]+) GB/s", (RES / "archive" / n / "512_2048" / "long.txt")
+                  .read_text()).group(1) for n in ("bench_long_86a5f65", "bench_long_217af8f")]
+    assert (f"read bandwidth of {bw[0]} GB/s, the `86a5f65` run {bw[1]} and the `217af8f` run {bw[2]}, on "
+            "the same host type") in bench
 
 
 def test_beam_numbers_in_prose_are_the_committed_run() -> None:
@@ -757,7 +776,4 @@ def test_rss_history_numbers_in_prose_are_the_committed_run() -> None:
         if str(d.get("key", "")).startswith("probe/"):
             probes[d["key"]] = d["value"]
     kv = {probes[f"probe/{p}/256/512+2048/64"] for p in ("h2o", "keyformer")}
-    assert len(kv) == 1 and f"({kv.pop() / 2**20:.0f} MiB for both policies" in text
-    long = json.loads((RES / "bench" / "long" / "512_2048" / "long.json").read_text())
-    limit = long["kv_memory_budget_bytes"]
-    assert f"within the {limit / 2**20:.0f} MiB budget" in text
+    assert len(kv) == 1 and f"peaked at {kv.pop() / 2**20:.0f} MiB for both" in text
