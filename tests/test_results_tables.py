@@ -574,6 +574,16 @@ def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
     assert f"{pct(h['share_of_bound'])} and {pct(k['share_of_bound'])} of the compute-floor bound " \
            f"({x(h['bound_gain'])})" in doc
     assert h["batch"] == k["batch"] == 64 and h["batch_capped"] and k["batch_capped"]
+    mib = f"{run['kv_memory_budget_bytes'] / 2**20:.0f}"
+    assert run["kv_memory_budget_source"] == "full cache at batch 4, 512+4096 (measured)"
+    assert f"full's cache at batch 4 for 512 + 4096 tokens ({mib} MiB)" in bench
+    assert f"at {mib} MiB of K/V" in doc and f"within {mib} MiB" in bench
+    assert run["budgets"] == [256] and sorted(run["policies"]) == ["h2o", "keyformer"]
+    day = re.search(r"started (\d{4}-\d\d-\d\d)", (RES / "bench" / "long" / "run_log.txt").read_text())[1]
+    assert f"({day}, a quiet 2-core AMD EPYC Zen 3" in bench
+    b = run["beams"]
+    assert f"Beam search ({b['num_beams']} beams, batch 1, {b['prompt_len']} + {b['new_tokens']} tokens" \
+        in bench
     for setting in ("512_2048", "512_4096"):
         r = json.loads((RES / "bench" / "long" / setting / "long.json").read_text())
         assert r["environment"]["git_commit"].startswith("c89afe8") and r["complete"]
