@@ -789,6 +789,29 @@ def test_fused_score_prose_is_read_from_the_committed_probe() -> None:
     assert not f["keyformer"]["met"] and f["keyformer"]["met_without_noise"]
 
 
+def test_rss_probe_numbers_in_prose_are_the_committed_probe() -> None:
+    """results/bench/README.md's account of Keyformer alone at 512 + 4096 quotes the committed probe: its peak
+    increase, that it came from the prompt forward, and the flat decode RSS it names."""
+    probe = RES / "bench" / "long" / "rss_probe" / "keyformer_256_512_4096_b64.jsonl"
+    lines = probe.read_text().splitlines()
+    head, rows_ = json.loads(lines[0]), [json.loads(ln) for ln in lines[1:]]
+    run = json.loads((RES / "bench" / "long" / "512_4096" / "long.json").read_text())
+    shape = (head["policy"], head["budget"], head["batch"], head["prompt"], head["new"])
+    assert shape == ("keyformer", 256, 64, 512, 4096)
+    journal = (RES / "bench" / "long" / "512_4096" / "journal.jsonl").read_text().splitlines()
+    assert head["code"] == json.loads(journal[0])["header"]["code"]  # the benchmarked code of that run
+    bench = " ".join((RES / "bench" / "README.md").read_text().split())
+    rise = rows_[-1]["hwm_mb"] - head["base_rss_mb"]
+    assert rows_[0]["hwm_mb"] == rows_[-1]["hwm_mb"]  # "all of it in the prompt forward"
+    decode = [r for r in rows_ if r["step"] >= 128]
+    assert max(r["rss_mb"] for r in decode) - min(r["rss_mb"] for r in decode) < 1  # "held its RSS"
+    assert rows_[-1]["step"] == head["new"] - 1
+    assert f"raised peak RSS by +{rise:.0f} MiB, all of it in the prompt forward, and held its RSS at " \
+           f"{decode[0]['rss_mb']:.0f} MiB from decode step 128 to {rows_[-1]['step']}" in bench
+    k = {r["policy"]: r for r in run["rows"]}["keyformer"]
+    assert k["peak_rss_delta_mb"] > 3 * rise  # the run's reading is several times the process-fresh one
+
+
 def test_rss_history_numbers_in_prose_are_the_committed_run() -> None:
     """results/bench/README.md's account of the 16900 MiB reading quotes results/bench/rss_history.txt and the
     long run's journal probes (the measured K/V peak at batch 64), not typed numbers."""
