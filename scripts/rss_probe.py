@@ -49,7 +49,8 @@ def compiles() -> dict[str, int]:
     return {f"{k}.{j}": int(v) for k in ("stats", "recompiles") for j, v in counters[k].items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Run the probe; returns the header and the rows (also printed, and written to ``--out``)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--policy", default="keyformer")
@@ -60,7 +61,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=128)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", default=None, help="JSONL of the rows (also printed)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = {"model_name": args.model, "dtype": "float32", "prompt": "cnn_dailymail",
@@ -71,6 +72,7 @@ def main() -> None:
     budget = int(args.budget) if args.budget >= 1 else args.budget
     pol = make_policy("full") if args.policy == "full" else make_policy(args.policy, budget=budget)
     sink = open(args.out, "w") if args.out else None
+    logged: list[dict] = []
 
     def row(step: int, cache, t0: float) -> None:
         n, size = live_tensors()
@@ -79,6 +81,7 @@ def main() -> None:
              "tensor_mb": round(size / 2**20, 1),
              "s": round(time.perf_counter() - t0, 1), **compiles()}
         print(json.dumps(r), flush=True)
+        logged.append(r)
         if sink:
             sink.write(json.dumps(r) + "\n")
             sink.flush()
@@ -88,6 +91,7 @@ def main() -> None:
             "new": args.new, "model": args.model, "dtype": "float32", "base_rss_mb": round(base, 1),
             **environment(), "code": code_tree(paths=BENCH_CODE)}
     print(json.dumps(head), flush=True)
+    logged.append(head)
     if sink:
         sink.write(json.dumps(head) + "\n")
     mask = torch.ones_like(ids)
@@ -102,6 +106,9 @@ def main() -> None:
             t = out.logits[:, -1].argmax(-1, keepdim=True)
             if step % args.every == 0 or step == args.new - 1:
                 row(step, cache, t0)
+    if sink:
+        sink.close()
+    return logged
 
 
 if __name__ == "__main__":
