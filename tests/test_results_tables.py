@@ -683,6 +683,29 @@ def test_exp10_prose_numbers_are_the_generated_tables() -> None:
     assert f"about {kf:.0f} s for Keyformer's context prefill" in prose
 
 
+def test_exp10_prose_holm_p_values_are_the_generated_cells() -> None:
+    """Every Holm-adjusted p that results/README.md's experiment 10 prose quotes beside a difference from
+    Keyformer is the `p (Holm)` cell of the generated row holding that difference (the p values move as
+    policies join the comparison)."""
+    text = (RES / "README.md").read_text()
+    sec = text[text.index("## Experiment 10"):text.index("## Overall")]
+    ci = r"[+-]\d+\.\d\d \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\]"
+    parts = sec.split("### The same table on Gemma 3 270M")
+    for name, part in zip(("exp10_ruler", "exp10_ruler_gemma"), parts, strict=True):
+        start, end = f"<!-- keyformer-report:{name} -->", f"<!-- /keyformer-report:{name} -->"
+        region = part[part.index(start):part.index(end)]
+        prose = " ".join(part[:part.index(start)].split())
+        holm = r"(?:Holm p|but not after Holm's correction \(p) (\d\.\d{3})"
+        quoted = re.findall(rf"({ci})\)?,? {holm}", prose)
+        if name == "exp10_ruler":
+            assert len(quoted) >= 5
+        for diff, pv in quoted:
+            cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in region.splitlines()
+                     if ln.startswith("| ") and f"| {diff} |" in ln]
+            assert cells, (name, diff)
+            assert all(row[row.index(diff) + 1] == pv for row in cells), (name, diff, pv)
+
+
 def _ruler_per_task(region: str) -> dict[tuple[str, str, str], dict[str, str]]:
     """``(setting, policy, ratio) -> {task: cell}`` from the "Per task (mean)" tables of a generated exp10
     region (setting: ``question-aware`` / ``query-agnostic``)."""
@@ -716,6 +739,8 @@ def test_exp10_prose_per_task_counts_are_the_generated_cells() -> None:
     kz, full = t[("query-agnostic", "kvzip", "0.5")], t[("query-agnostic", "full", "0")]
     prose = " ".join(smol.split())
     assert f"on cwe and fwe ({kz['cwe']} vs {full['cwe']}, {kz['fwe']} vs {full['fwe']})" in prose
+    rg, ra = t[("query-agnostic", "rkv", "0.5")], t[("question-aware", "rkv", "0.5")]
+    assert f"niah_single_1: {rg['niah_single_1']} against {ra['niah_single_1']})" in prose
     g = region(gem, "exp10_ruler_gemma")
     fa, fg = g[("question-aware", "full", "0")], g[("query-agnostic", "full", "0")]
     sn, kf = g[("question-aware", "snapkv", "0.5")], g[("question-aware", "keyformer", "0.5")]
