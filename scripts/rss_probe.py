@@ -20,9 +20,8 @@ import warnings
 import torch
 
 from keyformer.core.generate import make_cache
-from keyformer.core.policies import make_policy
 from keyformer.lab.bench.cpu import environment, load_bench_model, make_prompts, prompt_tokens
-from keyformer.lab.bench.long import BENCH_CODE
+from keyformer.lab.bench.long import BENCH_CODE, DEFAULTS, _policy, parse_budgets
 from keyformer.lab.bench.memory import start_peak, status_mb
 from keyformer.run.results import code_tree
 
@@ -54,7 +53,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--policy", default="keyformer")
-    ap.add_argument("--budget", type=float, default=256)
+    ap.add_argument("--budget", default="256", help="tokens (int) or a fraction of the prompt")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--new", type=int, default=4096)
@@ -68,11 +67,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
            "data_dir": os.environ.get("KEYFORMER_DATA_DIR")}
     model, tok = load_bench_model(cfg)
     text = prompt_tokens(cfg, tok, args.prompt_len * (args.batch + 1))
-    ids = make_prompts(text, model.config.vocab_size, args.prompt_len, args.batch, 0)
-    budget = int(args.budget) if args.budget >= 1 else args.budget
-    pol = make_policy("full") if args.policy == "full" else make_policy(args.policy, budget=budget)
+    # the long benchmark's prompt pool (its default max_batch + 1 rows), so row b is its row b
+    pool = max(args.batch, DEFAULTS["max_batch"] + 1)
+    ids = make_prompts(text, model.config.vocab_size, args.prompt_len, pool, 0)[:args.batch]
+    budget = parse_budgets(args.budget)[0]
+    pol = _policy(args.policy, budget)
     sink = open(args.out, "w") if args.out else None
     logged: list[dict] = []
+
+    def emit(d: dict) -> None:
+        print(json.dumps(d), flush=True)
+        logged.append(d)
+        if sink:
+            sink.write(json.dumps(d) + "\n")
+            sink.flush()
 
     def row(step: int, cache, t0: float) -> None:
         n, size = live_tensors()
@@ -80,20 +88,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
              "kv_mb": round(cache.tensor_bytes() / 2**20, 1), "tensors": n,
              "tensor_mb": round(size / 2**20, 1),
              "s": round(time.perf_counter() - t0, 1), **compiles()}
-        print(json.dumps(r), flush=True)
-        logged.append(r)
-        if sink:
-            sink.write(json.dumps(r) + "\n")
-            sink.flush()
+        emit(r)
 
     base = start_peak()
     head = {"policy": args.policy, "budget": budget, "batch": args.batch, "prompt": args.prompt_len,
             "new": args.new, "model": args.model, "dtype": "float32", "base_rss_mb": round(base, 1),
             **environment(), "code": code_tree(paths=BENCH_CODE)}
-    print(json.dumps(head), flush=True)
-    logged.append(head)
-    if sink:
-        sink.write(json.dumps(head) + "\n")
+    emit(head)
     mask = torch.ones_like(ids)
     t0 = time.perf_counter()
     with torch.inference_mode():

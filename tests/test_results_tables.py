@@ -706,6 +706,24 @@ def test_exp10_prose_holm_p_values_are_the_generated_cells() -> None:
             assert all(row[row.index(diff) + 1] == pv for row in cells), (name, diff, pv)
 
 
+def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
+    """experiments/exp10_ruler.md's status: SmolLM2's nine policies complete at ratio 0.5 in both settings (11
+    points each), Gemma 3's 55 points a setting, and the commits it names for KeyDiff and R-KV query-agnostic
+    are those in points.csv."""
+    doc = " ".join((ROOT / "experiments" / "exp10_ruler.md").read_text().split())
+    for setting in ("aware", "agnostic"):
+        p = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv")
+        p = p[p["complete"] & ((p["budget"] == 0.5) | (p["policy"] == "full"))]
+        assert p.groupby("policy").size().to_dict() == {k: 11 for k in (
+            "full", "keyformer", "h2o", "snapkv", "window", "expected_attention", "keydiff", "kvzip", "rkv")}
+        g = pd.read_csv(RES / "exp10_ruler_gemma" / setting / "points.csv")
+        assert int(g["complete"].sum()) == 55
+    assert "11 points each" in doc and "(55 points each)" in doc
+    a = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
+    got = {c[:7] for c in a.loc[a["policy"].isin(["keydiff", "rkv"]), "git_commit"]}
+    assert len(got) == 1 and f"KeyDiff and R-KV from `{got.pop()}`" in doc
+
+
 def _ruler_per_task(region: str) -> dict[tuple[str, str, str], dict[str, str]]:
     """``(setting, policy, ratio) -> {task: cell}`` from the "Per task (mean)" tables of a generated exp10
     region (setting: ``question-aware`` / ``query-agnostic``)."""
@@ -833,8 +851,11 @@ def test_rss_probe_numbers_in_prose_are_the_committed_probe() -> None:
     assert rows_[-1]["step"] == head["new"] - 1
     assert f"raised peak RSS by +{rise:.0f} MiB, all of it in the prompt forward, and held its RSS at " \
            f"{decode[0]['rss_mb']:.0f} MiB from decode step 128 to {rows_[-1]['step']}" in bench
-    k = {r["policy"]: r for r in run["rows"]}["keyformer"]
-    assert k["peak_rss_delta_mb"] > 3 * rise  # the run's reading is several times the process-fresh one
+    by = {r["policy"]: r for r in run["rows"]}
+    assert by["keyformer"]["peak_rss_delta_mb"] > 3 * rise  # the run's reading is several times this one
+    assert abs(rise / by["h2o"]["peak_rss_delta_mb"] - 1) < 0.1  # docs: "level with H2O's"
+    assert f"(full at batch {by['full']['batch']} and H2O at batch {by['h2o']['batch']}, each over " \
+           f"{run['settings'][0]['new_tokens']} steps)" in bench
 
 
 def test_rss_history_numbers_in_prose_are_the_committed_run() -> None:
