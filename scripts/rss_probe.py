@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     base = start_peak()
     head = {"policy": args.policy, "budget": budget, "batch": args.batch, "prompt": args.prompt_len,
             "new": args.new, "model": args.model, "dtype": "float32", "base_rss_mb": round(base, 1),
-            **environment(), "code": code_tree(paths=BENCH_CODE)}
+            **environment(), "code": code_tree(paths=BENCH_CODE),
+            "malloc_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")}}
     emit(head)
     mask = torch.ones_like(ids)
     t0 = time.perf_counter()

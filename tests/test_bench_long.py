@@ -375,21 +375,24 @@ def test_rss_history_script_quick():
     assert all(float(x) >= 0 for r in rows for x in r[2:])
 
 
-def test_rss_probe_script_quick(tmp_path):
-    """scripts/rss_probe.py: a header naming the run and its code, then a row at the prompt, every ``--every``
-    decode steps and the last; the probe itself holds no tensors across steps (the live count is flat)."""
+def test_rss_probe_script_quick(tmp_path, monkeypatch):
+    """scripts/rss_probe.py: a header naming the run, its code and glibc's ``MALLOC_*`` settings, then a row
+    at the prompt, every ``--every`` decode steps and the last; the probe itself holds no tensors across steps
+    (the live count is flat)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("rss_probe", ROOT / "scripts" / "rss_probe.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = tmp_path / "probe.jsonl"
+    monkeypatch.setenv("MALLOC_PROBE_TEST_", "7")
     rows = mod.main(["--model", "tiny", "--batch", "2", "--prompt-len", "16", "--budget", "8", "--new", "20",
                      "--every", "8", "--out", str(out)])
     head, steps = rows[0], rows[1:]
     assert [json.loads(ln) for ln in out.read_text().splitlines()] == rows
     assert (head["policy"], head["budget"], head["batch"], head["new"]) == ("keyformer", 8, 2, 20)
     assert head["code"] and head["cpu"] and head["base_rss_mb"] > 0
+    assert head["malloc_env"].get("MALLOC_PROBE_TEST_") == "7"
     assert [r["step"] for r in steps] == [0, 8, 16, 19]
     assert all(r["hwm_mb"] >= r["rss_mb"] > 0 for r in steps)
     assert len({r["tensors"] for r in steps[1:]}) == 1
