@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import gc
+import warnings
 
 import pytest
 import torch
@@ -94,6 +96,26 @@ class _Inspect(LogitsProcessor):
         self.check(self.cache, self.calls)
         self.calls += 1
         return scores
+
+
+@pytest.mark.parametrize("policy", (*POLICY_NAMES, "snapkv"))
+def test_no_prompt_sized_kv_outlives_the_prompt_cut(model, policy):
+    """After an evicting policy's prompt forward nothing holds a K/V row block of the whole prompt: each
+    layer's cut happens after its attention, so the uncut prompt K/V of every layer must not stay alive
+    through the prompt forward (it did: each layer kept its new rows for the next step, and a batch-64
+    prefill of 2048 tokens then held all 30 layers' uncut K/V of SmolLM2, 6 GB, at its end)."""
+    n = 37  # a prompt length no other tensor of these tests has
+    ids = _prompt(6, n=n)
+    cache = make_cache(model, make_policy(policy, budget=0.25), torch.ones_like(ids), max_new_tokens=NEW)
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, logits_to_keep=1)
+    assert out.logits.shape[1] == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # isinstance on deprecated torch aliases
+        held = [tuple(t.shape) for t in gc.get_objects()
+                if isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[2] == n]
+    assert held == []
+    assert all(lay.capacity < n for lay in cache.layers)
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)

@@ -181,7 +181,9 @@ class EvictingLayer(CacheLayerMixin):
         # [B, q] each
         new_pos, new_real = self.cache.new_positions(self.layer_idx, self.seen, q, B, self.device)
         self.pos[:, :, L : L + q] = new_pos.unsqueeze(1)
-        self.new_kv = rows
+        # a one-token step moves its row into the victim's slot; a prompt's rows are in the buffers already,
+        # and holding them would keep every layer's uncut prompt K/V alive through the whole prompt forward
+        self.new_kv = rows if q == 1 else None
         if self.cache.policy.needs_attention:
             self.score[:, :, L : L + q] = 0.0
         if self.cache.mode == "mask":
