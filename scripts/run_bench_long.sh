@@ -6,6 +6,8 @@
 # commits that change only results or docs resume it), with its own python:
 #   git worktree add ../wt_long HEAD && cd ../wt_long && PY=/path/to/.venv/bin/python bash scripts/run_bench_long.sh
 # Extra arguments go to every keyformer-bench --long call (e.g. --rounds 3). OUT_ROOT moves the outputs.
+# Budgets 256, 512 and 1024 tokens: the bench's default 0.5 is 256 tokens of a 512-token prompt and 1024 of a
+# 2048-token one, the same budget in tokens as an absolute one in every setting here (it would time them twice).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
@@ -18,6 +20,7 @@ for s in 512+2048 512+4096 2048+2048; do
   beams=0; [ "$s" = 512+2048 ] && beams=4
   out="$root/${s/+/_}"
   "$PY" -m keyformer.lab.bench.long --settings "$s" --memory-ref 512+4096 --rounds 2 --beams "$beams" \
+    --budgets 256,512,1024 \
     --out "$out" "$@" 2> >(grep -v -e '^USDT' -e 'Loading weights' >&2) | tee -a "$out.stdout.txt"
   echo "$s finished rc ${PIPESTATUS[0]} $(date -Is); uptime: $(uptime)" >> "$log"
 done

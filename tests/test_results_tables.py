@@ -858,6 +858,33 @@ def test_rss_probe_numbers_in_prose_are_the_committed_probe() -> None:
            f"{run['settings'][0]['new_tokens']} steps)" in bench
 
 
+def test_prompt_kv_fix_numbers_in_prose_are_the_committed_probes() -> None:
+    """results/bench/README.md's before/after account of the prompt K/V fix quotes the four committed probes
+    (peak RSS increase, live tensors after the prompt, the allocator's share) and their commits."""
+    d = RES / "bench" / "long" / "rss_probe"
+    read = {}
+    for when in ("before", "after"):
+        for env in ("default", "mmap128k"):
+            rows = [json.loads(ln) for ln in (d / f"h2o_256_512_b64_prompt_{when}_{env}.jsonl").read_text()
+                    .splitlines()]
+            head = rows[0]
+            assert (head["policy"], head["budget"], head["batch"], head["prompt"]) == ("h2o", 256, 64, 512)
+            assert head["malloc_env"] == ({} if env == "default" else {"MALLOC_MMAP_THRESHOLD_": "131072"})
+            read[when, env] = (round(rows[-1]["hwm_mb"] - head["base_rss_mb"]), rows[1]["tensor_mb"],
+                               head["git_commit"][:7])
+    (b, bt, bc), (a, at, ac) = read["before", "default"], read["after", "default"]
+    bm, am = read["before", "mmap128k"][0], read["after", "mmap128k"][0]
+    assert {bc, read["before", "mmap128k"][2]} == {"c6e2801"}
+    assert {ac, read["after", "mmap128k"][2]} == {"00e547c"}
+    text = " ".join((RES / "bench" / "README.md").read_text().split())
+    assert f"(fixed at `{ac}`, after the runs above)" in text
+    assert (f"peak RSS +{b} MiB before the fix, +{a} after; live tensors after the prompt {bt:.0f} and "
+            f"{at:.0f} MiB") in text
+    assert f"+{bm} and +{am} MiB, so at the fixed code the allocator keeps {a - am} MiB at the peak" in text
+    assert f"includes the leak ({bt - at:.0f} MiB of live tensors at batch 64 over 512 tokens)" in text
+    assert a < b and am < bm and at < bt
+
+
 def test_rss_history_numbers_in_prose_are_the_committed_run() -> None:
     """results/bench/README.md's account of the 16900 MiB reading quotes results/bench/rss_history.txt and the
     long run's journal probes (the measured K/V peak at batch 64), not typed numbers."""
