@@ -414,7 +414,8 @@ def test_long_verdict_applies_the_issues_target(share, bound, compute_bound, wan
 
 def test_bench_long_section_reads_every_setting(tmp_path):
     """``keyformer-report --section bench_long`` prints one row per configuration of every setting's
-    long.json, settings ordered by prompt then generated tokens, partial runs marked, and the beam line."""
+    long.json, settings ordered by prompt then generated tokens, partial runs marked, each row's commit where
+    the settings ran at different ones, and the beam line."""
     from keyformer.lab.report import render
 
     def run(prompt: int, new: int, complete: bool, beams: dict | None) -> dict:
@@ -438,3 +439,9 @@ def test_bench_long_section_reads_every_setting(tmp_path):
     assert [r.split("|")[1].strip() for r in rows] == ["512+2048"] * 2 + ["2048+2048 (partial)"] * 2
     assert rows[1].rstrip().endswith("| met (compute floor) |") and "| 3.00x | 6.00x | 50 % |" in rows[1]
     assert "git abcdef0" in text and "full 4.00x faster" in text
+    later = json.loads((tmp_path / "bench" / "long" / "512_2048" / "long.json").read_text())
+    later["environment"]["git_commit"] = "1234567890"
+    (tmp_path / "bench" / "long" / "512_2048" / "long.json").write_text(json.dumps(later))
+    rows = [ln.split("|")[1].strip() for ln in render("bench_long", tmp_path).splitlines()
+            if ln.startswith("| 512") or ln.startswith("| 2048")]
+    assert rows == ["512+2048 (git 1234567)"] * 2 + ["2048+2048 (partial) (git abcdef0)"] * 2

@@ -525,6 +525,7 @@ def bench_long(res: Path, name: str = "bench/long") -> None:
     envs = {(str(r["environment"]["git_commit"])[:7], r["environment"]["cpu"], r["environment"]["threads"])
             for r in runs}
     prov = "; ".join(f"git {c}, {cpu}, {t} threads" for c, cpu, t in sorted(envs))
+    mixed = len({c for c, _, _ in envs}) > 1  # settings run at different commits: each row names its own
     budgets = sorted({round(r["kv_memory_budget_bytes"] / 2**20, 2) for r in runs})
     print(f"\n### {name}: long generations at a fixed KV memory budget ({prov}; fp32; "
           f"K/V budget {', '.join(f'{b:.0f}' for b in budgets)} MiB)\n")
@@ -538,7 +539,8 @@ def bench_long(res: Path, name: str = "bench/long") -> None:
             cfg = row["policy"] + (f"@{row['budget']:g}" if row["budget"] is not None else "")
             ag = (row.get("agreement") or {}).get("match")
             kv = row.get("peak_kv_bytes")
-            print(f"| {row['setting']}{'' if r.get('complete', True) else ' (partial)'} | {cfg} | "
+            at = f" (git {str(r['environment']['git_commit'])[:7]})" if mixed else ""
+            print(f"| {row['setting']}{'' if r.get('complete', True) else ' (partial)'}{at} | {cfg} | "
                   f"{row['batch']}{'*' if row.get('batch_capped') else ''} | "
                   f"{row['decode_tok_s']['median']:.1f} | {f2(row.get('decode_gain'))}x | "
                   f"{f2(row.get('bytes_model_gain'))}x | {pct(row.get('share_of_bytes_model'))} | "
