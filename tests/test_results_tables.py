@@ -165,7 +165,7 @@ def test_exp7_devices_match_the_h200_log() -> None:
 def test_archive_holds_the_superseded_runs_and_its_manifest() -> None:
     names = {"exp1_cnndm_7e9326a", "exp1_cnndm_oldstream", "exp8_powered_buggy", "exp8_authors_raw",
              "bench_63988e1", "bench_7ae70b7", "bench_4b5ff8d", "bench_long_ffed69b",
-             "bench_long_217af8f", "bench_long_86a5f65", "bench_f206083"}
+             "bench_long_217af8f", "bench_long_86a5f65", "bench_f206083", "bench_long_dd576eb"}
     assert {d.name for d in (RES / "archive").iterdir() if d.is_dir()} == names
     manifest = (RES / "archive" / "MANIFEST.md").read_text()
     assert all(f"`{n}/`" in manifest for n in names)
@@ -830,6 +830,23 @@ def test_fused_score_prose_is_read_from_the_committed_probe() -> None:
     assert f"computing the noise, +{f['components_x_full']['noise']:.2f}" in para
     assert f"without the noise it is at {x['keyformer-nonoise']:.2f}x (H2O {x['h2o']:.2f}x" in para
     assert not f["keyformer"]["met"] and f["keyformer"]["met_without_noise"]
+
+
+def test_unaccepted_fixed_code_run_is_slower_everywhere_as_the_prose_says() -> None:
+    """results/bench/README.md keeps the c89afe8 run at 512 + 2048 because the dd576eb re-run decoded every
+    configuration and ran the floor step slower, and slowed H2O's prompt forward but not Keyformer's."""
+    read = lambda d: json.loads((RES / d / "512_2048" / "long.json").read_text())  # noqa: E731
+    new, old = read("archive/bench_long_dd576eb"), read("bench/long")
+    assert new["environment"]["git_commit"].startswith("dd576eb") and new["complete"]
+    assert old["environment"]["git_commit"].startswith("c89afe8")
+    n, o = ({r["policy"]: r for r in x["rows"]} for x in (new, old))
+    assert set(n) == set(o) == {"full", "h2o", "keyformer"}
+    assert all(n[p]["decode_tok_s"]["median"] < o[p]["decode_tok_s"]["median"] for p in n)
+    assert all(n[p]["floor_step_ms"] > o[p]["floor_step_ms"] for p in ("h2o", "keyformer"))
+    assert n["h2o"]["prefill_s"] > 1.3 * o["h2o"]["prefill_s"]
+    assert n["keyformer"]["prefill_s"] < o["keyformer"]["prefill_s"]
+    text = " ".join((RES / "bench" / "README.md").read_text().split())
+    assert "H2O's prompt forward slowed, Keyformer's did not" in text
 
 
 def test_rss_probe_numbers_in_prose_are_the_committed_probe() -> None:
