@@ -44,7 +44,8 @@ def _policy(name: str, **kw):
         kw.setdefault("window_size", 8)
     if POLICIES[name].compress == "interval":  # a cut inside the NEW decode steps (R-KV: buffer >= window)
         kw.setdefault("buffer", 8)
-    return make_policy(name, budget=0.5, **kw)
+    kw.setdefault("budget", 0.5)
+    return make_policy(name, **kw)
 
 
 def _prompt(seed: int, n: int = N) -> torch.Tensor:
@@ -430,6 +431,110 @@ def test_shared_beam_scores(model, name):
         assert [per_beam.cache.kept_positions(li) for li in range(2)] != [phys.cache.kept_positions(li)
                                                                           for li in range(2)]
 
+
+
+class _Forwards:
+    """Counts the model's forwards and the tokens they read."""
+
+    def __init__(self, model):
+        self.calls, self.tokens = 0, 0
+        self.handle = model.register_forward_pre_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.calls, self.tokens = self.calls + 1, self.tokens + ids.shape[1]
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_shared_prompt_equals_its_own(model, name):
+    """PromptMemo: a run whose prompt forward is another budget's (copied uncut, cut to this run's budget and
+    recent window) gives the tokens, logits, kept sets and KV bytes of a run with its own forward, and runs
+    no prompt forward; a padded batch with per-sample seeds, in both modes."""
+    from keyformer.core.prompt_memo import PromptMemo
+
+    if not POLICIES[name].evicts:
+        pytest.skip("keeps everything: no budget to share a prompt across (the memo is not used)")
+    lengths = (30, 36)
+    ids = torch.zeros(2, max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, -n:], mask[i, -n:] = _prompt(40 + i, n)[0], 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    settings = [dict(budget=0.5), dict(budget=0.25), dict(budget=0.75, recent=0.5)]
+    for mode in ("physical", "mask"):
+        memo = PromptMemo()
+        kw = dict(max_new_tokens=NEW, output_logits=True, seeds=[5, 6], mode=mode, pad_token_id=0)
+        for i, b in enumerate([*settings, settings[0]]):
+            pol = _policy(name, **b)
+            own = generate(model, ids, mask, pol, **kw)
+            counter = _Forwards(model)
+            try:
+                shared = generate(model, ids, mask, pol, prompt_memo=memo, **kw)
+            finally:
+                counter.handle.remove()
+            assert shared.prompt_reused == (i > 0) and not own.prompt_reused
+            # a reused prompt runs no prompt forward (nor KVzip's reconstruction): only the decode steps'
+            assert counter.tokens == NEW - 1 if i > 0 else counter.tokens >= ids.shape[1] + NEW - 1
+            assert torch.equal(shared.sequences, own.sequences), (mode, b)
+            assert torch.equal(shared.logits, own.logits), (mode, b)
+            assert shared.kv_bytes == own.kv_bytes
+            for li in range(len(own.cache.layers)):
+                assert shared.cache.kept_positions(li) == own.cache.kept_positions(li), (mode, b, li)
+        assert (memo.misses, memo.hits, len(memo.entries)) == (1, 3, 1)
+
+
+@pytest.mark.parametrize("name", ("h2o", "keyformer", "snapkv", "kvzip", "rkv", "expected_attention"))
+def test_shared_context_equals_its_own(model, name):
+    """Query-agnostic runs (a context compressed once, then questions): the same with a shared context
+    forward as with its own."""
+    from keyformer.core.generate import generate_from_context
+    from keyformer.core.prompt_memo import PromptMemo
+
+    ctx = _prompt(50, N).to(model.device)
+    questions = [[5, 6, 7], [9, 10]]
+    memo = PromptMemo()
+    for i, b in enumerate((0.5, 0.25)):
+        pol = _policy(name, budget=b)
+        _, own = generate_from_context(model, ctx, questions, pol, max_new_tokens=6, seed=3)
+        _, shared = generate_from_context(model, ctx, questions, pol, max_new_tokens=6, seed=3,
+                                          prompt_memo=memo)
+        assert memo.last_hit == (i > 0)
+        assert [(o.tokens, o.kv_bytes) for o in shared] == [(o.tokens, o.kv_bytes) for o in own], b
+    assert (memo.misses, memo.hits) == (1, 1)
+
+
+def test_prompt_memo_key_separates_what_changes_the_prompt_forward():
+    """No sharing across prompts, masks, seeds, modes, horizons, policy settings other than the budget, or
+    models with other weights; the least recently used entry leaves first beyond ``max_bytes``."""
+    from keyformer.core.prompt_memo import PromptMemo
+
+    model, other = tiny_model("llama", seed=0), tiny_model("llama", seed=1)
+    ids = _prompt(60)
+    memo = PromptMemo()
+    base = dict(model=model, policy=make_policy("keyformer", budget=0.5), ids=ids, seed=3, mode="physical",
+                new=NEW)
+    variants = [dict(), dict(model=other), dict(ids=_prompt(61)), dict(seed=4), dict(mode="mask"),
+                dict(new=NEW + 1), dict(policy=make_policy("keyformer", budget=0.5, tau_end=3.0)),
+                dict(policy=make_policy("h2o", budget=0.5))]
+    for v in variants:
+        a = {**base, **v}
+        generate(a["model"], a["ids"], None, a["policy"], max_new_tokens=a["new"], seed=a["seed"],
+                 mode=a["mode"], prompt_memo=memo)
+    assert (memo.misses, memo.hits) == (len(variants), 0)
+    generate(model, ids, None, make_policy("keyformer", budget=0.25, recent=0.1), max_new_tokens=NEW, seed=3,
+             prompt_memo=memo)
+    assert memo.hits == 1
+    one = next(iter(memo.entries.values())).nbytes
+    small, h2o = PromptMemo(max_bytes=2 * one), make_policy("h2o", budget=0.5)
+    for s in (3, 4, 5):
+        generate(model, ids, None, h2o, max_new_tokens=NEW, seed=s, prompt_memo=small)
+    assert len(small.entries) == 2 and small.nbytes <= 2 * one
+    generate(model, ids, None, h2o, max_new_tokens=NEW, seed=3, prompt_memo=small)
+    assert small.hits == 0  # seed 3's entry left first
+    with pytest.raises(ValueError, match="num_beams=2"):
+        generate(model, ids, None, make_policy("h2o"), max_new_tokens=2, num_beams=2, prompt_memo=memo)
+    with pytest.raises(ValueError, match="max_bytes"):
+        PromptMemo(max_bytes=-1)
 
 def test_right_padding_is_refused():
     model, ids = tiny_model("llama"), torch.cat([_prompt(30), _prompt(31)])

@@ -28,6 +28,8 @@ Positions are the tokens' real positions (pads excluded), so kept tokens keep th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -501,6 +503,9 @@ class KVCache(Cache):
         # True: the prompt's cut waits until after the prompt forward (cut_prompt), for a policy that scores
         # the prompt from its keys and values in one more forward (KVzip; set by make_cache)
         self.defer_prompt_cut = False
+        # called once with this cache at the start of cut_prompt(), before any layer is cut (PromptMemo's
+        # capture of the uncut prompt); cleared when called
+        self.on_prompt_cut: Callable[[KVCache], None] | None = None
         super().__init__(layers=[EvictingLayer(self, i) for i in range(num_layers)])
         self._set_windows(windows)
 
@@ -541,13 +546,16 @@ class KVCache(Cache):
 
     def cut_prompt(self) -> None:
         """The deferred prompt cut of every layer (``defer_prompt_cut``), once ``model_info`` is set."""
-        self.defer_prompt_cut = False
+        capture, self.on_prompt_cut = self.on_prompt_cut, None
+        if capture is not None:
+            capture(self)
+        was, self.defer_prompt_cut = self.defer_prompt_cut, False
         try:
             for layer in self.layers:
                 if layer.pending and layer.length == 0:
                     layer.evict()
         finally:
-            self.defer_prompt_cut = True
+            self.defer_prompt_cut = was
 
     def reset(self, prompt_mask: torch.Tensor | None = None) -> None:
         """Empty the cache for a new prompt (the same policy, seeds and layers): the next forward is a prompt.
@@ -580,14 +588,7 @@ class KVCache(Cache):
         self.next_pos = self.n.clone()
         self.cur = self.next_pos - 1
         self.fwd_all_real = bool(self.real.all())
-        if self.policy.evicts:
-            self.k = self.policy.budget_tokens(self.n)
-            self.w = torch.minimum(self.policy.recent_tokens(self.k), self.k)
-        else:
-            self.k = torch.full_like(self.n, LONG_MAX)
-            self.w = torch.zeros_like(self.n)
-        self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)  # recent window: pos > this
-        self._layer_k: dict[int, torch.Tensor] = {}
+        self._init_budget()
         # the decode batch (prompt-once beams: B samples now, B * nb rows later)
         rows = B * self.prompt_expand
         reps = rows // (len(self._seeds) if self._seeds else rows)
@@ -602,6 +603,36 @@ class KVCache(Cache):
         # the beams' seeds wait for expand_prompt_rows; the prompt rows use beam 0's
         if self.prompt_expand > 1:
             self.beam_seed_t, self.seed_t = self.seed_t, self.seed_t[:: self.prompt_expand]
+
+    def _init_budget(self) -> None:
+        """The policy's budget ``k`` [B] and recent window ``w`` [B] for the prompt's real lengths ``n``:
+        the only state of a prompt forward that depends on the budget (see :meth:`adopt_prompt`)."""
+        if self.policy.evicts:
+            self.k = self.policy.budget_tokens(self.n)
+            self.w = torch.minimum(self.policy.recent_tokens(self.k), self.k)
+        else:
+            self.k = torch.full_like(self.n, LONG_MAX)
+            self.w = torch.zeros_like(self.n)
+        self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)  # recent window: pos > this
+        self._layer_k: dict[int, torch.Tensor] = {}
+
+    def adopt_prompt(self, other: KVCache) -> None:
+        """Become a copy of ``other``: a cache left uncut by a prompt forward (``defer_prompt_cut``, before
+        :meth:`cut_prompt`) over the same model, prompt, seeds, mode and horizon, whose policy differs from
+        this cache's at most in its budget and recent window (:class:`keyformer.core.prompt_memo.PromptMemo`
+        checks that). Scores, positions and noise seeds of the prompt do not depend on the budget; this
+        cache's policy then sets ``k`` and ``w`` and :meth:`cut_prompt` cuts as after its own prompt
+        forward. ``other`` is not changed."""
+        import copy
+
+        if not all(lay.pending and lay.length == 0 for lay in other.layers):
+            raise RuntimeError("adopt_prompt needs an uncut prompt cache (defer_prompt_cut, before "
+                               "cut_prompt)")
+        keep = {"policy": self.policy, "on_prompt_cut": None, "defer_prompt_cut": self.defer_prompt_cut}
+        state = copy.deepcopy(other.__dict__, {id(other): self})  # the layers' .cache become this cache
+        self.__dict__.update(state)
+        self.__dict__.update(keep)
+        self._init_budget()
 
     def new_positions(self, layer_idx: int, seen: int, q: int, B: int, device: torch.device):
         """Positions [B, q] and realness [B, q] of this forward's q new tokens (pads: position -1)."""

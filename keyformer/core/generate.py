@@ -6,6 +6,7 @@ import contextlib
 import time
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
@@ -13,6 +14,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
 from .cache import KVCache
 from .models import layer_windows
 from .policies import Policy
+from .prompt_memo import PromptMemo
 from .quant import KVQuant
 
 BEAM_SCORES = ("per_beam", "shared")
@@ -29,6 +31,10 @@ class GenerationOutput:
     kv_tensor_bytes: int  # allocated bytes of the cache's K/V tensors
     cache: KVCache = field(repr=False)
     logits: torch.Tensor | None = field(default=None, repr=False)  # [B, T, V] with output_logits=True
+    # prompt_memo: True when the prompt forward was not run but an identical one's uncut cache was cut to this
+    # run's budget (prefill_s is then that copy and cut); prompt_forward_s is what the prompt forward took
+    prompt_reused: bool = False
+    prompt_forward_s: float | None = None
 
 
 class _StepClock(LogitsProcessor):
@@ -86,7 +92,8 @@ def _prepare_at_prompt(model: PreTrainedModel, cache: KVCache) -> None:
     ``model.generate`` and a bare forward all run it, inside the prompt's time."""
 
     def act(c: KVCache, module, ids: torch.Tensor, mask: torch.Tensor) -> bool:
-        c.model_info = c.policy.prepare(module, ids, mask)
+        if not c.layers[0].is_initialized:  # not a cache that adopted a prepared prompt (PromptMemo)
+            c.model_info = c.policy.prepare(module, ids, mask)
         return True  # once
 
     _hook_prompt(model, cache, act, after=False)
@@ -149,13 +156,74 @@ def _prefill_once(model: PreTrainedModel, cache: KVCache):
         del model._prefill
 
 
+def _memo_key(memo: PromptMemo | None, model: PreTrainedModel, cache: KVCache, ids: torch.Tensor,
+              mask: torch.Tensor | None, **settings) -> str | None:
+    """``memo``'s key for this prompt forward, or None where the memo does not apply (no memo, or a policy
+    that keeps everything: there is no budget to share a prompt across)."""
+    if memo is None or not cache.policy.evicts:
+        return None
+    return memo.key(model, cache.policy, ids, mask, windows=[lay.window for lay in cache.layers], **settings)
+
+
+def _forward_and_keep(forward, cache: KVCache, memo: PromptMemo, key: str, last_logits) -> tuple[Any, float]:
+    """Run the prompt ``forward()`` with the cut deferred, keep a copy of the uncut cache in ``memo`` (taken
+    at the start of :meth:`KVCache.cut_prompt`, after a policy's ``prepare`` hook where it has one), then cut.
+    Returns the forward's output and its seconds."""
+    import copy
+
+    held: list[KVCache] = []
+    was = cache.defer_prompt_cut
+    cache.defer_prompt_cut = True
+    cache.on_prompt_cut = lambda c: held.append(copy.deepcopy(c))
+    t0 = time.perf_counter()
+    out = forward()
+    if cache.on_prompt_cut is not None:  # no hook cut the prompt: cut it here
+        cache.cut_prompt()
+    seconds = time.perf_counter() - t0
+    cache.defer_prompt_cut = was
+    memo.put(key, held[0], last_logits(out), seconds)
+    return out, seconds
+
+
+@contextlib.contextmanager
+def _prefill_shared(model: PreTrainedModel, cache: KVCache, memo: PromptMemo | None, key: str | None):
+    """While active, transformers' prefill is served from ``memo`` (a copy of the uncut prompt cache, cut to
+    this cache's budget, and the prompt's last logits), or runs and leaves its uncut cache there. A no-op
+    without a key."""
+    if key is None:
+        yield
+        return
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    entry = memo.get(key)
+    memo.last_hit, memo.last_forward_s = entry is not None, entry.forward_s if entry else None
+    original = model._prefill
+
+    def prefill(input_ids, generation_config, model_kwargs, *args, **kw):
+        if entry is not None:
+            cache.adopt_prompt(entry.cache)
+            cache.cut_prompt()
+            return CausalLMOutputWithPast(logits=entry.logits.clone(), cache=cache)
+        out, memo.last_forward_s = _forward_and_keep(
+            lambda: original(input_ids, generation_config, model_kwargs, *args, **kw), cache, memo, key,
+            lambda o: o.logits[:, -1:].clone())
+        return out
+
+    model._prefill = prefill
+    try:
+        yield
+    finally:
+        del model._prefill
+
+
 @torch.inference_mode()
 def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
              policy: Policy | None, max_new_tokens: int = 64, num_beams: int = 1, seed: int = 0,
              seeds: list[int] | None = None, mode: str = "physical",
              eos_token_id: int | list[int] | None = None,
              pad_token_id: int | None = None, min_new_tokens: int = 0, beam_scores: str = "per_beam",
-             kv_quant: KVQuant | None = None, prompt_once: bool = True, **kwargs) -> GenerationOutput:
+             kv_quant: KVQuant | None = None, prompt_once: bool = True, prompt_memo: PromptMemo | None = None,
+             **kwargs) -> GenerationOutput:
     """Greedy or beam generation with ``policy`` over a left-padded batch.
 
     ``seed``/``seeds`` set Keyformer's Gumbel noise (one seed for all samples, or one per sample);
@@ -164,8 +232,13 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
     one kept set per sample); ``kv_quant`` stores the held K/V quantized (:mod:`keyformer.core.quant`).
     ``prompt_once`` (default): with beams, the prompt forward runs once per sample and the cache is then
     expanded to the beams (transformers would run it once per beam); ``False`` keeps transformers' way (the
-    reference the tests compare with: same sequences). Extra ``kwargs`` go to ``model.generate``.
+    reference the tests compare with: same sequences). ``prompt_memo``
+    (:class:`keyformer.core.prompt_memo.PromptMemo`, greedy only): run a prompt forward once for every
+    budget of the same policy (same outputs; ``prompt_reused`` says whether this run ran its own). Extra
+    ``kwargs`` go to ``model.generate``.
     """
+    if prompt_memo is not None and num_beams != 1:
+        raise ValueError(f"prompt_memo shares greedy prompt forwards; num_beams={num_beams} needs None")
     if beam_scores not in BEAM_SCORES:
         raise ValueError(f"beam_scores={beam_scores!r} is unknown; valid: {', '.join(BEAM_SCORES)}")
     if kwargs.get("pixel_values") is not None:
@@ -184,7 +257,9 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
     t0 = time.perf_counter()
     if eos_token_id is not None:
         kwargs["eos_token_id"] = eos_token_id
-    with _prefill_once(model, cache):
+    key = _memo_key(prompt_memo, model, cache, input_ids, attention_mask, kind="generate", seed=seed,
+                    seeds=seeds, mode=mode, horizon=max_new_tokens, kv_quant=repr(kv_quant))
+    with _prefill_once(model, cache), _prefill_shared(model, cache, prompt_memo, key):
         out = model.generate(
             input_ids=input_ids, attention_mask=attention_mask, cache=cache, max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens, num_beams=num_beams, do_sample=False, pad_token_id=pad,
@@ -200,6 +275,8 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
         n_decode_steps=max(0, len(times) - 1), kv_bytes=cache.kv_bytes(), kv_bytes_full=cache.kv_bytes_full(),
         kv_tensor_bytes=cache.tensor_bytes(), cache=cache,
         logits=torch.stack(out.logits, dim=1) if getattr(out, "logits", None) else None,
+        prompt_reused=key is not None and prompt_memo.last_hit,
+        prompt_forward_s=prompt_memo.last_forward_s if key is not None else prefill,
     )
 
 
@@ -219,7 +296,8 @@ class QuestionOutput:
 def generate_from_context(model: PreTrainedModel, context_ids: torch.Tensor, questions: list[list[int]],
                           policy: Policy | None, max_new_tokens: int = 64, seed: int = 0,
                           mode: str = "physical", eos_token_id: int | None = None,
-                          kv_quant: KVQuant | None = None) -> tuple[float, list[QuestionOutput]]:
+                          kv_quant: KVQuant | None = None,
+                          prompt_memo: PromptMemo | None = None) -> tuple[float, list[QuestionOutput]]:
     """Query-agnostic generation: compress the context once, then answer each question from a copy of it.
 
     ``context_ids`` [1, N]: one unpadded context. Its prefill is the prompt forward of ``policy`` (its prompt
@@ -229,6 +307,8 @@ def generate_from_context(model: PreTrainedModel, context_ids: torch.Tensor, que
     forward, until ``eos_token_id`` or ``max_new_tokens``. The cache's horizon (Keyformer's tau schedule, the
     full cache's preallocation) is the longest question plus ``max_new_tokens``; decode steps count from the
     end of the context. Returns (context prefill seconds, one :class:`QuestionOutput` per question).
+    ``prompt_memo`` shares the context's forward across budgets as in :func:`generate` (its ``last_hit``
+    says whether this call ran it; the prefill seconds are then the copy and cut).
     """
     import copy
 
@@ -246,9 +326,25 @@ def generate_from_context(model: PreTrainedModel, context_ids: torch.Tensor, que
         ids = torch.tensor([[token]], dtype=torch.long, device=device)
         return model(input_ids=ids, cache=c, use_cache=True).logits[0, -1]
 
+    key = _memo_key(prompt_memo, model, cache, context_ids, None, kind="context", seed=seed, mode=mode,
+                    horizon=horizon, kv_quant=repr(kv_quant))
+    entry = prompt_memo.get(key) if key is not None else None
+    if key is not None:
+        prompt_memo.last_hit = entry is not None
+        prompt_memo.last_forward_s = entry.forward_s if entry is not None else None
+
+    def forward():
+        return model(input_ids=context_ids, cache=cache, use_cache=True, logits_to_keep=1)
+
     sync()
     t0 = time.perf_counter()
-    model(input_ids=context_ids, cache=cache, use_cache=True, logits_to_keep=1)
+    if entry is not None:
+        cache.adopt_prompt(entry.cache)
+        cache.cut_prompt()
+    elif key is not None:
+        _, prompt_memo.last_forward_s = _forward_and_keep(forward, cache, prompt_memo, key, lambda o: None)
+    else:
+        forward()
     sync()
     prefill_s = time.perf_counter() - t0
     outs = []
