@@ -259,6 +259,33 @@ def test_metrics_record_the_noise_kernel(tmp_path, one_thread):
     assert noise_kernel(None, {}) is None
 
 
+
+@needs_model
+def test_share_prompt_rows_equal_their_own_runs(tmp_path, one_thread):
+    """share_prompt=true: the jobs of one process at other budgets of the same point reuse its prompt
+    forwards (rows say ``prompt_reused``) and write the predictions and KV bytes of jobs without it; the
+    key is not part of the identity (a folder resumes with it flipped). Batches of 2 over 3 samples."""
+    from keyformer.run.tasks import generate as task
+
+    task._PROMPT_MEMO = None  # a fresh process's memo
+    common = ["n_samples=3", "batch_size=2", "generation.max_new_tokens=4", "warmup=false", "policy=h2o"]
+    for b in (0.5, 0.25):
+        run(cfg_dict(tmp_path / f"own{b}", *common, f"budget={b}"))
+        run(cfg_dict(tmp_path / f"shared{b}", *common, f"budget={b}", "share_prompt=true"))
+
+    def rows(d: str) -> list[dict]:
+        return [json.loads(x) for x in (tmp_path / d / "predictions.jsonl").read_text().splitlines()]
+
+    for b, reused in ((0.5, False), (0.25, True)):
+        own, shared = rows(f"own{b}"), rows(f"shared{b}")
+        assert [(r["prediction"], r["kv_bytes"]) for r in shared] == [(r["prediction"], r["kv_bytes"])
+                                                                       for r in own], b
+        assert all(r["prompt_reused"] is reused for r in shared) and "prompt_reused" not in own[0]
+    assert (task._PROMPT_MEMO.misses, task._PROMPT_MEMO.hits) == (2, 2)  # two batches, each shared once
+    m = run(cfg_dict(tmp_path / "own0.25", *common, "budget=0.25", "share_prompt=true"))  # complete: skipped
+    assert m["complete"]
+    task._PROMPT_MEMO = None
+
 def test_gguf_model_cannot_be_renamed(tmp_path):
     core = FakeCore()
     with pytest.raises(ConfigError, match="model.name='foo/bar'") as e:
@@ -315,6 +342,8 @@ BAD = [
     (["device=tpu"], "device='tpu'"),
     (["dataset=cnn_dailymail"], "KEYFORMER_DATA_DIR"),
     (["dataset=xsum", "dataset.path=/nonexistent/x.jsonl"], "/nonexistent/x.jsonl"),
+    (["share_prompt=maybe"], "share_prompt='maybe'"),
+    (["share_prompt=true", "generation=beam"], "generation.num_beams=4"),
 ]
 
 

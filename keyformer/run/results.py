@@ -35,7 +35,7 @@ CONFIG, PREDICTIONS, METRICS = "config.yaml", "predictions.jsonl", "metrics.json
 # the run's log: what it printed (summary, resume line); Hydra's job log when it is the run folder
 LOG = "run.log"
 # Keys that may differ between the original run and its resumption.
-VOLATILE_KEYS = frozenset({"output_dir", "logger", "progress", "resume", "stop_after"})
+VOLATILE_KEYS = frozenset({"output_dir", "logger", "progress", "resume", "stop_after", "share_prompt"})
 RESOLVED = "resolved"  # the identity block of config.yaml
 
 

@@ -145,6 +145,13 @@ def validate(cfg: Mapping[str, Any]) -> None:
     _int_at_least(cfg, "max_prompt_tokens", 8)
     _int_at_least(cfg, "generation.max_new_tokens", 1)
     _int_at_least(cfg, "generation.num_beams", 1)
+    share = cfg.get("share_prompt", False)
+    if not isinstance(share, bool):
+        raise ConfigError("share_prompt", share, "must be true or false")
+    beams = int((cfg.get("generation") or {}).get("num_beams", 1))
+    if share and beams != 1:
+        raise ConfigError("share_prompt", share, f"shares greedy prompt forwards, and generation.num_beams="
+                          f"{beams}; valid: generation.num_beams=1, or share_prompt=false")
     beam_scores = (cfg.get("generation") or {}).get("beam_scores", "per_beam")
     if beam_scores not in ("per_beam", "shared"):
         raise ConfigError("generation.beam_scores", beam_scores,

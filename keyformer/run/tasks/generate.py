@@ -45,6 +45,28 @@ def _device(model: Any) -> Any:
         return getattr(model, "device", "cpu")
 
 
+_PROMPT_MEMO: Any = None  # the process's PromptMemo (share_prompt=true), kept across the jobs of a queue
+
+
+def prompt_memo(cfg: Mapping[str, Any]) -> Any:
+    """The process-wide :class:`keyformer.core.prompt_memo.PromptMemo` when ``share_prompt`` is true (the
+    points of a budget sweep run in one process share their prompt forwards), else None."""
+    global _PROMPT_MEMO
+    if not cfg.get("share_prompt", False):
+        return None
+    if _PROMPT_MEMO is None:
+        from keyformer.core.prompt_memo import PromptMemo
+
+        _PROMPT_MEMO = PromptMemo()
+    return _PROMPT_MEMO
+
+
+def _prefill_ms(prefill_s: float, reused: bool, forward_s: float | None) -> float:
+    """A row's ``prefill_ms``: the prompt phase's own seconds; for a reused prompt forward (share_prompt),
+    what that forward took when it ran plus this run's copy and cut."""
+    return 1000.0 * (prefill_s + ((forward_s or 0.0) if reused else 0.0))
+
+
 def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: Any) -> tuple[Any, Any]:
     import torch
 
@@ -232,6 +254,7 @@ def _generate_all(
                       seed=int(cfg["seed"]), mode=gen.get("mode", "physical"), eos_token_id=tok.eos_token_id,
                       pad_token_id=pad_id, min_new_tokens=int(gen.get("min_new_tokens", 0)),
                       beam_scores=gen.get("beam_scores", "per_beam"), kv_quant=kv_quant)
+    memo = prompt_memo(cfg)
     job.begin(model)
     with torch.inference_mode():
         if cfg.get("warmup", True):
@@ -243,7 +266,9 @@ def _generate_all(
             batch, enc = todo[start:start + bs], encoded[start:start + bs]
             ids, mask = _left_pad([e[0] for e in enc], pad_id, device)
             seeds = [sample_seed(int(cfg["seed"]), rec["id"]) for rec in batch]  # per article, not per batch
-            out = backend.generate(model, ids, mask, policy, **{**gen_kwargs, "seeds": seeds})
+            out = backend.generate(model, ids, mask, policy, **{**gen_kwargs, "seeds": seeds},
+                                   **({"prompt_memo": memo} if memo is not None else {}))
+            reused = bool(getattr(out, "prompt_reused", False))
             seqs = out.sequences.tolist()
             for j, rec in enumerate(batch):
                 toks = _generated(seqs[j], tok.eos_token_id, pad_id)
@@ -255,8 +280,10 @@ def _generate_all(
                     **score(text, rec, metrics),
                     **{k: rec[k] for k in (*NEEDLE_FIELDS, *RULER_FIELDS) if k in rec},
                     "kv_bytes": int(out.kv_bytes[j]), "kv_bytes_full": int(out.kv_bytes_full[j]),
-                    "batch": batch[0]["id"], "batch_size": len(batch), "prefill_ms": 1000.0 * out.prefill_s,
+                    "batch": batch[0]["id"], "batch_size": len(batch),
+                    "prefill_ms": _prefill_ms(out.prefill_s, reused, getattr(out, "prompt_forward_s", None)),
                     "decode_ms": 1000.0 * out.decode_s, "n_decode_steps": int(out.n_decode_steps),
+                    **({"prompt_reused": reused} if memo is not None else {}),
                 }
                 job.add(row)
                 bar.update(1)
@@ -336,6 +363,7 @@ def _generate_agnostic(
     device = _device(model)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     kv_quant = kv_quant_from(cfg.get("kv_quant"))
+    memo = prompt_memo(cfg)
     job.begin(model)
     bar = tqdm(total=total, initial=n_done, unit="sample", disable=not cfg.get("progress", True))
     for rec in todo:
@@ -348,7 +376,9 @@ def _generate_agnostic(
         prefill_s, outs = backend.generate_from_context(
             model, torch.tensor([ctx], dtype=torch.long, device=device), [p[1] for p in parts], policy,
             max_new_tokens=int(gen["max_new_tokens"]), seed=sample_seed(int(cfg["seed"]), rec["id"]),
-            mode=gen.get("mode", "physical"), eos_token_id=tok.eos_token_id, kv_quant=kv_quant)
+            mode=gen.get("mode", "physical"), eos_token_id=tok.eos_token_id, kv_quant=kv_quant,
+            **({"prompt_memo": memo} if memo is not None else {}))
+        reused = memo is not None and memo.last_hit
         texts, scores = [], []
         for q, o in zip(queries, outs, strict=True):
             toks = _generated(o.tokens, tok.eos_token_id, pad_id)
@@ -366,10 +396,12 @@ def _generate_agnostic(
             **{k: rec[k] for k in (*NEEDLE_FIELDS, *RULER_FIELDS) if k in rec},
             "kv_bytes": int(sum(o.kv_bytes for o in outs) / n),
             "kv_bytes_full": int(sum(o.kv_bytes_full for o in outs) / n),
-            "batch": rec["id"], "batch_size": 1, "prefill_ms": 1000.0 * prefill_s,
+            "batch": rec["id"], "batch_size": 1,
+            "prefill_ms": _prefill_ms(prefill_s, reused, memo.last_forward_s if memo is not None else None),
             "question_ms": 1000.0 * sum(o.question_s for o in outs),
             "decode_ms": 1000.0 * sum(o.decode_s for o in outs),
             "n_decode_steps": sum(o.n_decode_steps for o in outs),
+            **({"prompt_reused": reused} if memo is not None else {}),
         }
         job.add(row)
         bar.update(1)
