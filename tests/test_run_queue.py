@@ -39,6 +39,28 @@ def test_pick_fewest_done_first_in_queue_order_skipping_locked_failed_and_finish
     assert rq.pick(queues, tmp_path, locks, step=1) is None
 
 
+
+def test_a_copy_keeps_out_of_the_budget_group_another_copy_runs(tmp_path: Path) -> None:
+    """share_prompt: the budgets of one point share prompt forwards inside one process, so a copy picks the
+    first point whose group (the folder less its budget) no other copy holds; round order still comes first,
+    and a copy never idles while a held group has free points."""
+    q = tmp_path / "q.txt"
+    q.write_text("".join(f"m/s/task={t},budget={b},policy=h2o 4 budget={b}\n" for t in ("x", "y") for b in
+                         (0.75, 0.25)))
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    assert rq.group("m/s/task=x,budget=0.75,policy=h2o") == rq.group("m/s/task=x,budget=0.25,policy=h2o") == (
+        "m/s/task=x,policy=h2o")
+    queues = [rq.read_queue(q)]
+    (locks / rq.key("m/s/task=x,budget=0.75,policy=h2o")).mkdir()  # another copy runs x at 0.75
+    assert rq.pick(queues, tmp_path, locks)[0] == "m/s/task=y,budget=0.75,policy=h2o"  # not x at 0.25
+    for b in (0.75, 0.25):  # y's points have a round done (step 1); x at 0.25 has none
+        (tmp_path / f"m/s/task=y,budget={b},policy=h2o").mkdir(parents=True)
+        (tmp_path / f"m/s/task=y,budget={b},policy=h2o/predictions.jsonl").write_text('{"id": 0}\n')
+    # rounds first: x at 0.25 though another copy holds x's group (and a copy never idles on a held group)
+    assert rq.pick(queues, tmp_path, locks, step=1)[0] == "m/s/task=x,budget=0.25,policy=h2o"
+
+
 def test_malformed_or_missing_queue_is_a_one_line_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.txt"
     bad.write_text("m/a many policy=h2o\n")

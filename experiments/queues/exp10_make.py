@@ -17,7 +17,8 @@ multirun/exp10_ruler_gemma/queues.
 Tiers 1b, 2b, 3 and 4 (44 + 44 + 264 + 704 points) are not committed as queue files: tests/test_configs.py
 composes every line of experiments/queues/*.txt, which would take half an hour on the 2-core machine. Points
 are listed policy-major (every task of a policy, then the next policy), so a policy's RULER average
-is complete as early as possible.
+is complete as early as possible; in tiers 3-4 a point's budgets follow each other with
+``share_prompt=true``: one prompt forward per record serves all of them (outputs as without it).
 """
 
 from __future__ import annotations
@@ -32,17 +33,27 @@ CORE = ["full", "keyformer", "h2o", "snapkv", "window"]
 CURRENT = ["expected_attention", "keydiff", "kvzip", "rkv"]  # the field's 2025 methods (issue 21)
 FIELD = ["tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer", "streaming", *CURRENT]
 RECORDS = 5
+OTHER = (0.75, 0.25, 0.125)  # budgets of ratios 0.25, 0.75, 0.875 (tiers 3-4; ratio 0.5 is tiers 1-2)
 HEADER = """# Experiment 10 (experiments/exp10_ruler.md), {what}.
 # RULER 4k on SmolLM2-135M-Instruct, {records} samples per task; written by experiments/queues/exp10_make.py.
 # Line: <folder> <records> <run.py overrides>; run with STEP={records} so a point finishes in one call.
 """
 
 
-def line(setting: str, task: str, policy: str, budget: float, exp: str = "exp10_ruler") -> str:
+def line(setting: str, task: str, policy: str, budget: float, exp: str = "exp10_ruler",
+         share: bool = False) -> str:
     folder = f"multirun/{exp}/{setting}/task={task},budget={budget},policy={policy}"
     agnostic = " dataset.query_agnostic=true" if setting == "agnostic" else ""
     return (f"{folder} {RECORDS} +experiment={exp} dataset.ruler_task={task} "
-            f"generation.max_new_tokens={TOKENS.get(task, 128)}{agnostic} policy={policy} budget={budget}")
+            f"generation.max_new_tokens={TOKENS.get(task, 128)}{agnostic} policy={policy} budget={budget}"
+            + (" share_prompt=true" if share else ""))
+
+
+def sweep(setting: str, policies: list[str], budgets: dict[str, tuple[float, ...]]) -> list[str]:
+    """Budget-minor: a (policy, task) point's budgets one after another, with ``share_prompt=true``, so the
+    worker that runs the first runs each prompt forward once for all of them (keyformer/core/prompt_memo.py;
+    keyformer-queue keeps a worker to its group while another runs another)."""
+    return [line(setting, t, p, b, share=True) for p in policies for t in TASKS for b in budgets[p]]
 
 
 def points(setting: str, policies: list[str], budget: float, exp: str = "exp10_ruler") -> list[str]:
@@ -72,12 +83,12 @@ def tiers() -> dict[str, tuple[str, list[str]]]:
         "exp10_current_agnostic.txt": ("tier 2b: the 2025 methods at ratio 0.5, query-agnostic (KVzip's own "
                                        "setting)", points("agnostic", CURRENT, 0.5)),
         "exp10_budgets.txt": ("tier 3: Keyformer / H2O / SnapKV / window at ratios 0.25, 0.75, 0.875, both "
-                              "settings",
-                              [x for b in (0.75, 0.25, 0.125) for s in both for x in points(s, CORE[1:], b)]),
-        "exp10_field.txt": ("tier 4: every other registered policy at the 4 ratios, both settings",
-                            [x for b in (0.5, 0.75, 0.25, 0.125) for s in both for x in points(s, FIELD, b)
-                             if not (b == 0.5 and x.split()[0].endswith(
-                                 tuple(f"policy={p}" for p in CURRENT)))]),  # those are tiers 1b and 2b
+                              "settings (a point's budgets together: share_prompt)",
+                              [x for s in both for x in sweep(s, CORE[1:], dict.fromkeys(CORE, OTHER))]),
+        "exp10_field.txt": ("tier 4: every other registered policy at the 4 ratios, both settings (a point's "
+                            "budgets together: share_prompt)",
+                            [x for s in both for x in sweep(s, FIELD, {p: OTHER if p in CURRENT  # 0.5: 1b, 2b
+                                                                       else (0.5, *OTHER) for p in FIELD})]),
     }
 
 

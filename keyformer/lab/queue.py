@@ -63,15 +63,27 @@ def done(root: Path, folder: str) -> int:
 
 def pick(queues: list[list[tuple[str, int, list[str]]]], root: Path, locks: Path, step: int | None = None):
     """The first queue's unfinished, unlocked, never-failed point with the fewest finished rounds (``step``
-    records each; whole points: every point is at round 0), the first in queue order among those; None."""
+    records each; whole points: every point is at round 0), the first in queue order among those whose
+    budget group (:func:`group`) no other copy is running, else the first of them; None."""
     for points in queues:
         free = [(done(root, f), f, n, o) for f, n, o in points
                 if not (locks / key(f)).exists() and not (locks / f"failed_{key(f)}").exists()]
         free = [p for p in free if p[0] < p[2]]
         if free:
-            _, f, n, o = min(free, key=lambda p: p[0] // step if step else 0)
+            low = min(p[0] // step if step else 0 for p in free)
+            free = [p for p in free if (p[0] // step if step else 0) == low]
+            busy = {group(f) for f, _, _ in points if (locks / key(f)).exists()}
+            _, f, n, o = next((p for p in free if group(p[1]) not in busy), free[0])
             return f, n, o
     return None
+
+
+def group(folder: str) -> str:
+    """A point's folder less its ``budget=`` part: the points of one budget group share their prompt forwards
+    within one process (``share_prompt=true``), so a copy keeps to its group while another copy runs
+    another (queue files list a group's budgets together)."""
+    head, _, name = folder.rpartition("/")
+    return f"{head}/{','.join(p for p in name.split(',') if not p.startswith('budget='))}"
 
 
 def key(folder: str) -> str:
