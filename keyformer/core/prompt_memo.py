@@ -101,6 +101,12 @@ class PromptMemo:
             self.entries.move_to_end(key)
         return entry
 
+    def lookup(self, key: str) -> Entry | None:
+        """:meth:`get`, recording in ``last_hit``/``last_forward_s`` what this run will report."""
+        entry = self.get(key)
+        self.last_hit, self.last_forward_s = entry is not None, entry.forward_s if entry is not None else None
+        return entry
+
     def put(self, key: str, cache: KVCache, logits: torch.Tensor | None, forward_s: float) -> None:
         """Keep ``cache`` (an uncut copy, owned by the memo from now on); drop the least recently used
         entries beyond ``max_bytes``. A cache larger than ``max_bytes`` is not kept."""
