@@ -435,6 +435,40 @@ def test_ruler_report_section(tmp_path, capsys):
     assert "| vs Keyformer [CI] | p (Holm) |" in out
 
 
+def test_ruler_report_prompt_sharing(tmp_path, capsys):
+    """share_prompt points: the report compares a point's wall time with its own prompt forwards against one
+    whose records all reused another budget's; partly reused points and points without the column (tiers
+    1-2) are in neither group; no line without both groups."""
+    import pandas as pd
+
+    from keyformer.lab.collect import point_rows
+    from keyformer.lab.report import ruler
+
+    preds = [{"id": f"r{i}", "prompt_tokens": 9, "generated_tokens": 2, "prediction": "x", "rouge1": 0.0,
+              "rouge2": 0.0, "rougeL": 0.0, "rougeLsum": 0.0, "prompt_reused": i > 0} for i in range(3)]
+    row, s = point_rows("p", {"n_samples": 3}, preds, {"complete": True})
+    assert row["n_prompt_reused"] == 2 and s["prompt_reused"].tolist() == [False, True, True]
+    plain = [{k: v for k, v in r.items() if k != "prompt_reused"} for r in preds]
+    row, s = point_rows("q", {"n_samples": 3}, plain, {"complete": True})
+    assert "n_prompt_reused" not in row and "prompt_reused" not in s
+    _fake_results(tmp_path / "exp10_ruler", "aware", SCORES)
+    f = tmp_path / "exp10_ruler" / "aware" / "points.csv"
+    pts = pd.read_csv(f)
+    ruler(tmp_path)
+    assert "Prompt sharing" not in capsys.readouterr().out
+    assert len(pts) == 8
+    pts["n_done"] = 3
+    pts["wall_s"] = [200.0, 180.0, 12.0, 14.0, 40.0, 999.0, 5.0, 1.0]
+    pts["n_prompt_reused"] = [0, 0, 3, 3, 3, 1, None, 0]
+    pts.to_csv(f, index=False)
+    ruler(tmp_path)
+    out = capsys.readouterr().out
+    # points in order: full vt/cwe (own: 200, 180), keyformer vt/cwe and h2o vt (reused: 12, 14, 40), h2o cwe
+    # (partly reused), window vt (no column), the partial point (not complete: left out)
+    assert ("2 points ran their own prompt forwards, median 190 s a point [180-200]; "
+            "3 points reused them, median 14 s a point [12-40]") in out
+
+
 def test_ruler_p_cell_says_below_resolution_not_zero():
     """A bootstrap p of 0 (no replicate of 2000 crossed 0) prints as "< 0.001", never as 0.000."""
     from keyformer.lab.report import _p_cell

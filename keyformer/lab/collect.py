@@ -59,6 +59,8 @@ SAMPLE_COLS = ["id", "prompt_tokens", "truncated_tokens", "generated_tokens", *R
 TASK_COLS = ["token_f1", "exact_match", "rougeL_longbench", "accuracy", "string_match_all",
              "string_match_part"]
 NEEDLE_COLS = ["needle_length", "needle_depth"]
+# share_prompt=true runs: whether a record's prompt forward was another budget's (points: how many records)
+REUSE_COLS = ["prompt_reused"]
 # what a point was produced by: read from its metrics.json (config.yaml's ``resolved`` block as a fallback)
 PROVENANCE_COLS = ["code_version", "git_commit", "device", "dtype", "batch_size", "provenance",
                    "committed_in"]
@@ -156,6 +158,8 @@ def point_rows(name: str, cfg: dict, preds: list[dict], metrics: dict) -> tuple[
     for k in TASK_COLS:
         if k in df:
             row[k] = float(df[k].astype(float).mean())
+    if "prompt_reused" in df:
+        row["n_prompt_reused"] = int(df["prompt_reused"].astype(bool).sum())
     if "truncated_tokens" in df:
         row["n_truncated"] = int((df["truncated_tokens"] > 0).sum())
     for k in METRIC_COLS:
@@ -165,7 +169,8 @@ def point_rows(name: str, cfg: dict, preds: list[dict], metrics: dict) -> tuple[
     row["mean_prompt_tokens"] = float(df["prompt_tokens"].mean())
     row["mean_generated_tokens"] = float(df["generated_tokens"].mean())
     row.update(provenance(cfg, metrics))
-    s = df[[c for c in [*SAMPLE_COLS[:-1], *TASK_COLS, *NEEDLE_COLS, SAMPLE_COLS[-1]] if c in df]].copy()
+    s = df[[c for c in [*SAMPLE_COLS[:-1], *TASK_COLS, *NEEDLE_COLS, *REUSE_COLS,
+                                            SAMPLE_COLS[-1]] if c in df]].copy()
     s.insert(0, "point", name)
     return row, s
 

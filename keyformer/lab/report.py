@@ -884,6 +884,7 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
         for (ratio, pol), r in per.iterrows():
             cells = " | ".join("" if np.isnan(r.get(x, np.nan)) else f"{r[x]:.0f}" for x in tasks)
             print(f"| {pol} | {ratio:g} | {cells} |")
+    _prompt_sharing(frames)
     if len(frames) == 2 and all(len(t) for t in tables.values()):
         gap = analysis.ruler_setting_gap(*frames.values())
         if len(gap):
@@ -894,6 +895,25 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
             for _, r in gap.sort_values(["ratio", "gap"], ascending=[True, False]).iterrows():
                 print(f"| {r['policy']} | {r['ratio']:g} | {r['aware']:.1f} | {r['agnostic']:.1f} | "
                       f"{fmt_ci(r['gap'], r['gap_lo'], r['gap_hi'])} | {int(r['n'])} |")
+
+
+def _prompt_sharing(frames: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> None:
+    """What ``share_prompt`` saved, from the points that ran with it: a point's ``wall_s`` when it ran its
+    own prompt forwards vs when every record cut a copy of another budget's (``n_prompt_reused``)."""
+    pts = pd.concat([p for p, _ in frames.values()], ignore_index=True)
+    if "n_prompt_reused" not in pts:
+        return
+    pts = pts[pts["n_prompt_reused"].notna() & pts["wall_s"].notna()]
+    own, reused = pts[pts["n_prompt_reused"] == 0], pts[pts["n_prompt_reused"] == pts["n_done"]]
+    if own.empty or reused.empty:
+        return
+
+    def spread(w: pd.Series) -> str:
+        return f"median {w.median():.0f} s a point [{w.min():.0f}-{w.max():.0f}]"
+
+    print(f"\nPrompt sharing (`share_prompt=true`): {len(own)} points ran their own prompt forwards, "
+          f"{spread(own['wall_s'])}; {len(reused)} points reused them, {spread(reused['wall_s'])} (wall "
+          "time, two 1-thread workers on 2 cores; the outputs are the same either way, tested).")
 
 
 def _field_task(task: str) -> Callable[[Path], None]:
