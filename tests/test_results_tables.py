@@ -807,6 +807,35 @@ def test_exp10_gemma_status_quotes_the_generated_table() -> None:
     assert rows["keyformer"][8].strip() == "3"
 
 
+ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",
+            "eleventh", "twelfth", "thirteenth", "fourteenth")
+CARDINALS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+             "twelve", "thirteen", "fourteen")
+
+
+def test_exp10_prose_ranks_are_the_generated_ranks() -> None:
+    """Where results/README.md says where Keyformer ranks on SmolLM2's RULER at ratio 0.5 (the experiment's
+    paragraphs and the summary), the rank and the number of compressed policies are those of the generated
+    leaderboard, per setting."""
+    text = (RES / "README.md").read_text()
+    start, end = "<!-- keyformer-report:exp10_ruler -->", "<!-- /keyformer-report:exp10_ruler -->"
+    region = text[text.index(start):text.index(end)]
+    whole = " ".join(text.split())
+    got = {}
+    for label in ("question-aware", "query-agnostic"):
+        table = region[region.index(f"**{label}**"):].split("Per task")[0]
+        rows = [[c.strip() for c in r.strip("|").split("|")] for r in table.splitlines()
+                if r.startswith("| ") and r.split("|")[2].strip() == "0.5"]
+        kf = next(r for r in rows if r[0] == "keyformer")
+        got[label] = (ORDINALS[int(kf[7]) - 1], CARDINALS[len(rows) - 1])
+    rank, n = got["question-aware"]
+    assert f"prompt:** {rank} of the {n} compressed policies" in whole
+    assert f"(experiment 10, ratio 0.5, question-aware) Keyformer ranks {rank} of {n} compressed" in whole
+    rank, n = got["query-agnostic"]
+    assert f"**Query-agnostic, Keyformer ranks {rank} of the {n} compressed policies**" in whole
+    assert f"query-agnostic it ranks {rank} of {n}, behind KVzip" in whole
+
+
 def test_native_noise_prose_is_read_from_the_committed_files() -> None:
     """docs/performance-analysis.md's native-noise paragraph: the kernel ratios are noise_kernels.txt's
     (median ind-log ratio per shape, min-max per kernel), the prefill noise shares the two floors probes'."""
