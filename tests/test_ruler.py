@@ -580,7 +580,7 @@ def test_exp10_left_queue_drops_committed_complete_points(tmp_path):
 
 
 def test_ruler_brief_line(tmp_path):
-    """The README brief's experiment 10 line per model and ratio: Keyformer's rank among the compressed
+    """The README brief's experiment 10 lines per model: Keyformer's rank among the compressed
     policies with every task in each setting (H2O 50.0 first, Keyformer 41.7 second; the one-task window is
     not ranked) and, with no difference surviving Holm's correction on 6 records, says so; a policy far above
     it is named; Gemma 3's line names its model."""
@@ -606,3 +606,11 @@ def test_ruler_brief_line(tmp_path):
     alone = {("keyformer", 0.5): SCORES[("keyformer", 0.5)], ("window", 0.5): SCORES[("window", 0.5)]}
     _fake_results(tmp_path / "c" / "exp10_ruler", "aware", alone)
     assert _ruler_brief(tmp_path / "c") == []  # Keyformer the only policy with every task: no rank to give
+    # another ratio: one more line after the ratio with the most policies (0.5 on a tie), in short form
+    more = {**SCORES, ("keyformer", 0.25): {"vt": [0] * 3, "cwe": [0] * 3},
+            ("h2o", 0.25): {"vt": [100] * 3, "cwe": [100] * 3}}
+    _fake_results(tmp_path / "d" / "exp10_ruler", "aware", more)
+    head, rest = _ruler_brief(tmp_path / "d")
+    assert head == line
+    assert rest == ("* Experiment 10, the other ratios (Keyformer's rank; Holm-surviving differences in "
+                    "brackets): ratio 0.75 question-aware 2 of 2 (h2o ahead (+100.0)).")

@@ -433,9 +433,10 @@ def _ruler_model(name: str) -> str:
 
 
 def _ruler_brief(res: Path, name: str = "exp10_ruler") -> list[str]:
-    """Experiment 10's lines, one per ratio: Keyformer's rank among the compressed policies in each setting,
-    and the policies whose difference from it survives Holm's correction."""
-    parts: dict[float, list[str]] = {}
+    """Experiment 10's lines: Keyformer's rank among the compressed policies in each setting and the policies
+    whose difference from it survives Holm's correction, in full at the ratio with the most policies, then
+    the other ratios in one line."""
+    parts: dict[float, list[tuple[str, int, int, str]]] = {}
     for folder, label in RULER_SETTINGS:
         if not (res / name / folder / "points.csv").is_file():
             continue
@@ -448,12 +449,23 @@ def _ruler_brief(res: Path, name: str = "exp10_ruler") -> list[str]:
             sig = g[g["vs_keyformer_p_holm"] < 0.05]
             said = ", ".join(f"{r['policy']} {'ahead' if r['vs_keyformer'] > 0 else 'behind'} "
                              f"({r['vs_keyformer']:+.1f})" for _, r in sig.sort_values("rank").iterrows())
-            rank = int(g.loc[kf.index[0], "rank"])
-            why = f"Holm-surviving differences: {said}" if said else "none survives Holm's correction"
             parts.setdefault(float(kf["ratio"].iloc[0]), []).append(
-                f"{label}, Keyformer ranks {rank} of {len(g)} compressed policies ({why})")
-    return [f"* Experiment 10{_ruler_model(name)} (RULER 4k, ratio {ratio:g}): {'; '.join(settings)}."
-            for ratio, settings in sorted(parts.items())]
+                (label, int(g.loc[kf.index[0], "rank"]), len(g), said))
+    if not parts:
+        return []
+    head = max(parts, key=lambda r: (max(n for _, _, n, _ in parts[r]), r == 0.5))
+    model = _ruler_model(name)
+    lines = [f"* Experiment 10{model} (RULER 4k, ratio {head:g}): " + "; ".join(
+        f"{label}, Keyformer ranks {rank} of {n} compressed policies ("
+        + (f"Holm-surviving differences: {said}" if said else "none survives Holm's correction") + ")"
+        for label, rank, n, said in parts[head]) + "."]
+    rest = [f"ratio {ratio:g} {label} {rank} of {n}" + (f" ({said})" if said else "")
+            for ratio, settings in sorted(parts.items()) if ratio != head
+            for label, rank, n, said in settings]
+    if rest:
+        lines.append(f"* Experiment 10{model}, the other ratios (Keyformer's rank; Holm-surviving "
+                     f"differences in brackets): {'; '.join(rest)}.")
+    return lines
 
 
 def bench_targets(res: Path, name: str = "bench") -> None:
