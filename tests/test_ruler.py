@@ -467,6 +467,7 @@ def test_ruler_report_prompt_sharing(tmp_path, capsys):
     # (partly reused), window vt (no column), the partial point (not complete: left out)
     assert ("2 points ran their own prompt forwards, median 190 s a point [180-200]; "
             "3 points reused them, median 14 s a point [12-40]") in out
+    assert "a group of three budgets takes 218 s instead of 570 s: 2.6x less." in out
 
 
 def test_ruler_p_cell_says_below_resolution_not_zero():
