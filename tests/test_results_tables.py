@@ -88,6 +88,29 @@ def test_collect_replace_merges_and_logs_old_and_new_provenance(tmp_path: Path, 
     assert len(log) == 3 and (log.iloc[-1]["point"], log.iloc[-1]["action"]) == ("c", "replaced")
 
 
+def test_collect_replace_ignores_columns_only_other_points_have(tmp_path: Path) -> None:
+    """A curated file holds the union of every point's columns: re-collecting one point whose rows are the
+    same is not a change, although its own frame lacks the others' columns and its integer knob reads back
+    as a float beside their empty cells."""
+    def knob(sweep: Path, name: str, line: str) -> None:
+        cfg = sweep / name / "config.yaml"
+        cfg.write_text(cfg.read_text().replace("  recent: 0.3\n", f"  recent: 0.3\n  {line}\n"))
+
+    out = tmp_path / "out"
+    both = _sweep(tmp_path / "both", {"a": 1.0, "b": 2.0})
+    knob(both, "a", "only_a: 0.5")
+    knob(both, "b", "k: 5")
+    collect.main([str(both), str(out)])
+    assert {"policy.only_a", "policy.k"} <= set(pd.read_csv(out / "points.csv").columns)
+    alone = _sweep(tmp_path / "alone", {"b": 2.0})
+    knob(alone, "b", "k: 5")
+    collect.main([str(alone), str(out), "--replace"])
+    assert not (out / "replaced.csv").is_file()  # nothing changed: no log
+    knob(alone, "b", "k2: 1")  # a real change (a new knob) is logged
+    collect.main([str(alone), str(out), "--replace"])
+    assert list(pd.read_csv(out / "replaced.csv")["point"]) == ["b"]
+
+
 def test_collect_refuses_to_drop_points_without_replace(tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     collect.main([str(_sweep(tmp_path / "old", {"a": 1.0, "b": 2.0})), str(out)])

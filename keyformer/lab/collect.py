@@ -290,8 +290,14 @@ def _prov(row: pd.Series | None, col: str) -> object:
 
 
 def _csv_text(df: pd.DataFrame) -> str:
-    """``df`` as its CSV text after a write/read round trip (types as a curated file holds them)."""
-    return pd.read_csv(io.StringIO(df.to_csv(index=False)), dtype={"id": str}).to_csv(index=False)
+    """``df`` as its CSV text after a write/read round trip (types as a curated file holds them), with its
+    all-empty columns dropped and the others sorted: a curated file holds the union of every point's
+    columns in its own order, so only the values a point has are compared."""
+    df = pd.read_csv(io.StringIO(df.to_csv(index=False)), dtype={"id": str}).dropna(axis=1, how="all")
+    for c in df.columns:  # 5 and 5.0 are one value (a column with empty cells elsewhere reads as float)
+        if pd.api.types.is_float_dtype(df[c]) and (df[c].dropna() % 1 == 0).all():
+            df[c] = df[c].astype("Int64")
+    return df[sorted(df.columns)].to_csv(index=False)
 
 
 def _unchanged(name: str, p_old: pd.DataFrame, s_old: pd.DataFrame, points: pd.DataFrame,
