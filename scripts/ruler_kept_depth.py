@@ -1,0 +1,111 @@
+"""Where in a RULER prompt each policy's prompt cut keeps tokens, and whether it keeps the needle.
+
+Experiment 10 (results/README.md) finds that at ratio 0.25 (budget 0.75) the recent window nearly matches the
+full cache on RULER while the score-based policies lose most of the needle tasks. This script checks why on
+the same records and prompts the experiment ran: for each ``niah_single_1`` record and policy, one greedy
+step (the prompt forward and the prompt cut) through ``keyformer.core.generate``; then, per layer and KV head,
+which prompt positions the cache holds. It writes one row per (policy, record, layer):
+
+* ``needle_depth``: where the needle's value starts, as a share of the prompt;
+* ``needle_kept``: the share of the value's tokens kept (mean over the KV heads);
+* ``kept_d0`` .. ``kept_d9``: the share of each tenth of the prompt kept (mean over the KV heads).
+
+    python scripts/ruler_kept_depth.py results/exp10_ruler/kept_depth.csv [--budget 0.75] [--n 5]
+
+Needs ``KEYFORMER_DATA_DIR`` only for the essay tasks (niah_single_1's haystack is RULER's noise). The CSV's
+first lines (``#``) give the commit, device, dtype and batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+POLICIES = ("keyformer", "h2o", "snapkv", "window")
+
+
+def _value_span(tok, ids: list[int], value: str) -> tuple[int, int]:
+    """Token indices [lo, hi) covering the first occurrence of ``value`` in the decoded prompt."""
+    ends, text = [], ""
+    for t in ids:
+        text += tok.decode([t])
+        ends.append(len(text))
+    at = text.find(value)
+    if at < 0:
+        raise ValueError(f"the needle value {value!r} is not in the decoded prompt")
+    lo = next(i for i, e in enumerate(ends) if e > at)
+    hi = next(i for i, e in enumerate(ends) if e >= at + len(value)) + 1
+    return lo, hi
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--budget", type=float, default=0.75)
+    ap.add_argument("--n", type=int, default=5, help="records of niah_single_1 (the experiment's first n)")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from keyformer.core.generate import generate
+    from keyformer.core.policies import build_policy
+    from keyformer.run.data import encode_prompt, load_records
+    from keyformer.run.loading import load_model
+    from keyformer.run.paths import ROOT, compose
+    from keyformer.run.tasks.generate import _with_prefix, prompt_limit
+
+    torch.set_num_threads(1)
+    base = ["+experiment=exp10_ruler", "dataset.ruler_task=niah_single_1", f"n_samples={args.n}"]
+    cfg = compose([*base, "policy=full"])
+    model, tok = load_model(cfg)
+    ds = cfg["dataset"]
+    records = load_records(ds, args.n, int(cfg["seed"]), cfg["model"])[: args.n]
+    chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
+    limit = prompt_limit(cfg, model)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "keyformer"],
+                           capture_output=True, text=True).stdout.strip()
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", newline="") as f:
+        f.write(f"# scripts/ruler_kept_depth.py at {commit}{' (keyformer/ modified)' if dirty else ''}; "
+                f"{cfg['model']['name']}, cpu, {dtype}, batch 1, 1 thread; RULER niah_single_1 4k, "
+                f"budget {args.budget}, the prompt cut after one greedy step\n")
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["policy", "record", "layer", "prompt_tokens", "needle_depth", "needle_kept",
+                    *(f"kept_d{i}" for i in range(10))])
+        for name in args.policies.split(","):
+            pcfg = compose([*base, f"policy={name}", f"budget={args.budget}"])
+            for rec in records:
+                ids, cut = _with_prefix(tok, rec, encode_prompt(tok, rec, ds.get("template", "alpaca"),
+                                                                ds.get("instruction", ""), limit, chat))
+                assert cut == 0, "the experiment never cuts a prompt"
+                lo, hi = _value_span(tok, ids, rec["answers"][0] if "answers" in rec else rec["answer"])
+                x = torch.tensor([ids])
+                with torch.inference_mode():
+                    out = generate(model, x, torch.ones_like(x), build_policy(pcfg["policy"]),
+                                   max_new_tokens=1, seed=int(pcfg["seed"]), eos_token_id=tok.eos_token_id)
+                n = len(ids)
+                tenth = torch.arange(n) * 10 // n
+                got = []
+                for li, layer in enumerate(out.cache.layers):
+                    pos = layer.pos[0]  # [H, S]: each slot's prompt position, -1 when empty
+                    kept = torch.zeros(pos.shape[0], n + 1, dtype=torch.bool)
+                    kept.scatter_(1, pos.clamp(min=-1).add(1).clamp(max=n), True)  # slot -1 -> column 0
+                    kept = kept[:, 1:].float()  # [H, n]: is prompt position p held by head h
+                    w.writerow([name, rec["id"], li, n, f"{lo / n:.4f}", f"{kept[:, lo:hi].mean():.4f}",
+                                *(f"{kept[:, tenth == d].mean():.4f}" for d in range(10))])
+                    got.append(float(kept[:, lo:hi].mean()))
+                f.flush()
+                print(f"{name} {rec['id']}: needle at {lo / n:.2f}, kept {sum(got) / len(got):.2f} (mean "
+                      "over layers)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
