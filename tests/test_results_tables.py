@@ -715,7 +715,7 @@ def test_exp10_prose_numbers_are_the_generated_tables() -> None:
     s = p.loc[p["policy"] == "kvzip", "prefill_ms"] / 1000
     assert f"took {s.min():.0f}-{s.max():.0f} s (median over its points {s.median():.0f} s" in prose
     a = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
-    kf = a.loc[a["policy"] == "keyformer", "prefill_ms"].median() / 1000
+    kf = a.loc[(a["policy"] == "keyformer") & (a["budget"] == 0.5), "prefill_ms"].median() / 1000  # KVzip's
     assert f"about {kf:.0f} s for Keyformer's context prefill" in prose
 
 
@@ -857,6 +857,92 @@ def test_exp10_prose_ranks_are_the_generated_ranks() -> None:
     rank, n = got["query-agnostic"]
     assert f"**Query-agnostic, Keyformer ranks {rank} of the {n} compressed policies**" in whole
     assert f"query-agnostic it ranks {rank} of {n}, behind KVzip" in whole
+
+
+def _exp10_rows(region: str, label: str) -> list[list[str]]:
+    """The leaderboard rows (cells) of one setting of a generated exp10 region."""
+    table = region[region.index(f"**{label}**"):].split("Per task")[0]
+    return [[c.strip() for c in r.strip("|").split("|")] for r in table.splitlines()
+            if r.startswith("| ") and not r.startswith("| policy")]
+
+
+def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
+    """The tier-3 paragraph of results/README.md's experiment 10 (ratios 0.25 / 0.75 / 0.875): Keyformer's
+    rank at each ratio and setting, the ties it names, the number of policies, and "the smallest p" of H2O's
+    and SnapKV's differences from Keyformer, all read from the generated leaderboard."""
+    text = (RES / "README.md").read_text()
+    start, end = "<!-- keyformer-report:exp10_ruler -->", "<!-- /keyformer-report:exp10_ruler -->"
+    region = text[text.index(start):text.index(end)]
+    prose = " ".join(text[text.index("**The other ratios (tier 3"):text.index(start)].split())
+    ratios = ("0.25", "0.75", "0.875")
+    words, smallest = [], []
+    for label, setting in (("question-aware", "question-aware"), ("query-agnostic", "query-agnostic")):
+        rows = _exp10_rows(region, label)
+        for ratio in ratios:
+            at = [r for r in rows if r[1] == ratio]
+            assert {r[0] for r in at} == {"keyformer", "h2o", "snapkv", "window"}, (label, ratio)
+            rank = int(next(r for r in at if r[0] == "keyformer")[7])
+            tied = [r[0] for r in at if r[0] != "keyformer" and int(r[7]) == rank]
+            words.append(ORDINALS[rank - 1] + (f" (tied with {'H2O' if tied == ['h2o'] else tied})"
+                                               if tied else ""))
+            smallest += [(float(r[5]), r[0], ratio, setting, r[4]) for r in at if r[0] in ("h2o", "snapkv")]
+    assert (f"ranks {words[0]}, {words[1]} and {words[2]} of the four at ratios 0.25, 0.75 and 0.875 with "
+            f"the question in the prompt, and {words[3]}, {words[4]} and {words[5]} without it") in prose
+    p, policy, ratio, setting, diff = min(smallest)
+    assert p >= 0.05  # "never separates from H2O or SnapKV"
+    name = {"h2o": "H2O", "snapkv": "SnapKV"}[policy]
+    assert f"the smallest p is {name}'s at ratio {ratio}, {setting}: {diff}, Holm p {p:.3f})" in prose
+
+
+def test_exp10_kept_depth_prose_is_the_committed_csv() -> None:
+    """The "Why the window wins at ratio 0.25" paragraph quotes results/exp10_ruler/kept_depth.csv (which
+    needle tokens each policy's prompt cut keeps), the recent window from points.csv, the niah_single_1 cells
+    of the generated table, and SnapKV's and the window's answers from samples.csv."""
+    text = (RES / "README.md").read_text()
+    para = " ".join(text[text.index("**Why the window wins at ratio 0.25**"):
+                         text.index("<!-- keyformer-report:exp10_ruler -->")].split())
+    k = pd.read_csv(RES / "exp10_ruler" / "kept_depth.csv", comment="#")
+    assert k["layer"].nunique() == 30 and k["record"].nunique() == 5
+    slots = k["needle_kept"] * 21  # 7 digit tokens x 3 KV heads
+    assert ((slots - slots.round()).abs() < 0.01).all()
+    depth = k["needle_depth"]
+    assert f"(depths {depth.min():.2f}-{depth.max():.2f})" in para
+    mean = k.groupby("policy")["needle_kept"].mean()
+    assert mean["window"] == 1.0
+    assert (f"they keep {mean['keyformer']:.0%} and {mean['h2o']:.0%} of the needle value's token slots"
+            .replace("%", " %")) in para
+    assert f"SnapKV {mean['snapkv']:.0%})".replace("%", " %") in para
+    whole = k.groupby(["policy", "record"])["needle_kept"].min() == 1.0
+    deepest = k.loc[depth.idxmax(), "record"]
+    for policy in ("keyformer", "h2o"):
+        assert list(whole[policy][whole[policy]].index) == [deepest]
+    assert not whole["snapkv"].any()
+    assert f"(depth {depth.max():.2f}), the one record they answer" in para
+    points = pd.read_csv(RES / "exp10_ruler" / "aware" / "points.csv")
+    row = points[points["point"] == "task=niah_single_1,budget=0.75,policy=keyformer"].iloc[0]
+    share = row["recent"] * row["budget"]
+    assert f"(the newest {share:.0%}: {row['recent']} of the budget)".replace("%", " %") in para
+    per_record = k.groupby("record")["needle_depth"].first()
+    assert 1 - share < depth.max() and (per_record.drop(deepest) < 1 - share).all()
+    region = text[text.index("<!-- keyformer-report:exp10_ruler -->"):
+                  text.index("<!-- /keyformer-report:exp10_ruler -->")]
+    t = {p: _ruler_per_task(region)[("question-aware", p, "0.25")]["niah_single_1"]
+         for p in ("keyformer", "h2o", "snapkv", "window")}
+    assert t["keyformer"] == t["h2o"]
+    assert f"(niah_single_1: {t['keyformer']} each against the window's {t['window']})" in para
+    assert f"answers none ({t['snapkv']})" in para and t["snapkv"] == "0"
+    s = pd.read_csv(RES / "exp10_ruler" / "aware" / "samples.csv", dtype={"id": str})
+    pred = {p: dict(zip(g["id"], g["prediction"], strict=True))
+            for p, g in s[s["point"].str.startswith("task=niah_single_1,budget=0.75,")].groupby(
+                s["point"].str.extract(r"policy=(\w+)")[0])}
+    pairs = re.findall(r"(\d+) for (\d+)", para[para.index("three of its five"):])
+    assert len(pairs) == 3
+    prefixes = sorted(i for i, v in pred["snapkv"].items()
+                      if pred["window"][i].split(".")[0].startswith(v.split(".")[0]))
+    assert len(prefixes) == 3
+    for short, value in pairs:
+        rec = next(i for i, v in pred["snapkv"].items() if v.strip() == f"{short}.")
+        assert pred["window"][rec].startswith(f"{value}.")  # the window's answer, scored 100, is the value
 
 
 def test_native_noise_prose_is_read_from_the_committed_files() -> None:
