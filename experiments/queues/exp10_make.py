@@ -31,7 +31,8 @@ TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "
 TOKENS = {"vt": 30, "cwe": 120, "fwe": 50}  # RULER's tokens to generate; NIAH 128
 CORE = ["full", "keyformer", "h2o", "snapkv", "window"]
 CURRENT = ["expected_attention", "keydiff", "kvzip", "rkv"]  # the field's 2025 methods (issue 21)
-FIELD = ["tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer", "streaming", *CURRENT]
+# tier 4 runs the 2025 methods first: where Keyformer ranks among the current methods at every ratio
+FIELD = [*CURRENT, "tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer", "streaming"]
 RECORDS = 5
 OTHER = (0.75, 0.25, 0.125)  # budgets of ratios 0.25, 0.75, 0.875 (tiers 3-4; ratio 0.5 is tiers 1-2)
 HEADER = """# Experiment 10 (experiments/exp10_ruler.md), {what}.
