@@ -189,7 +189,7 @@ def test_archive_holds_the_superseded_runs_and_its_manifest() -> None:
     names = {"exp1_cnndm_7e9326a", "exp1_cnndm_oldstream", "exp8_powered_buggy", "exp8_authors_raw",
              "bench_63988e1", "bench_7ae70b7", "bench_4b5ff8d", "bench_long_ffed69b",
              "bench_long_217af8f", "bench_long_86a5f65", "bench_f206083", "bench_long_dd576eb",
-             "bench_long_c89afe8"}
+             "bench_long_c89afe8", "bench_564ed48"}
     assert {d.name for d in (RES / "archive").iterdir() if d.is_dir()} == names
     manifest = (RES / "archive" / "MANIFEST.md").read_text()
     assert all(f"`{n}/`" in manifest for n in names)
@@ -369,7 +369,7 @@ def _bench_rows(table: str) -> dict[str, tuple[float, float, float, float]]:
     return rows
 
 
-OLD_BENCH = RES / "archive" / "bench_f206083"  # the committed bench run before results/bench/'s
+OLD_BENCH = RES / "archive" / "bench_564ed48"  # the bench run and floors probe before results/bench/'s
 
 
 def _target(table: str, n: int) -> float:
@@ -406,7 +406,14 @@ def test_bench_status_prose_is_read_from_the_committed_runs() -> None:
     day = re.search(r"started (\d{4}-\d\d-\d\d)", (RES / "bench" / "run_log.txt").read_text())[1]
     assert f"re-measured on {day} from a clean worktree" in para
     assert f"the `{old_commit}` run (`results/archive/{OLD_BENCH.name}/`)" in para
-    assert env["cpu"] == "AMD EPYC (family 25 model 1, AVX2)" and "Zen 3 (family 25 model 1, AVX2" in para
+    old_cpu = json.loads((OLD_BENCH / "bench.json").read_text())["environment"]["cpu"]
+    host = re.search(r"\((family \d+ model \d+, [\w-]+)\)", env["cpu"])[1]  # "family 25 model 17, AVX-512"
+    assert f"({host};" in para
+    if env["cpu"] == old_cpu:
+        assert "on the same host type as the run before it" in para
+    else:  # the prose names both hosts: a move between the runs is code and host together
+        was = re.search(r"\((family \d+ model \d+, [\w-]+)\)", old_cpu)[1]
+        assert "on a different host type from the run before it" in para and f"({was})" in para
     bw = [re.search(r"read ([\d.]+) GB/s", t)[1] for t in (new, old)]
     assert f"read bandwidth {bw[0]} GB/s" in para and f"had {bw[1]} GB/s" in para
     for n in range(1, 8):
@@ -426,6 +433,8 @@ def test_bench_status_prose_is_read_from_the_committed_runs() -> None:
     n, o = b8["n"], b8["o"]
     pair = f"{n['keyformer']:.2f}x and {n['h2o']:.2f}x, against {o['keyformer']:.2f}x and {o['h2o']:.2f}x"
     assert pair in para
+    win = _bench_rows(new)["L2048xB8 window@0.5"][0]  # a one-prefill ratio's noise: the window scores nothing
+    assert f"(the window, which scores nothing at the prompt, reads {win:.2f}x at 2k x 8 in this run)" in para
     floors = " ".join(doc[doc.index("<!-- keyformer-report:bench_floors -->"):].split())
     noise = re.search(r"hash noise (\+[\d.]+)", floors)[1]
     assert f"**{noise} of a full prefill at" in " ".join(doc.split())
@@ -452,7 +461,9 @@ def test_bench_readme_numbers_are_the_committed_runs() -> None:
     bw = [re.search(r"read ([\d.]+) GB/s", t)[1] for t in (new, old)]
     spread = [_decode_spread(t) for t in (new, old)]
     minutes = [_run_minutes(RES / "bench" / "run_log.txt"), _run_minutes(OLD_BENCH / "run_log.txt")]
-    assert f"a clean worktree at `{commit}`" in text and f"AVX2, read {bw[0]} GB/s" in text
+    cpu = json.loads((RES / "bench" / "bench.json").read_text())["environment"]["cpu"]
+    isa = re.search(r", ([\w-]+)\)$", cpu)[1]
+    assert f"a clean worktree at `{commit}`" in text and f"{isa}, read {bw[0]} GB/s" in text
     assert f"the grid took {minutes[0]} minutes" in text
     log = (RES / "bench" / "run_log.txt").read_text()
     t0, t1 = (re.search(rf"{k} (\d{{4}}-\d\d-\d\d)T(\d\d:\d\d)", log) for k in ("started", "finished"))
@@ -505,7 +516,8 @@ def test_floors_prose_is_read_from_the_committed_probe() -> None:
     assert f"stays at {100 * top:.0f} % of the bytes model" in notes
     most = r["decode"][0]["floors"]["max_share_of_bytes"]
     assert f"most {100 * most:.0f} % of the bytes model's speedup" in notes
-    assert all(d["floors"]["max_share_of_bytes"] >= 0.9 for d in r["decode"])  # "reachable at both"
+    reach = [d["floors"]["max_share_of_bytes"] >= 0.9 for d in r["decode"]]
+    assert reach == [True, False]  # "reachable at 4k x 1 but out of reach at 2k x 8 while the floor stands"
     old = json.loads((OLD_BENCH / "floors" / "floors.json").read_text())
     was = old["environment"]["git_commit"][:7]
     assert f"({100 * old['decode'][1]['floors']['max_share_of_bytes']:.0f} % in the `{was}` probe)" in notes
@@ -516,12 +528,16 @@ def test_floors_prose_is_read_from_the_committed_probe() -> None:
     kx = [x["prefill"]["floors"]["x_full"]["keyformer"] for x in (r, old)]
     assert f"{kx[0]:.2f}x full's in this probe against {kx[1]:.2f}x at `{was}`" in notes
     nx = [x["prefill"]["floors"]["x_full"]["keyformer-nonoise"] for x in (r, old)]
-    assert nx[0] < nx[1] and noise[0] >= noise[1]  # "the noise-free path got faster, the noise part did not"
+    assert nx[0] < nx[1] and noise[0] < noise[1]  # "both parts are smaller (the noise-free path, the noise)"
+    assert pf["h2o"]["x_full"] <= 1.25 and 1.5 < kx[0] < 1.55  # "H2O ... meets its 1.25x"; "misses by a hair"
     kf = r["decode"][0]["floors"]["overhead"]["keyformer"]
     assert (f"without it is {kf['x_window_without_noise']:.3f}x the window, with it {kf['x_window']:.3f}x"
             in notes)
+    assert abs(kf["noise_ms"]) < 1 < kf["scores_ms"]  # "the scores are the whole excess ... the noise inside"
     fast = r["decode"][1]["floors"]["speedup"]
     assert fast["h2o"] > fast["window"]  # "H2O's step came out faster than the window's"
+    was_fast = old["decode"][1]["floors"]["speedup"]
+    assert was_fast["h2o"] > was_fast["window"]  # "as in the `564ed48` probe"
     e = r["e2e"]
     assert f"met ({e['e2e_gain']:.3f}x)" in notes and f"decode-alone gain is {e['decode_gain']:.2f}x" in notes
     assert (f"at {e['policy_prefill_x_full_per_sample']:.2f}x full's per-sample cost, takes "
@@ -959,7 +975,7 @@ def test_native_noise_prose_is_read_from_the_committed_files() -> None:
         ratios = sorted(float(r[-3]) for r in rows if r[0] == kernel)
         assert f"{ratios[0]:.2f}-{ratios[-1]:.2f}x {'faster ' if kernel == 'decode' else ''}{what}" in para
     new = json.loads((RES / "bench" / "floors_native" / "floors.json").read_text())
-    old = json.loads((OLD_BENCH / "floors" / "floors.json").read_text())
+    old = json.loads((RES / "archive" / "bench_f206083" / "floors" / "floors.json").read_text())  # before it
     assert new["environment"]["git_commit"].startswith("0770fc8")
     noise = [r["prefill"]["floors"]["components_x_full"]["noise"] for r in (new, old)]
     was = old["environment"]["git_commit"][:7]
