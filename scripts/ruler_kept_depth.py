@@ -41,6 +41,18 @@ def _value_span(tok, ids: list[int], value: str) -> tuple[int, int]:
     return lo, hi
 
 
+def held(pos, n: int):
+    """[H, n] float: 1 where KV head ``h`` holds prompt position ``p``, from a cache layer's slot positions
+    ``pos`` [H, S] (-1 for an empty slot; a position >= ``n``, a generated token's, is not a prompt
+    position)."""
+    import torch
+
+    kept = torch.zeros(pos.shape[0], n + 1, dtype=torch.bool)
+    col = torch.where((pos >= 0) & (pos < n), pos + 1, torch.zeros_like(pos))  # column 0: not a prompt slot
+    kept.scatter_(1, col, True)
+    return kept[:, 1:].float()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
@@ -94,10 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 tenth = torch.arange(n) * 10 // n
                 got = []
                 for li, layer in enumerate(out.cache.layers):
-                    pos = layer.pos[0]  # [H, S]: each slot's prompt position, -1 when empty
-                    kept = torch.zeros(pos.shape[0], n + 1, dtype=torch.bool)
-                    kept.scatter_(1, pos.clamp(min=-1).add(1).clamp(max=n), True)  # slot -1 -> column 0
-                    kept = kept[:, 1:].float()  # [H, n]: is prompt position p held by head h
+                    kept = held(layer.pos[0], n)  # [H, n]: is prompt position p held by KV head h
                     w.writerow([name, rec["id"], li, n, f"{lo / n:.4f}", f"{kept[:, lo:hi].mean():.4f}",
                                 *(f"{kept[:, tenth == d].mean():.4f}" for d in range(10))])
                     got.append(float(kept[:, lo:hi].mean()))
