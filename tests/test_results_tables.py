@@ -111,6 +111,30 @@ def test_collect_replace_ignores_columns_only_other_points_have(tmp_path: Path) 
     assert list(pd.read_csv(out / "replaced.csv")["point"]) == ["b"]
 
 
+def test_collect_replace_keeps_numeric_answers_as_text(tmp_path: Path) -> None:
+    """A point whose generated answers are all digit strings (RULER's values, some longer than a float holds)
+    is compared as text: re-collecting it is not a change, and a changed answer is."""
+    def answers(sweep: Path, texts: list[str]) -> None:
+        f = sweep / "a" / "predictions.jsonl"
+        rows = [json.loads(ln) for ln in f.read_text().splitlines()]
+        f.write_text("".join(json.dumps({**r, "prediction": t}) + "\n"
+                             for r, t in zip(rows, texts, strict=True)))
+
+    out = tmp_path / "out"
+    big = ["1" * 127 + ".", "1000000."]  # as the model answers: digits and a full stop
+    first = _sweep(tmp_path / "first", {"a": 1.0})
+    answers(first, big)
+    collect.main([str(first), str(out)])
+    again = _sweep(tmp_path / "again", {"a": 1.0})
+    answers(again, big)
+    assert collect.main([str(again), str(out), "--replace"]) == 0
+    assert not (out / "replaced.csv").is_file()  # the same answers: nothing logged
+    assert "1" * 127 + "." in (out / "samples.csv").read_text()  # the curated text kept verbatim
+    answers(again, ["1" * 126 + "2.", "1000000."])  # one digit of 127 differs: a float would not see it
+    assert collect.main([str(again), str(out), "--replace"]) == 0
+    assert list(pd.read_csv(out / "replaced.csv")["point"]) == ["a"]
+
+
 def test_collect_refuses_to_drop_points_without_replace(tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     collect.main([str(_sweep(tmp_path / "old", {"a": 1.0, "b": 2.0})), str(out)])
