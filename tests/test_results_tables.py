@@ -217,6 +217,17 @@ def test_archive_holds_the_superseded_runs_and_its_manifest() -> None:
     assert {d.name for d in (RES / "archive").iterdir() if d.is_dir()} == names
     manifest = (RES / "archive" / "MANIFEST.md").read_text()
     assert all(f"`{n}/`" in manifest for n in names)
+    for n in sorted(names):  # a bench row's typed bandwidth is its own table's
+        row = next(ln for ln in manifest.splitlines() if ln.startswith(f"| `{n}/`"))
+        typed = re.search(r"read ([\d.]+) GB/s", row)
+        if typed and (RES / "archive" / n / "table.txt").is_file():
+            assert f"read {typed[1]} GB/s" in (RES / "archive" / n / "table.txt").read_text(), n
+    row = next(ln for ln in manifest.splitlines() if ln.startswith("| `bench_564ed48/`"))
+    env = json.loads((RES / "archive" / "bench_564ed48" / "bench.json").read_text())["environment"]
+    fam = re.search(r"\((family \d+ model \d+), ([\w-]+)\)", env["cpu"])
+    assert f"{fam[1]}, {fam[2]}" in row
+    spread = _decode_spread((RES / "archive" / "bench_564ed48" / "table.txt").read_text())
+    assert f"decode IQRs a median {spread} %" in row
     assert not any((RES / n).exists() for n in names)
 
 
@@ -488,6 +499,10 @@ def test_bench_readme_numbers_are_the_committed_runs() -> None:
     cpu = json.loads((RES / "bench" / "bench.json").read_text())["environment"]["cpu"]
     isa = re.search(r", ([\w-]+)\)$", cpu)[1]
     assert f"a clean worktree at `{commit}`" in text and f"{isa}, read {bw[0]} GB/s" in text
+    model = re.search(r"\((family \d+ model \d+), ", cpu)[1]
+    assert f"({model}, {isa}, read" in text
+    fl = json.loads((RES / "bench" / "floors" / "floors.json").read_text())["environment"]["git_commit"][:7]
+    assert f"what stops each unmet CPU target) at `{fl}`" in text
     assert f"the grid took {minutes[0]} minutes" in text
     log = (RES / "bench" / "run_log.txt").read_text()
     t0, t1 = (re.search(rf"{k} (\d{{4}}-\d\d-\d\d)T(\d\d:\d\d)", log) for k in ("started", "finished"))
@@ -803,6 +818,8 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     kd = int((t4["policy"] == "keydiff").sum())
     at = t4["git_commit"].str[:7].unique()[0]
     assert f"KeyDiff's first {kd} points) from a clean worktree at `{at}`" in doc
+    readme = " ".join((RES / "README.md").read_text().split())
+    assert f"KeyDiff's first tasks, from a clean worktree at `{at}`" in readme
     assert t4["git_commit"].nunique() == 1 and (t4["policy"] == "expected_attention").sum() == 33
 
 
@@ -933,7 +950,8 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
             words.append(ORDINALS[rank - 1] + (f" (tied with {'H2O' if tied == ['h2o'] else tied})"
                                                if tied else ""))
             smallest += [(float(r[5]), r[0], ratio, setting, r[4]) for r in at if r[0] in ("h2o", "snapkv")]
-    count = {k: ("four", "five", "six", "seven", "eight", "nine")[v - 4] for k, v in n.items()}
+    words_for = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+    count = {k: words_for[v] for k, v in n.items()}  # a count outside the table is a KeyError, not a word
     aware, agnostic = count["question-aware"], count["query-agnostic"]
     assert (f"ranks {words[0]}, {words[1]} and {words[2]} of the {aware} at ratios 0.25, 0.75 and 0.875 with "
             f"the question in the prompt, and {words[3]}, {words[4]} and {words[5]} of the {agnostic} "
