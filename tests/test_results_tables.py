@@ -840,12 +840,15 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     assert len(got) == 1 and f"KeyDiff and R-KV from `{got.pop()}`" in doc
     w = pd.read_csv(RES / "exp10_ruler" / "aware" / "points.csv")
     t4 = w[(w["budget"] != 0.5) & w["policy"].isin(["expected_attention", "keydiff"])]  # tier 4 so far
-    kd = int((t4["policy"] == "keydiff").sum())
-    at = t4["git_commit"].str[:7].unique()[0]
-    assert f"KeyDiff's first {kd} points) from a clean worktree at `{at}`" in doc
+    first = t4.loc[t4["policy"] == "expected_attention", "git_commit"].str[:7].unique()
+    assert len(first) == 1 and (t4["policy"] == "expected_attention").sum() == 33
+    kd = t4.loc[t4["policy"] == "keydiff", "git_commit"].str[:7].value_counts().to_dict()
+    assert sum(kd.values()) == 33 and len(kd) == 2 and first[0] in kd
+    later = next(c for c in kd if c != first[0])
+    assert (f"from clean worktrees at `{first[0]}` (Expected Attention, KeyDiff's first {kd[first[0]]} "
+            f"points) and `{later}` (KeyDiff's last {kd[later]})") in doc
     readme = " ".join((RES / "README.md").read_text().split())
-    assert f"KeyDiff's first tasks, from a clean worktree at `{at}`" in readme
-    assert t4["git_commit"].nunique() == 1 and (t4["policy"] == "expected_attention").sum() == 33
+    assert f"from clean worktrees at `{first[0]}` and (KeyDiff's last {kd[later]} points) `{later}`" in readme
 
 
 def _ruler_per_task(region: str) -> dict[tuple[str, str, str], dict[str, str]]:
@@ -987,6 +990,19 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     assert survive == {("window", "0.25", "question-aware"), ("window", "0.25", "query-agnostic")}
     ea = {r[1]: int(r[7]) for r in _exp10_rows(region, "question-aware") if r[0] == "expected_attention"}
     assert ea["0.75"] == ea["0.875"] == n["question-aware"]  # "last of the five at 0.75 and 0.875"
+    kd = {r[1]: r for r in _exp10_rows(region, "question-aware") if r[0] == "keydiff"}
+    assert kd["0.875"][7] == "1" and kd["0.875"][5] == "< 0.001"  # "first of the six", ahead after Holm
+    assert float(kd["0.25"][5]) >= 0.05 and float(kd["0.75"][5]) >= 0.05  # "tied"
+    assert (f"KeyDiff, question-aware, is tied with Keyformer at ratios 0.25 and 0.75 ({kd['0.25'][4]}, "
+            f"Holm p {kd['0.25'][5]}; {kd['0.75'][4]}, Holm p {kd['0.75'][5]}) and first of the six at "
+            f"0.875, ahead of Keyformer after the correction ({kd['0.875'][4]}, Holm p < 0.001)") in prose
+    cells = _ruler_per_task(region)
+    assert all(cells[("question-aware", "keydiff", r)]["niah_single_1"] == "100" for r in ratios)
+    kf = ", ".join(cells[("question-aware", "keyformer", r)]["niah_single_1"] for r in ratios).rsplit(", ", 1)
+    assert f"(100 against Keyformer's {' and '.join(kf)})" in prose
+    needles = [c for c in cells[("question-aware", "keydiff", "0.75")] if c.startswith("niah_") and
+               c != "niah_single_1"]
+    assert all(cells[("question-aware", "keydiff", r)][c] == "0" for r in ("0.75", "0.875") for c in needles)
     p, policy, ratio, setting, diff = min(smallest)
     assert p >= 0.05  # "never separates from H2O or SnapKV"
     name = {"h2o": "H2O", "snapkv": "SnapKV"}[policy]
