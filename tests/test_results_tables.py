@@ -792,7 +792,7 @@ def test_exp10_prose_numbers_are_the_generated_tables() -> None:
             assert ci in region, (name, ci)
     prose = " ".join(sec[:sec.index("<!-- keyformer-report:exp10_ruler -->")].split())
     p = pd.read_csv(RES / "exp10_ruler" / "aware" / "points.csv")
-    s = p.loc[p["policy"] == "kvzip", "prefill_ms"] / 1000
+    s = p.loc[(p["policy"] == "kvzip") & (p["budget"] == 0.5), "prefill_ms"] / 1000  # ratio 0.5, as read
     assert f"took {s.min():.0f}-{s.max():.0f} s (median over its points {s.median():.0f} s" in prose
     a = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
     kf = a.loc[(a["policy"] == "keyformer") & (a["budget"] == 0.5), "prefill_ms"].median() / 1000  # KVzip's
@@ -846,9 +846,16 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     assert sum(kd.values()) == 33 and len(kd) == 2 and first[0] in kd
     later = next(c for c in kd if c != first[0])
     assert (f"from clean worktrees at `{first[0]}` (Expected Attention, KeyDiff's first {kd[first[0]]} "
-            f"points) and `{later}` (KeyDiff's last {kd[later]})") in doc
+            f"points) and `{later}` (KeyDiff's last {kd[later]};") in doc
     readme = " ".join((RES / "README.md").read_text().split())
     assert f"from clean worktrees at `{first[0]}` and (KeyDiff's last {kd[later]} points) `{later}`" in readme
+    kz = w[(w["budget"] != 0.5) & (w["policy"] == "kvzip")]  # tier 4's next policy, partial
+    assert kz["git_commit"].str[:7].unique().tolist() == [later] and kz["complete"].all()
+    tasks = kz["point"].str.extract(r"task=(\w+),")[0]
+    assert tasks.nunique() * 3 == len(kz)  # "four tasks at the three ratios"
+    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+    assert f"11; KVzip's first {len(kz)} points, {words[tasks.nunique()]} tasks at the three ratios)" in doc
+    assert f"KVzip's first {len(kz)} points, not yet averaged" in readme
 
 
 def _ruler_per_task(region: str) -> dict[tuple[str, str, str], dict[str, str]]:
