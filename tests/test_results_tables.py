@@ -852,8 +852,8 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     kz = w[(w["budget"] != 0.5) & (w["policy"] == "kvzip")]  # tier 4's next policy, partial
     assert kz["git_commit"].str[:7].unique().tolist() == [later] and kz["complete"].all()
     tasks = kz["point"].str.extract(r"task=(\w+),")[0]
-    assert tasks.nunique() * 3 == len(kz)  # "four tasks at the three ratios"
-    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+    assert tasks.nunique() * 3 == len(kz)  # "<n> tasks at the three ratios"
+    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
     assert f"11; KVzip's first {len(kz)} points, {words[tasks.nunique()]} tasks at the three ratios)" in doc
     assert f"KVzip's first {len(kz)} points, not yet averaged" in readme
 
