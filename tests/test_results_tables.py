@@ -222,6 +222,11 @@ def test_archive_holds_the_superseded_runs_and_its_manifest() -> None:
         typed = re.search(r"read ([\d.]+) GB/s", row)
         if typed and (RES / "archive" / n / "table.txt").is_file():
             assert f"read {typed[1]} GB/s" in (RES / "archive" / n / "table.txt").read_text(), n
+    for n in ("bench_long_c89afe8", "bench_long_2a3110f"):  # a long run's row names its own start
+        start = re.search(r"^started (\d{4}-\d\d-\d\d)T(\d\d:\d\d)", (RES / "archive" / n / "run_log.txt")
+                          .read_text(), re.M)
+        row = next(ln for ln in manifest.splitlines() if ln.startswith(f"| `{n}/`"))
+        assert f"`{n[-7:]}`, {start[1]} {start[2]} (CPU" in row, n
     row = next(ln for ln in manifest.splitlines() if ln.startswith("| `bench_564ed48/`"))
     env = json.loads((RES / "archive" / "bench_564ed48" / "bench.json").read_text())["environment"]
     fam = re.search(r"\((family \d+ model \d+), ([\w-]+)\)", env["cpu"])
@@ -680,8 +685,7 @@ def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
         assert max(rh["share_of_bytes_model"], rk["share_of_bytes_model"]) < 0.9  # "not met" in both
         assert rh["compute_bound"] and rk["compute_bound"]  # "the step at batch 64 is compute-bound"
         verdicts |= {long_verdict(rh), long_verdict(rk)}
-    if verdicts == {"met (compute floor)"}:
-        assert "every row meets the target's compute clause" in bench
+    assert verdicts == {"met (compute floor)"} and "every row meets the target's compute clause" in bench
     bm = {b["policy"]: b for b in run["beams"]["rows"]}
     assert all(b["same_sequences"] for b in bm.values()) and run["beams"]["num_beams"] == 4
     assert (f"made the prefill {x(bm['full']['prefill_speedup'])} (full), {x(bm['h2o']['prefill_speedup'])} "
@@ -843,7 +847,7 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     first = t4.loc[t4["policy"] == "expected_attention", "git_commit"].str[:7].unique()
     assert len(first) == 1 and (t4["policy"] == "expected_attention").sum() == 33
     kd = t4.loc[t4["policy"] == "keydiff", "git_commit"].str[:7].value_counts().to_dict()
-    assert sum(kd.values()) == 33 and len(kd) == 2 and first[0] in kd
+    assert sum(kd.values()) == 33 and len(kd) == 2 and first[0] in kd and "0.875, 33 points each)" in doc
     later = next(c for c in kd if c != first[0])
     assert (f"from clean worktrees at `{first[0]}` (Expected Attention, KeyDiff's first {kd[first[0]]} "
             f"points) and `{later}` (KeyDiff's last {kd[later]};") in doc
@@ -1144,6 +1148,11 @@ def test_rss_probe_numbers_in_prose_are_the_committed_probe() -> None:
            f"{decode[0]['rss_mb']:.0f} MiB from decode step 128 to {rows_[-1]['step']}" in bench
     by = {r["policy"]: r for r in run["rows"]}
     assert by["keyformer"]["peak_rss_delta_mb"] > 3 * rise  # the run's reading is several times this one
+    kf = f"{by['keyformer']['peak_rss_delta_mb']:.0f}"
+    assert by["keyformer"]["peak_rss_delta_mb"] > 3 * by["h2o"]["peak_rss_delta_mb"]  # "several times H2O's"
+    assert f"in the `c89afe8` run** (+{kf} MiB, several times H2O's" in bench
+    manifest = (RES / "archive" / "MANIFEST.md").read_text()
+    assert f"Keyformer's +{kf} MiB peak RSS at 512 + 4096" in manifest
     assert abs(rise / by["h2o"]["peak_rss_delta_mb"] - 1) < 0.1  # docs: "level with H2O's"
     assert f"(full at batch {by['full']['batch']} and H2O at batch {by['h2o']['batch']}, each over " \
            f"{run['settings'][0]['new_tokens']} steps)" in bench

@@ -289,12 +289,14 @@ def _prov(row: pd.Series | None, col: str) -> object:
     return row[col]
 
 
+TEXT_COLUMNS = {"id": str, "point": str, "prediction": str}  # read as text: answers may all look like numbers
+
+
 def _csv_text(df: pd.DataFrame) -> str:
     """``df`` as its CSV text after a write/read round trip (types as a curated file holds them), with its
     all-empty columns dropped and the others sorted: a curated file holds the union of every point's
     columns in its own order, so only the values a point has are compared."""
-    text = {"id": str, "point": str, "prediction": str}  # a point's answers may all read as numbers
-    df = pd.read_csv(io.StringIO(df.to_csv(index=False)), dtype=text).dropna(axis=1, how="all")
+    df = pd.read_csv(io.StringIO(df.to_csv(index=False)), dtype=TEXT_COLUMNS).dropna(axis=1, how="all")
     for c in df.columns:  # 5 and 5.0 are one value (a column with empty cells elsewhere reads as float)
         v = df[c].dropna()
         if pd.api.types.is_float_dtype(df[c]) and (v % 1 == 0).all() and (v.abs() < 2**53).all():
@@ -316,7 +318,7 @@ def replace_points(points: pd.DataFrame, samples: pd.DataFrame, out: Path, sourc
     point to ``out/replaced.csv`` (old and new provenance) and returns those rows; a point collected with
     exactly the rows ``out`` holds is left out of the log (nothing changed)."""
     p_old = pd.read_csv(out / "points.csv") if (out / "points.csv").is_file() else pd.DataFrame({"point": []})
-    s_old = (pd.read_csv(out / "samples.csv", dtype={"id": str, "prediction": str})
+    s_old = (pd.read_csv(out / "samples.csv", dtype=TEXT_COLUMNS)
              if (out / "samples.csv").is_file()
              else pd.DataFrame({"point": [], "id": []}))
     names = list(points["point"])
