@@ -5,12 +5,15 @@
 #   bash scripts/gpu_bench.sh             # on the GPU machine (carry .whl): writes into $OUT (default results/bench/gpu/run)
 #   bash scripts/gpu_bench.sh --dry-run   # CPU, tiny shapes, the same steps and code path (CI runs it)
 #
-# Steps: (1) on-device tests: the captured decode step == the eager one (tests/test_graphs.py), then every
-# on_device test (capped); (2) batch-1 latency at GPT-J-6B and Llama-3-8B shapes (random weights, bf16) for full,
-# window, H2O and Keyformer at 0.5, decode eager and CUDA-graph captured (keyformer-gpu-bench --graphs);
-# (3) throughput at the largest batch that fits the device memory, full vs each policy, GPT-J-6B shape.
+# Steps, each time-boxed so the whole run ends by DEADLINE_S (default 470 s):
+# (1) on-device tests: the captured decode step == the eager one (tests/test_graphs.py);
+# (2) batch-1 latency at 4k (4096-token prompt, 64 new) at GPT-J-6B and Llama-3-8B shapes (random weights, bf16)
+#     for full, window, H2O and Keyformer at 0.5, decode eager and CUDA-graph captured (keyformer-gpu-bench --graphs);
+# (3) long generation at a fixed KV memory budget (keyformer.lab.bench.gpu_long): full at batch 4 vs each policy at
+#     256 tokens at the largest batch that fits the same K/V bytes, GPT-J-6B shape, 512+1024, with the bytes model;
+# (4) the policy contract tests on CUDA (tests/test_policy_contract.py -m on_device, 8 xdist workers), capped.
 # Outputs (7 files, what the device tool brings back): log.txt, tests_graphs.txt, tests_on_device.txt,
-# latency/gpu_bench.{json,txt}, throughput/gpu_bench.{json,txt}.
+# latency/gpu_bench.{json,txt}, fixed/gpu_long.{json,txt}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=run
@@ -20,14 +23,18 @@ case "${1:-}" in
   --stage) mode=stage ;;
   *) echo "gpu_bench.sh: unknown option '$1'; valid: --dry-run, --stage (or none)" >&2; exit 2 ;;
 esac
-TRANSFORMERS_VERSION=5.24.0  # the GPU image has an older transformers; the project needs >= 5.20
+# The GPU image (torch 2.11, transformers 5.17, huggingface_hub 1.33) lacks these; transformers 5.24 is the newest
+# that accepts its huggingface_hub. Pure-Python sdists (antlr4, rouge-score, hqq) are built into wheels here.
+WHEELS=(transformers==5.24.0 hydra-core==1.3.2 omegaconf==2.3.0 gguf==0.19.0 nltk==3.10.4 wonderwords==3.0.1)
+SDISTS=(antlr4-python3-runtime==4.9.3 rouge-score==0.1.2 hqq==0.2.8.post1)
 
 if [[ $mode == stage ]]; then
   mkdir -p .whl
   grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .whl "transformers==$TRANSFORMERS_VERSION"
+    -d .whl "${WHEELS[@]}"
+  "${PYTHON:-.venv/bin/python}" -m pip wheel -q --no-deps -w .whl "${SDISTS[@]}"
   ls -la .whl
   exit 0
 fi
@@ -36,9 +43,8 @@ if [[ $mode == dry ]]; then
   out="${OUT:-$(mktemp -d)/gpu_bench_dry}"
   PY=${PYTHON:-.venv/bin/python}
   export KEYFORMER_COMPILE=0 KEYFORMER_TEST_DEVICE=cpu
-  tiny=(--tiny --lengths 16 --gen-cap 8)
-  lat_models=(gptj llama3)
-  tests_cap=60
+  lat=(--tiny --lengths 16 --gen-cap 8)
+  fixed=(--tiny --settings 32+16 --budgets 8 --full-batch 2 --max-batch 8)
 else
   out="${OUT:-results/bench/gpu/run}"
   PY=${PYTHON:-python3}
@@ -49,41 +55,52 @@ else
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   fi
   export KEYFORMER_TEST_DEVICE=cuda
-  tiny=(--lengths 2048 --gen-cap 64)
-  lat_models=(gptj llama3)
-  tests_cap=150
+  lat=(--lengths 4096 --gen-cap 64)
+  fixed=(--settings 512+1024 --budgets 256 --full-batch 4 --max-batch 64)
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_NO_ADVISORY_WARNINGS=1
-mkdir -p "$out/latency" "$out/throughput"
+deadline=${DEADLINE_S:-470}
+mkdir -p "$out/latency" "$out/fixed"
 log="$out/log.txt"
 t0=$(date +%s)
 {
-  echo "gpu_bench.sh mode=$mode $(date -u +%FT%TZ) git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "gpu_bench.sh mode=$mode $(date -u +%FT%TZ) git $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
+    "dirty: $(git status --porcelain --untracked-files=no 2>/dev/null | wc -l) tracked files"
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, \
 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu')"
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 } 2>&1 | tee "$log"
 
 step() { echo "== $1 ($(( $(date +%s) - t0 )) s)" | tee -a "$log"; }
+left() { echo $(( deadline - ($(date +%s) - t0) )); }
+rc() { echo "exit $1" | tee -a "$log"; [[ $1 == 0 ]] || status=1; }
+status=0
+set +e  # a failing step is logged with its exit status; the next steps still run; the script exits 1 at the end
 
 step "on-device tests: captured decode step == eager"
-set +e
 "$PY" -m pytest -p no:cacheprovider -m on_device tests/test_graphs.py -rs 2>&1 | tee "$out/tests_graphs.txt" | tail -3 | tee -a "$log"
-step "on-device tests: all (capped at ${tests_cap} s)"
+rc "${PIPESTATUS[0]}"
+
+step "batch-1 latency at 4k, eager vs captured: gptj llama3"
+"$PY" -m keyformer.lab.bench.gpu "${lat[@]}" --models gptj llama3 --policies window h2o keyformer \
+  --graphs --no-throughput --time-budget-s 110 --out "$out/latency" 2>&1 | grep -v '^\[transformers\]' | tee -a "$log"
+rc "${PIPESTATUS[0]}"
+
+step "long generation at a fixed KV memory budget, gptj"
+"$PY" -m keyformer.lab.bench.gpu_long "${fixed[@]}" --model gptj --time-budget-s 120 --out "$out/fixed" 2>&1 \
+  | grep -v '^\[transformers\]' | tee -a "$log"
+rc "${PIPESTATUS[0]}"
+
+cap=$(left); (( cap > 150 )) && cap=150
+step "on-device tests: the policy contract on CUDA (capped at ${cap} s)"
 if [[ $mode == dry ]]; then
-  echo "dry run: the full on_device suite runs on the GPU only" | tee "$out/tests_on_device.txt" | tee -a "$log"
+  echo "dry run: the policy contract's on_device tests run on the GPU only" | tee "$out/tests_on_device.txt" | tee -a "$log"
+elif (( cap < 20 )); then
+  echo "skipped: ${cap} s left before the deadline" | tee "$out/tests_on_device.txt" | tee -a "$log"
 else
-  timeout "$tests_cap" "$PY" -m pytest -p no:cacheprovider -m on_device -x 2>&1 | tee "$out/tests_on_device.txt" \
-    | tail -3 | tee -a "$log"
+  timeout "$cap" "$PY" -m pytest -p no:cacheprovider -m on_device tests/test_policy_contract.py -q -n 8 -rfE \
+    2>&1 | tee "$out/tests_on_device.txt" | tail -3 | tee -a "$log"
+  rc "${PIPESTATUS[0]}"
 fi
-set -e
-
-step "batch-1 latency, eager vs captured: ${lat_models[*]}"
-"$PY" -m keyformer.lab.bench.gpu "${tiny[@]}" --models "${lat_models[@]}" --policies window h2o keyformer \
-  --graphs --no-throughput --time-budget-s 200 --out "$out/latency" 2>&1 | grep -v '^\[transformers\]' | tee -a "$log"
-
-step "throughput at the largest batch that fits, gptj"
-if [[ $mode == dry ]]; then thr=(--max-batch 2); else thr=(--max-batch 64); fi
-"$PY" -m keyformer.lab.bench.gpu "${tiny[@]}" --models gptj --policies window h2o keyformer "${thr[@]}" \
-  --time-budget-s 120 --out "$out/throughput" 2>&1 | grep -v '^\[transformers\]' | tee -a "$log"
-step "done: $out"
+step "done: $out (status $status)"
+exit "$status"

@@ -221,8 +221,19 @@ def test_gpu_script_dry_run(tmp_path):
     subprocess.run(["bash", str(root / "scripts" / "gpu_bench.sh"), "--dry-run"], cwd=root, env=env,
                    check=True,
                    timeout=1200)
-    for name in ("log.txt", "tests_graphs.txt", "latency/gpu_bench.json", "throughput/gpu_bench.json"):
+    for name in ("log.txt", "tests_graphs.txt", "tests_on_device.txt", "latency/gpu_bench.json",
+                 "fixed/gpu_long.json", "fixed/gpu_long.txt"):
         assert (tmp_path / name).is_file(), name
+    assert len([f for f in tmp_path.rglob("*") if f.is_file()]) <= 8  # what the device tool brings back
+    assert (tmp_path / "log.txt").read_text().count("exit 0") == 3  # three steps ran (the fourth: GPU only)
+    fixed = json.loads((tmp_path / "fixed" / "gpu_long.json").read_text())["settings"][0]
+    rows = {r["policy"]: r for r in fixed["rows"]}
+    assert list(rows) == ["full", "keyformer", "h2o", "window"] and not fixed["skipped"]
+    for p, r in rows.items():  # the memory budget caps every batch; the policies fit more than full
+        assert r["peak_kv_bytes"] <= fixed["memory_budget_bytes"] and r["mode"] == "eager" and r["reason"], p
+        if p != "full":
+            assert r["batch"] > rows["full"]["batch"] and r["bytes_model_gain"] > 1, p
+            assert r["share_of_bound"] > 0 and 0 <= r["agreement"]["match"] <= 1, p
     cells = json.loads((tmp_path / "latency" / "gpu_bench.json").read_text())["cells"]
     graphs = [c for c in cells if c.get("kind") == "graphs"]
     assert {c["model"] for c in graphs} == {"gptj", "llama3"}
