@@ -9,7 +9,7 @@
 # (1) on-device tests: the captured decode step == the eager one (tests/test_graphs.py);
 # (2) batch-1 latency at 4k (4096-token prompt, 64 new) at GPT-J-6B and Llama-3-8B shapes (random weights, bf16)
 #     for full, window, H2O and Keyformer at 0.5, decode eager and CUDA-graph captured (keyformer-gpu-bench --graphs);
-# (3) long generation at a fixed KV memory budget (keyformer.lab.bench.gpu_long): full at batch 4 vs each policy at
+# (3) long generation at a fixed KV memory budget (keyformer.lab.gpu_long): full at batch 4 vs each policy at
 #     256 tokens at the largest batch that fits the same K/V bytes, GPT-J-6B shape, 512+1024, with the bytes model;
 # (4) the policy contract tests on CUDA (tests/test_policy_contract.py -m on_device, 8 xdist workers), capped.
 # Outputs (7 files, what the device tool brings back): log.txt, tests_graphs.txt, tests_on_device.txt,
@@ -26,7 +26,7 @@ esac
 # The GPU image (torch 2.11, transformers 5.17, huggingface_hub 1.33) lacks these; transformers 5.24 is the newest
 # that accepts its huggingface_hub. Pure-Python sdists (antlr4, rouge-score, hqq) are built into wheels here.
 WHEELS=(transformers==5.24.0 hydra-core==1.3.2 omegaconf==2.3.0 gguf==0.19.0 nltk==3.10.4 wonderwords==3.0.1)
-SDISTS=(antlr4-python3-runtime==4.9.3 rouge-score==0.1.2 hqq==0.2.8.post1)
+SDISTS=(antlr4-python3-runtime==4.9.3 rouge-score==0.1.2)  # not hqq: transformers imports it when present, and it needs termcolor
 
 if [[ $mode == stage ]]; then
   mkdir -p .whl
@@ -49,6 +49,7 @@ else
   out="${OUT:-results/bench/gpu/run}"
   PY=${PYTHON:-python3}
   if compgen -G ".whl/*.whl" > /dev/null; then
+    rm -rf /tmp/site  # a warm machine keeps an earlier call's packages there (an hqq there broke transformers)
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
   else
@@ -87,7 +88,7 @@ step "batch-1 latency at 4k, eager vs captured: gptj llama3"
 rc "${PIPESTATUS[0]}"
 
 step "long generation at a fixed KV memory budget, gptj"
-"$PY" -m keyformer.lab.bench.gpu_long "${fixed[@]}" --model gptj --time-budget-s 120 --out "$out/fixed" 2>&1 \
+"$PY" -m keyformer.lab.gpu_long "${fixed[@]}" --model gptj --time-budget-s 120 --out "$out/fixed" 2>&1 \
   | grep -v '^\[transformers\]' | tee -a "$log"
 rc "${PIPESTATUS[0]}"
 

@@ -1,17 +1,17 @@
 """Long generation at a fixed KV memory budget on a GPU (issue 23's GPU target), random-weight model shapes.
 
-The measurement of ``keyformer-bench --long`` (:mod:`.long`) on CUDA, bf16, with a GPT-J-6B- or
+The measurement of ``keyformer-bench --long`` (:mod:`.bench.long`) on CUDA, bf16, with a GPT-J-6B- or
 Llama-3-8B-shaped model (random weights and prompt ids: speed does not depend on them):
 
 * **Memory budget** ``M``: the K/V bytes of the full cache at batch ``--full-batch`` (preallocated prompt +
   generation), measured. **Largest batch** per policy: the largest ``b <= --max-batch`` whose measured peak
-  K/V bytes fit in ``M`` (:func:`.long.largest_batch`, every probe recorded).
+  K/V bytes fit in ``M`` (:func:`.bench.long.largest_batch`, every probe recorded).
 * **Timed runs**: prompt forward, then ``new - 1`` greedy decode steps (:func:`keyformer.core.graphs.
   greedy_decode`), CUDA-synchronised. ``--capture`` (default on): the steady step of an evicting policy
   replays a CUDA graph; full cannot be captured (its attended length grows each step) and runs eager, as
   does any policy whose capture is refused (the reason is recorded). Token agreement with full on the rows
   both batches hold; peak GPU memory allocated.
-* **Bytes model** beside every gain (:func:`.long.summarize`): a step reads the weights once plus every
+* **Bytes model** beside every gain (:func:`.bench.long.summarize`): a step reads the weights once plus every
   sample's attended K/V at the read bandwidth measured here (``torch.sum`` over a large buffer); the
   predicted equal-memory gain is ``(B_p / t_p) / (B_f / t_f)``. **Floor**: a decode step at the same batch
   over an almost empty cache, in the same mode as the run it bounds (full: eager over an 8-token prompt;
@@ -21,7 +21,10 @@ Llama-3-8B-shaped model (random weights and prompt ids: speed does not depend on
 Outputs (``--out``): ``gpu_long.json`` and ``gpu_long.txt``, rewritten after every run, so a run stopped by
 ``--time-budget-s`` or a time limit keeps what it measured. ``--tiny``: CPU, tiny shapes (the dry run).
 
-    python -m keyformer.lab.bench.gpu_long --model gptj --settings 512+1024 --budgets 256
+    python -m keyformer.lab.gpu_long --model gptj --settings 512+1024 --budgets 256
+
+It lives outside ``keyformer/lab/bench`` so that GPU-only code does not change the CPU long benchmark's code
+identity (``BENCH_CODE``), which decides whether its committed journals resume.
 """
 
 from __future__ import annotations
@@ -39,9 +42,9 @@ import torch
 from keyformer.core.generate import make_cache
 from keyformer.core.graphs import greedy_decode
 
-from .cpu import median, weight_bytes
-from .gpu import build_model, free, sync
-from .long import (
+from .bench.cpu import median, weight_bytes
+from .bench.gpu import build_model, free, sync
+from .bench.long import (
     _policy,
     agreement,
     budget_label,
