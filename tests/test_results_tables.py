@@ -213,7 +213,7 @@ def test_archive_holds_the_superseded_runs_and_its_manifest() -> None:
     names = {"exp1_cnndm_7e9326a", "exp1_cnndm_oldstream", "exp8_powered_buggy", "exp8_authors_raw",
              "bench_63988e1", "bench_7ae70b7", "bench_4b5ff8d", "bench_long_ffed69b",
              "bench_long_217af8f", "bench_long_86a5f65", "bench_f206083", "bench_long_dd576eb",
-             "bench_long_c89afe8", "bench_564ed48", "bench_long_2a3110f"}
+             "bench_long_c89afe8", "bench_564ed48", "bench_long_2a3110f", "bench_gpu_070ed53"}
     assert {d.name for d in (RES / "archive").iterdir() if d.is_dir()} == names
     manifest = (RES / "archive" / "MANIFEST.md").read_text()
     assert all(f"`{n}/`" in manifest for n in names)
@@ -1204,3 +1204,65 @@ def test_rss_history_numbers_in_prose_are_the_committed_run() -> None:
     kv = {probes[f"probe/{p}/256/512+2048/64"] for p in ("h2o", "keyformer")}
     v = kv.pop() / 2**20
     assert not kv and f"K/V peak {v:.0f} and {v:.0f} MiB" in text
+
+
+def test_gpu_run_prose_is_the_committed_run() -> None:
+    """results/bench/README.md's and docs/performance.md's reading of the prepared H200 run: the test counts,
+    the batches, the captured-vs-eager claims and the verdicts are the committed files'."""
+    import math
+
+    from keyformer.lab import report
+
+    d = report.gpu_runs(RES)[-1]
+    bench = " ".join((RES / "bench" / "README.md").read_text().split())
+    doc = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    assert f"`gpu/{d.name}/` is the prepared run" in bench and f"It ran on {d.name}" in doc
+    log = (d / "log.txt").read_text()
+    git = re.search(r" git (\w+) ", log)[1]
+    assert f"the device copy's git read `{git}`" in bench
+    assert log.count("exit 0") == 4 and "(status 0)" in log  # every step ran and passed
+    graphs = re.search(r"(\d+) passed", (d / "tests_graphs.txt").read_text())[1]
+    assert "failed" not in (d / "tests_graphs.txt").read_text()
+    assert f"TOVA, fp32 and bf16, {graphs} passed" in bench
+    dots = "".join(re.findall(r"^([.sFEx]+)\s+\[", (d / "tests_on_device.txt").read_text(), re.M))
+    assert set(dots) <= {".", "s"} and len(dots) > 700
+    assert f"passed with {dots.count('s')} skips and no failure, exit 0" in bench
+    cells = json.loads((d / "latency" / "gpu_bench.json").read_text())["cells"]
+    fulls = []
+    for g in (c for c in cells if c.get("kind") == "graphs"):
+        lat = next(c for c in cells if c.get("kind") == "latency" and c["model"] == g["model"])
+        full = [lat["runs"]["full"]["decode_ms_per_step"], g["runs"]["full"]["eager"]["ms_per_step"],
+                g["runs"]["full"]["captured"]["ms_per_step"]]
+        assert g["runs"]["full"]["captured"]["captured_steps"] == 0  # "never captured"
+        cap = {p: g["runs"][p]["captured"]["ms_per_step"] for p in ("window", "h2o", "keyformer")}
+        assert all(g["runs"][p]["captured"]["captured_steps"] > 0 for p in cap)
+        assert all(g["runs"][p]["same_tokens"] for p in cap)
+        assert max(cap.values()) < min(full)  # "captured, every policy decodes faster than full"
+        assert max(cap.values()) - min(cap.values()) < 4  # "within a few ms of each other"
+        kf_eager = [lat["runs"]["keyformer"]["decode_ms_per_step"],
+                    g["runs"]["keyformer"]["eager"]["ms_per_step"]]
+        assert min(kf_eager) > max(full)  # "Eager, Keyformer is still slower than full"
+        if g["model"] == "gptj":
+            fulls = full
+    lo, hi = math.floor(min(fulls)), math.ceil(max(fulls))
+    assert f"read {lo}-{hi} ms/step at batch 1, and full's eager floor" in bench
+    table = report.render("bench_gpu", RES)
+    kf_rows = [ln for ln in table.splitlines() if "| keyformer@" in ln]
+    assert kf_rows and all(ln.rstrip(" |").endswith("| met") == ("| eager |" not in ln) for ln in kf_rows)
+    assert "Both GPU targets read as met in the table" in doc
+    runs = {f.name: json.loads((f / "gpu_long.json").read_text())["settings"][0] for f in d.iterdir()
+            if (f / "gpu_long.json").is_file()}
+    assert set(runs) == {"fixed", "rounds3", "eager"}
+    for name, sec in runs.items():
+        rows = {r["policy"]: r for r in sec["rows"]}
+        full = rows.pop("full")
+        assert full["batch"] == 4 and {r["batch"] for r in rows.values()} == {23}
+        if name != "eager":  # the captured calls: "full's eager floor read above full's own step"
+            assert full["floor_step_ms"] > full["step_ms"]
+        for r in rows.values():  # far above the bytes model captured; below 90 % eager against eager
+            share = r["share_of_bytes_model"]
+            assert (share > 2) if r["mode"] == "captured" else (share < 0.9)
+            assert r["mode"] == ("eager" if name == "eager" else "captured") and r["budget"] == 256
+            assert r["peak_gpu_mib"] > full["peak_gpu_mib"]  # "each policy's peak GPU memory is above full's"
+    assert "(full at 4, every policy at 256 tokens at 23 in the same K/V bytes)" in bench
+    assert "each policy's peak GPU memory is above full's (its prompt forward runs at batch 23)" in bench
