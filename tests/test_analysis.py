@@ -509,3 +509,16 @@ def test_load_experiment_complete_only_drops_running_points_and_their_samples(tm
     assert list(points["point"]) == ["a", "b"] and len(samples) == 3
     points, samples = analysis.load_experiment(tmp_path, "exp", complete_only=True)
     assert list(points["point"]) == ["a"] and list(samples["point"]) == ["a", "a"]
+
+
+def test_load_experiment_reads_numeric_looking_answers_and_names_as_text(tmp_path: Path) -> None:
+    """Answers that all look like numbers ("007", "42") and numeric point names stay the strings collect wrote
+    (read as floats, "007" would become 7.0 and no longer string-match)."""
+    d = tmp_path / "exp"
+    d.mkdir()
+    pd.DataFrame({"point": ["1", "2"], "complete": [True, True]}).to_csv(d / "points.csv", index=False)
+    pd.DataFrame({"point": ["1", "2"], "id": ["007", "8"], "prediction": ["007", "42"],
+                  "score": [1.0, 0.0]}).to_csv(d / "samples.csv", index=False)
+    _, samples = analysis.load_experiment(tmp_path, "exp", complete_only=True)
+    assert list(samples["prediction"]) == ["007", "42"] and list(samples["id"]) == ["007", "8"]
+    assert list(samples["point"]) == ["1", "2"]

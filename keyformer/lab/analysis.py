@@ -215,7 +215,10 @@ def load_experiment(results: str, name: str,
     from pathlib import Path
 
     d = Path(results) / name
-    points, samples = pd.read_csv(d / "points.csv"), pd.read_csv(d / "samples.csv", dtype={"id": str})
+    from keyformer.lab.collect import TEXT_COLUMNS  # ids, point names and answers stay text
+
+    points = pd.read_csv(d / "points.csv", dtype={"point": str})
+    samples = pd.read_csv(d / "samples.csv", dtype=TEXT_COLUMNS)
     if complete_only:
         points = points[points["complete"].astype(bool)].reset_index(drop=True)
         samples = samples[samples["point"].isin(points["point"])].reset_index(drop=True)
