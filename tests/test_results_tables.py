@@ -649,9 +649,14 @@ def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
 
     run = json.loads((RES / "bench" / "long" / "512_2048" / "long.json").read_text())
     long4k = json.loads((RES / "bench" / "long" / "512_4096" / "long.json").read_text())
-    commit = run["environment"]["git_commit"][:7]  # both settings from one clean worktree, one host
+    long2k = json.loads((RES / "bench" / "long" / "2048_2048" / "long.json").read_text())
+    commit = run["environment"]["git_commit"][:7]  # the first two settings from one clean worktree
     assert long4k["environment"]["git_commit"][:7] == commit and run["complete"] and run["rounds"] == 1
-    assert long4k["environment"]["cpu"] == run["environment"]["cpu"]
+    assert long4k["environment"]["cpu"] == run["environment"]["cpu"] == long2k["environment"]["cpu"]
+    later = long2k["environment"]["git_commit"][:7]  # the third from another, at the same benchmarked code
+    codes = {json.loads((RES / "bench" / "long" / s / "journal.jsonl").read_text().splitlines()[0])["header"][
+        "code"] for s in ("512_2048", "512_4096", "2048_2048")}
+    assert len(codes) == 1 and long2k["complete"] and long2k["rounds"] == 1
     now = {r["policy"]: r for r in run["rows"]}
     h, k = now["h2o"], now["keyformer"]
     doc = " ".join((ROOT / "docs" / "performance.md").read_text().split())
@@ -663,6 +668,8 @@ def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
     assert f"{pct(h['share_of_bound'])} and {pct(k['share_of_bound'])} of the compute-floor bound " \
            f"({x(h['bound_gain'])})" in doc
     assert f"a clean worktree at `{commit}`" in doc and f"a clean worktree at `{commit}`" in bench
+    assert f"2048 + 2048 from one at `{later}` (the same benchmarked code)" in doc
+    assert f"2048 + 2048 later from a clean worktree at `{later}` (the same benchmarked code" in bench
     assert h["batch"] == k["batch"] == 64 and h["batch_capped"] and k["batch_capped"]
     mib = f"{run['kv_memory_budget_bytes'] / 2**20:.0f}"
     assert run["kv_memory_budget_source"] == "full cache at batch 4, 512+4096 (measured)"
@@ -679,13 +686,25 @@ def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
     assert f"Beam search ({b['num_beams']} beams, batch 1, {b['prompt_len']} + {b['new_tokens']} tokens" \
         in bench
     verdicts = set()
-    for r in (run, long4k):
+    for r in (run, long4k, long2k):
         assert " ".join(long_setting_bullet(r).split()) in bench and r["complete"]
         rh, rk = ({row["policy"]: row for row in r["rows"]}[p] for p in ("h2o", "keyformer"))
         assert max(rh["share_of_bytes_model"], rk["share_of_bytes_model"]) < 0.9  # "not met" in both
         assert rh["compute_bound"] and rk["compute_bound"]  # "the step at batch 64 is compute-bound"
         verdicts |= {long_verdict(rh), long_verdict(rk)}
     assert verdicts == {"met (compute floor)"} and "every row meets the target's compute clause" in bench
+    assert "In all three settings **the bytes-model clause" in bench
+    assert "every row of the three settings meets the target's compute clause" in doc
+    t = {r["policy"]: r for r in long2k["rows"]}  # "the prompt forward eats the gain end to end"
+    dec_s = {p: t[p]["batch"] * (long2k["settings"][0]["new_tokens"] - 1) / t[p]["decode_tok_s"]["median"]
+             for p in ("h2o", "keyformer")}
+    assert all(t[p]["prefill_s"] > dec_s[p] and t[p]["e2e_gain"] < t[p]["decode_gain"] / 2 for p in dec_s)
+    assert t["keyformer"]["prefill_s"] < t["h2o"]["prefill_s"]  # "Keyformer's prefill is the faster one here"
+    assert (f"({x(t['h2o']['e2e_gain'])} and {x(t['keyformer']['e2e_gain'])} against decode gains of "
+            f"{x(t['h2o']['decode_gain'])} and {x(t['keyformer']['decode_gain'])}): the batch-64 prompt "
+            f"forward over 2048 tokens, with scores, took {t['h2o']['prefill_s']:.0f} s (H2O) and "
+            f"{t['keyformer']['prefill_s']:.0f} s (Keyformer) against full's {t['full']['prefill_s']:.0f} s "
+            "at batch 4, longer than the decode that followed") in bench
     bm = {b["policy"]: b for b in run["beams"]["rows"]}
     assert all(b["same_sequences"] for b in bm.values()) and run["beams"]["num_beams"] == 4
     assert (f"made the prefill {x(bm['full']['prefill_speedup'])} (full), {x(bm['h2o']['prefill_speedup'])} "
@@ -720,22 +739,27 @@ def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
                                                "long.json").read_text())["rows"]}
     assert (f"At 512 + 4096, `bench_long_c89afe8/` (gains {x(o4k['h2o']['decode_gain'])} and "
             f"{x(o4k['keyformer']['decode_gain'])}, bound {x(o4k['h2o']['bound_gain'])}") in bench
-    # "H2O decodes faster than Keyformer in both settings on this host"; on the Zen 3 runs since the fused
-    # prompt score, Keyformer "level with H2O or ahead"
+    # "H2O decodes faster than Keyformer in all three settings on this host"; on the Zen 3 runs since the
+    # fused prompt score, Keyformer "level with H2O or ahead"
     n4 = {r["policy"]: r for r in long4k["rows"]}
-    assert all(s["h2o"]["decode_gain"] > s["keyformer"]["decode_gain"] for s in (now, n4))
+    n2 = {r["policy"]: r for r in long2k["rows"]}
+    assert all(s["h2o"]["decode_gain"] > s["keyformer"]["decode_gain"] for s in (now, n4, n2))
     for name, setting in (("bench_long_86a5f65", "512_2048"), ("bench_long_c89afe8", "512_2048"),
                           ("bench_long_c89afe8", "512_4096"), ("bench_long_2a3110f", "512_2048")):
         o = {r["policy"]: r for r in json.loads((RES / "archive" / name / setting / "long.json").read_text())[
             "rows"]}
         assert o["keyformer"]["decode_gain"] >= 0.97 * o["h2o"]["decode_gain"], name
     assert [r["policy"] for r in run["rows"]] == [r["policy"] for r in long4k["rows"]] == [
-        "full", "h2o", "keyformer"]  # the order they ran in, which the RSS bullet names
+        r["policy"] for r in long2k["rows"]] == ["full", "h2o", "keyformer"]  # the order the RSS bullet names
     assert (f"at 512 + 2048 H2O's increase (+{h['peak_rss_delta_mb']:.0f} MiB, right after full) is "
             f"{h['peak_rss_delta_mb'] / k['peak_rss_delta_mb']:.1f}x Keyformer's, at 512 + 4096 Keyformer's "
             f"(+{n4['keyformer']['peak_rss_delta_mb']:.0f} MiB, after full and H2O) is "
-            f"{n4['keyformer']['peak_rss_delta_mb'] / n4['h2o']['peak_rss_delta_mb']:.1f}x H2O's") in bench
-    assert len({r["peak_kv_bytes"] for r in (h, k, n4["h2o"], n4["keyformer"])}) == 1  # K/V peaks equal
+            f"{n4['keyformer']['peak_rss_delta_mb'] / n4['h2o']['peak_rss_delta_mb']:.1f}x H2O's, and at "
+            f"2048 + 2048 Keyformer's (+{n2['keyformer']['peak_rss_delta_mb']:.0f} MiB, after full and H2O) "
+            f"is "
+            f"{n2['keyformer']['peak_rss_delta_mb'] / n2['h2o']['peak_rss_delta_mb']:.1f}x H2O's") in bench
+    kv_peaks = {r["peak_kv_bytes"] for r in (h, k, n4["h2o"], n4["keyformer"], n2["h2o"], n2["keyformer"])}
+    assert len(kv_peaks) == 1  # K/V peaks equal
 
 
 def test_beam_numbers_in_prose_are_the_committed_run() -> None:
