@@ -1245,6 +1245,9 @@ def test_gpu_run_prose_is_the_committed_run() -> None:
     git = re.search(r" git (\w+) ", log)[1]
     assert f"the device copy's git read `{git}`" in bench
     assert log.count("exit 0") == 4 and "(status 0)" in log  # every step ran and passed
+    secs = int(re.search(r"== done: .* \(status 0\) \((\d+) s\)", log)[1])
+    assert f"bash scripts/gpu_bench.sh` ({secs} s)" in (d / "README.md").read_text()
+    assert f"about {round(secs / 60)} minutes on an H200" in doc
     graphs = re.search(r"(\d+) passed", (d / "tests_graphs.txt").read_text())[1]
     assert "failed" not in (d / "tests_graphs.txt").read_text()
     assert f"TOVA, fp32 and bf16, {graphs} passed" in bench
