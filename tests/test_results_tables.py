@@ -881,7 +881,8 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     assert kz["git_commit"].str[:7].unique().tolist() == [later] and kz["complete"].all()
     tasks = kz["point"].str.extract(r"task=(\w+),")[0]
     assert tasks.nunique() * 3 == len(kz)  # "<n> tasks at the three ratios"
-    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine",
+             10: "ten"}
     assert f"11; KVzip's first {len(kz)} points, {words[tasks.nunique()]} tasks at the three ratios)" in doc
     assert f"KVzip's first {len(kz)} points, not yet averaged" in readme
 
