@@ -880,8 +880,15 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     assert kz["git_commit"].str[:7].unique().tolist() == [later] and kz["complete"].all() and len(kz) == 33
     assert f"from clean worktrees at `{first[0]}` and (KeyDiff's last {kd[later]} points, KVzip's " \
            f"{len(kz)}) `{later}`" in readme
-    assert f"last {kd[later]}; KVzip's {len(kz)})" in doc
+    assert f"last {kd[later]}; KVzip's {len(kz)}; R-KV's" in doc
     assert "(Expected Attention, KeyDiff and KVzip question-aware at ratios 0.25 / 0.75 / 0.875" in doc
+    rk = w[(w["budget"] != 0.5) & (w["policy"] == "rkv")]  # tier 4's next policy, partial
+    assert rk["git_commit"].str[:7].unique().tolist() == [later] and rk["complete"].all()
+    tasks = rk["point"].str.extract(r"task=(\w+),")[0]
+    assert tasks.nunique() * 3 == len(rk)  # "<n> tasks at the three ratios"
+    words = dict(enumerate("one two three four five six seven eight nine ten".split(), 1))
+    assert f"R-KV's first {len(rk)} points, {words[tasks.nunique()]} tasks at the three ratios)" in doc
+    assert f"R-KV's first {len(rk)} points, not yet averaged" in readme
 
 
 def _ruler_per_task(region: str) -> dict[tuple[str, str, str], dict[str, str]]:
