@@ -1048,6 +1048,9 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
               and lo_hi(r[6])[0] <= 0 <= lo_hi(r[6])[1]]
     assert holds0 == ["kvzip"]  # "at 0.75 ... the only policy whose interval holds full's score"
     assert all(lo_hi(kz[r][6])[0] <= 0 <= lo_hi(kz[r][6])[1] for r in ("0.25", "0.75"))
+    agn = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")  # "query-agnostic ... not run yet"
+    assert not ((agn["policy"] == "kvzip") & agn["budget"].isin([0.75, 0.25, 0.125])).any()
+    assert "Its query-agnostic points at these ratios are not run yet." in prose
     cells = _ruler_per_task(region)
     assert all(cells[("question-aware", "keydiff", r)]["niah_single_1"] == "100" for r in ratios)
     kf = ", ".join(cells[("question-aware", "keyformer", r)]["niah_single_1"] for r in ratios).rsplit(", ", 1)
@@ -1265,6 +1268,10 @@ def test_gpu_run_prose_is_the_committed_run() -> None:
     secs = int(re.search(r"== done: .* \(status 0\) \((\d+) s\)", log)[1])
     assert f"bash scripts/gpu_bench.sh` ({secs} s)" in (d / "README.md").read_text()
     assert f"about {round(secs / 60)} minutes on an H200" in doc
+    script = (ROOT / "scripts" / "gpu_bench.sh").read_text()
+    deadline = re.search(r"DEADLINE_S:-(\d+)", script)[1]
+    workers = re.search(r"-m on_device tests/test_policy_contract.py -q -n (\d+)", script)[1]
+    assert f"ends by `DEADLINE_S`, {deadline} s" in doc and f"on_device`, {workers} xdist workers)" in doc
     graphs = re.search(r"(\d+) passed", (d / "tests_graphs.txt").read_text())[1]
     assert "failed" not in (d / "tests_graphs.txt").read_text()
     assert f"TOVA, fp32 and bf16, {graphs} passed" in bench

@@ -217,8 +217,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             modes[c] = {"mode": "captured" if captured else "eager", "reason": rs[0]["reason"],
                         "captured_steps": rs[0]["captured_steps"], "eager_steps": rs[0]["eager_steps"],
                         "peak_gpu_mib": max((r["peak_gpu_mib"] or 0.0) for r in rs) or None}
-            floors.setdefault(batch[c], floor_ms(model, batch[c], vocab, device, captured))
-            rows = summarize(s, {k: v for k, v in runs.items()}, batch, probes, floors, w_bytes, per_token,
+            if batch[c] not in floors:  # one floor per batch (the policies share theirs)
+                floors[batch[c]] = floor_ms(model, batch[c], vocab, device, captured)
+            rows = summarize(s, runs, batch, probes, floors, w_bytes, per_token,
                              bw["read_gbs"])
             for row in rows:
                 row.pop("peak_rss_delta_mb", None)

@@ -527,6 +527,14 @@ def long_verdict(row: dict) -> str:
     return "not met"
 
 
+def _f2(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f} %"
+
+
 def bench_long(res: Path, name: str = "bench/long") -> None:
     """The long-generation benchmark at a fixed KV memory budget (``keyformer-bench --long``), one row per
     setting and configuration from each ``<setting>/long.json``, with issue 23's CPU verdict per row."""
@@ -544,8 +552,6 @@ def bench_long(res: Path, name: str = "bench/long") -> None:
     print("| setting | config | batch | decode tok/s | gain | bytes model | share | compute-floor bound | "
           "share of bound | e2e gain | agree | K/V MiB | rounds | CPU target |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    f2 = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-    pct = lambda v: "-" if v is None else f"{100 * v:.0f} %"  # noqa: E731
     for r in runs:
         for row in r["rows"]:
             cfg = row["policy"] + (f"@{row['budget']:g}" if row["budget"] is not None else "")
@@ -554,10 +560,10 @@ def bench_long(res: Path, name: str = "bench/long") -> None:
             at = f" (git {str(r['environment']['git_commit'])[:7]})" if mixed else ""
             print(f"| {row['setting']}{'' if r.get('complete', True) else ' (partial)'}{at} | {cfg} | "
                   f"{row['batch']}{'*' if row.get('batch_capped') else ''} | "
-                  f"{row['decode_tok_s']['median']:.1f} | {f2(row.get('decode_gain'))}x | "
-                  f"{f2(row.get('bytes_model_gain'))}x | {pct(row.get('share_of_bytes_model'))} | "
-                  f"{f2(row.get('bound_gain'))}x | {pct(row.get('share_of_bound'))} | "
-                  f"{f2(row.get('e2e_gain'))}x | {f2(ag)} | {'-' if kv is None else f'{kv / 2**20:.0f}'} | "
+                  f"{row['decode_tok_s']['median']:.1f} | {_f2(row.get('decode_gain'))}x | "
+                  f"{_f2(row.get('bytes_model_gain'))}x | {_pct(row.get('share_of_bytes_model'))} | "
+                  f"{_f2(row.get('bound_gain'))}x | {_pct(row.get('share_of_bound'))} | "
+                  f"{_f2(row.get('e2e_gain'))}x | {_f2(ag)} | {'-' if kv is None else f'{kv / 2**20:.0f}'} | "
                   f"{row['decode_tok_s']['n']} | {long_verdict(row) if row['policy'] != 'full' else '-'} |")
     bw = ", ".join(f"{r['settings'][0]['prompt_len']}+{r['settings'][0]['new_tokens']}: "
                    f"{r['bandwidth']['read_gbs']:.1f}" for r in runs)
@@ -981,8 +987,6 @@ def bench_gpu(res: Path, name: str = "bench/gpu") -> None:
     print("| call | setting | config | mode | batch | decode tok/s [IQR] | gain | bytes model | share | "
           "floor bound | share of bound | e2e gain | peak GPU GiB | rounds | GPU target |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    f2 = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-    pct = lambda v: "-" if v is None else f"{100 * v:.0f} %"  # noqa: E731
     for f in fixed:
         rep = json.loads((f / "gpu_long.json").read_text(encoding="utf-8"))
         for sec in rep["settings"]:
@@ -992,10 +996,10 @@ def bench_gpu(res: Path, name: str = "bench/gpu") -> None:
                 target = "-" if row["policy"] == "full" else (
                     "met" if row["share_of_bytes_model"] >= 0.9 else "not met")
                 print(f"| {f.name} | {row['setting']} | {cfg} | {row['mode']} | {row['batch']} | "
-                      f"{t['median']:.1f} [{t['q1']:.1f}, {t['q3']:.1f}] | {f2(row.get('decode_gain'))}x | "
-                      f"{f2(row.get('bytes_model_gain'))}x | {pct(row.get('share_of_bytes_model'))} | "
-                      f"{f2(row.get('bound_gain'))}x | {pct(row.get('share_of_bound'))} | "
-                      f"{f2(row.get('e2e_gain'))}x | {(row.get('peak_gpu_mib') or 0) / 1024:.1f} | "
+                      f"{t['median']:.1f} [{t['q1']:.1f}, {t['q3']:.1f}] | {_f2(row.get('decode_gain'))}x | "
+                      f"{_f2(row.get('bytes_model_gain'))}x | {_pct(row.get('share_of_bytes_model'))} | "
+                      f"{_f2(row.get('bound_gain'))}x | {_pct(row.get('share_of_bound'))} | "
+                      f"{_f2(row.get('e2e_gain'))}x | {(row.get('peak_gpu_mib') or 0) / 1024:.1f} | "
                       f"{t['n']} | {target} |")
             if sec["skipped"]:
                 print(f"| {f.name} | {sec['setting']} | not run (time budget): {', '.join(sec['skipped'])} |"
