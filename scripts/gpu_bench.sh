@@ -6,14 +6,17 @@
 #   bash scripts/gpu_bench.sh --dry-run   # CPU, tiny shapes, the same steps and code path (CI runs it)
 #
 # Steps, each time-boxed so the whole run ends by DEADLINE_S (default 470 s):
-# (1) on-device tests: the captured decode step == the eager one (tests/test_graphs.py);
+# (1) on-device tests: the captured decode step == the eager one (tests/test_graphs.py, tests/test_static_full.py);
 # (2) batch-1 latency at 4k (4096-token prompt, 64 new) at GPT-J-6B and Llama-3-8B shapes (random weights, bf16)
 #     for full, window, H2O and Keyformer at 0.5, decode eager and CUDA-graph captured (keyformer-gpu-bench --graphs);
-# (3) long generation at a fixed KV memory budget (keyformer.lab.gpu_long): full at batch 4 vs each policy at
-#     256 tokens at the largest batch that fits the same K/V bytes, GPT-J-6B shape, 512+1024, with the bytes model;
-# (4) the policy contract tests on CUDA (tests/test_policy_contract.py -m on_device, 8 xdist workers), capped.
-# Outputs (7 files, what the device tool brings back): log.txt, tests_graphs.txt, tests_on_device.txt,
-# latency/gpu_bench.{json,txt}, fixed/gpu_long.{json,txt}.
+# (3) the captured full baseline (keyformer.lab.static_full): full over a preallocated, masked cache with its
+#     step captured too, against our full (eager) and Keyformer@0.5 (captured), 3 interleaved rounds, both shapes;
+# (4) long generation at a fixed KV memory budget (keyformer.lab.gpu_long): full at batch 4 vs each policy at
+#     256 tokens at the largest batch that fits the same K/V bytes, GPT-J-6B shape, 512+1024, with the bytes model
+#     and the captured full baseline at batch 4;
+# (5) the policy contract tests on CUDA (tests/test_policy_contract.py -m on_device, 8 xdist workers), capped.
+# Outputs (9 files, what the device tool brings back): log.txt, tests_graphs.txt, tests_on_device.txt,
+# latency/gpu_bench.{json,txt}, static/static_full.{json,txt}, fixed/gpu_long.{json,txt}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=run
@@ -44,6 +47,7 @@ if [[ $mode == dry ]]; then
   PY=${PYTHON:-.venv/bin/python}
   export KEYFORMER_COMPILE=0 KEYFORMER_TEST_DEVICE=cpu
   lat=(--tiny --lengths 16 --gen-cap 8)
+  static=(--tiny --lengths 16 --gen-cap 8 --rounds 1)
   fixed=(--tiny --settings 32+16 --budgets 8 --full-batch 2 --max-batch 8)
 else
   out="${OUT:-results/bench/gpu/run}"
@@ -57,11 +61,12 @@ else
   fi
   export KEYFORMER_TEST_DEVICE=cuda
   lat=(--lengths 4096 --gen-cap 64)
+  static=(--lengths 4096 --gen-cap 64 --rounds 3)
   fixed=(--settings 512+1024 --budgets 256 --full-batch 4 --max-batch 64)
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_NO_ADVISORY_WARNINGS=1
 deadline=${DEADLINE_S:-470}
-mkdir -p "$out/latency" "$out/fixed"
+mkdir -p "$out/latency" "$out/static" "$out/fixed"
 log="$out/log.txt"
 t0=$(date +%s)
 {
@@ -79,12 +84,17 @@ status=0
 set +e  # a failing step is logged with its exit status; the next steps still run; the script exits 1 at the end
 
 step "on-device tests: captured decode step == eager"
-"$PY" -m pytest -p no:cacheprovider -m on_device tests/test_graphs.py -rs 2>&1 | tee "$out/tests_graphs.txt" | tail -3 | tee -a "$log"
+"$PY" -m pytest -p no:cacheprovider -m on_device tests/test_graphs.py tests/test_static_full.py -rs 2>&1 | tee "$out/tests_graphs.txt" | tail -3 | tee -a "$log"
 rc "${PIPESTATUS[0]}"
 
 step "batch-1 latency at 4k, eager vs captured: gptj llama3"
 "$PY" -m keyformer.lab.bench.gpu "${lat[@]}" --models gptj llama3 --policies window h2o keyformer \
   --graphs --no-throughput --time-budget-s 110 --out "$out/latency" 2>&1 | grep -v '^\[transformers\]' | tee -a "$log"
+rc "${PIPESTATUS[0]}"
+
+step "the captured full baseline vs Keyformer, batch 1 at 4k: gptj llama3"
+"$PY" -m keyformer.lab.static_full "${static[@]}" --models gptj llama3 --policies keyformer --time-budget-s 90 \
+  --out "$out/static" 2>&1 | grep -v '^\[transformers\]' | tee -a "$log"
 rc "${PIPESTATUS[0]}"
 
 step "long generation at a fixed KV memory budget, gptj"

@@ -222,10 +222,15 @@ def test_gpu_script_dry_run(tmp_path):
                    check=True,
                    timeout=1200)
     for name in ("log.txt", "tests_graphs.txt", "tests_on_device.txt", "latency/gpu_bench.json",
-                 "fixed/gpu_long.json", "fixed/gpu_long.txt"):
+                 "static/static_full.json", "static/static_full.txt", "fixed/gpu_long.json",
+                 "fixed/gpu_long.txt"):
         assert (tmp_path / name).is_file(), name
-    assert len([f for f in tmp_path.rglob("*") if f.is_file()]) <= 8  # what the device tool brings back
-    assert (tmp_path / "log.txt").read_text().count("exit 0") == 3  # three steps ran (the fourth: GPU only)
+    assert len([f for f in tmp_path.rglob("*") if f.is_file()]) <= 10  # what the device tool brings back
+    assert (tmp_path / "log.txt").read_text().count("exit 0") == 4  # four steps ran (the fifth: GPU only)
+    static = json.loads((tmp_path / "static" / "static_full.json").read_text())["cells"]
+    assert [c["model"] for c in static] == ["gptj", "llama3"]
+    assert all(c["runs"]["static_full_eager"]["same_tokens_as_full"] for c in static)
+    assert "static_full" in json.loads((tmp_path / "fixed" / "gpu_long.json").read_text())["settings"][0]
     fixed = json.loads((tmp_path / "fixed" / "gpu_long.json").read_text())["settings"][0]
     rows = {r["policy"]: r for r in fixed["rows"]}
     assert list(rows) == ["full", "keyformer", "h2o", "window"] and not fixed["skipped"]

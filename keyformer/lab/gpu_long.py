@@ -17,6 +17,9 @@ Llama-3-8B-shaped model (random weights and prompt ids: speed does not depend on
   over an almost empty cache, in the same mode as the run it bounds (full: eager over an 8-token prompt;
   a captured policy: window@8 tokens, captured); ``share_of_bound`` is the measured gain over the gain the
   larger of (bytes model, floor) allows.
+* **Captured full baseline** (``--static-full``, default on): full at its batch over a preallocated, masked
+  cache whose step is captured too (:mod:`keyformer.lab.static_full`); each policy's decode tok/s over its
+  own (``gain_vs_captured_full``) separates eviction's gain from the capture's.
 
 Outputs (``--out``): ``gpu_long.json`` and ``gpu_long.txt``, rewritten after every run, so a run stopped by
 ``--time-budget-s`` or a time limit keeps what it measured. ``--tiny``: CPU, tiny shapes (the dry run).
@@ -42,7 +45,7 @@ import torch
 from keyformer.core.generate import make_cache
 from keyformer.core.graphs import greedy_decode
 
-from .bench.cpu import median, weight_bytes
+from .bench.cpu import median, spread, weight_bytes
 from .bench.gpu import build_model, free, sync
 from .bench.long import (
     _policy,
@@ -110,6 +113,32 @@ def floor_ms(model: Any, batch: int, vocab: int, device: torch.device, captured:
     return 1000 * max(long_ - short, 0.0) / steps
 
 
+def static_full_row(model: Any, ids: torch.Tensor, n_new: int, rounds: int, capture: bool,
+                    full_tokens: torch.Tensor) -> dict[str, Any]:
+    """The captured full baseline at full's batch (:func:`keyformer.lab.static_full.static_decode`: the same
+    K/V bytes, preallocated, the step captured on CUDA): decode tok/s over ``rounds``, token agreement with
+    our full's run."""
+    from .static_full import static_decode
+
+    B = ids.shape[0]
+    rs = [static_decode(model, ids, n_new, capture=capture) for _ in range(rounds)]
+    r = rs[0]
+    return {"batch": B, "decode_tok_s": spread([B * (n_new - 1) / x["decode_s"] for x in rs]),
+            "step_ms": median([1000 * x["decode_s"] / (n_new - 1) for x in rs]),
+            "e2e_tok_s": spread([B * n_new / (x["prefill_s"] + x["decode_s"]) for x in rs]),
+            "mode": "captured" if r["captured_steps"] else "eager", "reason": r["reason"],
+            "captured_steps": r["captured_steps"], "kv_tensor_bytes": r["kv_tensor_bytes"],
+            "peak_gpu_mib": max((x["peak_gpu_mib"] or 0.0) for x in rs) or None,
+            "agreement": agreement(r["tokens"], full_tokens)}
+
+
+def fmt_static(s: str, r: dict[str, Any]) -> str:
+    return (f"{s} full (static cache, the captured baseline): batch {r['batch']}, "
+            f"{r['decode_tok_s']['median']:.1f} decode tok/s ({r['step_ms']:.2f} ms/step, {r['mode']}), "
+            f"token match with full {100 * r['agreement']['match']:.0f} %"
+            + (f" [eager: {r['reason']}]" if r.get("reason") else ""))
+
+
 def fmt_row(r: dict[str, Any]) -> str:
     b = budget_label(r["budget"])
     s = (f"{r['setting']} {r['policy']}{'@' + b if b else ''}: batch {r['batch']}, "
@@ -123,6 +152,8 @@ def fmt_row(r: dict[str, Any]) -> str:
               f"bound {r['bound_gain']:.2f}x (share {100 * r['share_of_bound']:.0f} %)")
         if r.get("agreement"):
             s += f"; token match with full {100 * r['agreement']['match']:.0f} %"
+    if "gain_vs_captured_full" in r:
+        s += f"; {r['gain_vs_captured_full']:.2f}x the captured full's decode tok/s"
     if r.get("reason"):
         s += f" [eager: {r['reason']}]"
     return s
@@ -139,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--capture", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--static-full", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time full over a static cache at full's batch (the captured full baseline)")
     ap.add_argument("--bandwidth-mb", type=int, default=4096)
     ap.add_argument("--time-budget-s", type=float, default=None, help="start no run after this")
     ap.add_argument("--out", default="outputs/gpu_long")
@@ -171,6 +204,11 @@ def main(argv: Sequence[str] | None = None) -> None:
              f"random weights, bf16) on {env['device']}, torch {env['torch']}, "
              f"transformers {env['transformers']}; read bandwidth {bw['read_gbs']:.0f} GB/s; "
              f"argv {' '.join(env['argv'])}"]
+
+    def text() -> list[str]:
+        return [x for sec in report["settings"] for x in
+                ([fmt_static(sec["setting"], sec["static_full"])] if "static_full" in sec else [])
+                + [fmt_row(r) for r in sec["rows"]]]
 
     def write(extra: list[str]) -> None:
         (out / "gpu_long.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
@@ -219,19 +257,24 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "peak_gpu_mib": max((r["peak_gpu_mib"] or 0.0) for r in rs) or None}
             if batch[c] not in floors:  # one floor per batch (the policies share theirs)
                 floors[batch[c]] = floor_ms(model, batch[c], vocab, device, captured)
+            if c == ("full", None) and args.static_full:
+                sec["static_full"] = static_full_row(model, pool[:batch[c]], s.new_tokens, args.rounds,
+                                                     args.capture, rs[0]["tokens"])
             rows = summarize(s, runs, batch, probes, floors, w_bytes, per_token,
                              bw["read_gbs"])
             for row in rows:
                 row.pop("peak_rss_delta_mb", None)
                 row.update(modes[(row["policy"], row["budget"])])
+                if "static_full" in sec:
+                    row["gain_vs_captured_full"] = (row["decode_tok_s"]["median"]
+                                                    / sec["static_full"]["decode_tok_s"]["median"])
             sec["rows"] = rows
-            write([fmt_row(r) for x in report["settings"] for r in x["rows"]])
+            write(text())
         for r in (x for rs in runs.values() for x in rs):
             r.pop("tokens", None)
     report["elapsed_s"] = time.perf_counter() - t0
     tail = [f"skipped (time budget): {', '.join(x['skipped'])}" for x in report["settings"] if x["skipped"]]
-    write([fmt_row(r) for x in report["settings"] for r in x["rows"]] + tail
-          + [f"elapsed {report['elapsed_s']:.0f} s"])
+    write(text() + tail + [f"elapsed {report['elapsed_s']:.0f} s"])
     print("\n".join((out / "gpu_long.txt").read_text().splitlines()[1:]), flush=True)
 
 
