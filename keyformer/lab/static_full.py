@@ -70,7 +70,7 @@ def static_decode(model: Any, ids: torch.Tensor, n_new: int, capture: bool = Tru
         cache = StaticCache(config=model.config, max_cache_len=L + n_new)
         sync(device)
         t0 = time.perf_counter()
-        out = model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(L, device=device),
+        out = model(input_ids=ids, cache=cache, cache_position=torch.arange(L, device=device),
                     use_cache=True, logits_to_keep=1)
         tok = out.logits[:, -1].argmax(-1, keepdim=True)
         sync(device)
@@ -80,7 +80,7 @@ def static_decode(model: Any, ids: torch.Tensor, n_new: int, capture: bool = Tru
 
         def step() -> torch.Tensor:
             o = model(input_ids=tok_in, position_ids=pos.view(1, 1).expand(B, 1), cache_position=pos,
-                      past_key_values=cache, use_cache=True, logits_to_keep=1)
+                      cache=cache, use_cache=True, logits_to_keep=1)
             return o.logits[:, -1].argmax(-1, keepdim=True)
 
         toks, n_eager, n_captured, graph, nxt = [tok], 0, 0, None, tok
@@ -110,8 +110,8 @@ def static_decode(model: Any, ids: torch.Tensor, n_new: int, capture: bool = Tru
                     graph, reason = None, f"capture failed: {str(e)[:300]}"
         sync(device)
         t2 = time.perf_counter()
-        kv = sum(t.numel() * t.element_size() for lay in cache.layers for t in (lay.keys, lay.values)
-                 if t is not None)
+        kv = sum(t.numel() * t.element_size() for lay in cache.layers
+                 for t in (getattr(lay, "keys", None), getattr(lay, "values", None)) if t is not None)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     cache = out = graph = None  # free the cache before emptying the allocator
     free(device)
