@@ -871,24 +871,23 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     first = t4.loc[t4["policy"] == "expected_attention", "git_commit"].str[:7].unique()
     assert len(first) == 1 and (t4["policy"] == "expected_attention").sum() == 33
     kd = t4.loc[t4["policy"] == "keydiff", "git_commit"].str[:7].value_counts().to_dict()
-    assert sum(kd.values()) == 33 and len(kd) == 2 and first[0] in kd and "0.875, 33 points each)" in doc
+    assert sum(kd.values()) == 33 and len(kd) == 2 and first[0] in kd and "0.875, 33 points each;" in doc
     later = next(c for c in kd if c != first[0])
     assert (f"from clean worktrees at `{first[0]}` (Expected Attention, KeyDiff's first {kd[first[0]]} "
             f"points) and `{later}` (KeyDiff's last {kd[later]};") in doc
     readme = " ".join((RES / "README.md").read_text().split())
     kz = w[(w["budget"] != 0.5) & (w["policy"] == "kvzip")]  # tier 4's third policy, complete
     assert kz["git_commit"].str[:7].unique().tolist() == [later] and kz["complete"].all() and len(kz) == 33
+    rk = w[(w["budget"] != 0.5) & (w["policy"] == "rkv")]  # tier 4's fourth policy, complete
+    assert rk["git_commit"].str[:7].unique().tolist() == [later] and rk["complete"].all() and len(rk) == 33
     assert f"from clean worktrees at `{first[0]}` and (KeyDiff's last {kd[later]} points, KVzip's " \
-           f"{len(kz)}) `{later}`" in readme
-    assert f"last {kd[later]}; KVzip's {len(kz)}; R-KV's" in doc
-    assert "(Expected Attention, KeyDiff and KVzip question-aware at ratios 0.25 / 0.75 / 0.875" in doc
-    rk = w[(w["budget"] != 0.5) & (w["policy"] == "rkv")]  # tier 4's next policy, partial
-    assert rk["git_commit"].str[:7].unique().tolist() == [later] and rk["complete"].all()
-    tasks = rk["point"].str.extract(r"task=(\w+),")[0]
-    assert tasks.nunique() * 3 == len(rk)  # "<n> tasks at the three ratios"
-    words = dict(enumerate("one two three four five six seven eight nine ten".split(), 1))
-    assert f"R-KV's first {len(rk)} points, {words[tasks.nunique()]} tasks at the three ratios)" in doc
-    assert f"R-KV's first {len(rk)} points, not yet averaged" in readme
+           f"{len(kz)}, R-KV's {len(rk)}) `{later}`" in readme
+    assert f"last {kd[later]}; KVzip's {len(kz)}; R-KV's {len(rk)})" in doc
+    assert "(Expected Attention, KeyDiff, KVzip and R-KV question-aware at ratios 0.25 / 0.75 / 0.875, " \
+           "33" in doc
+    done = w[(w["budget"] != 0.5) & w["policy"].isin(["expected_attention", "keydiff", "kvzip", "rkv"])]
+    assert len(done) == 4 * 33 and done["complete"].all()  # "the question-aware half ... is complete"
+    assert "the question-aware half of the 2025 methods' tier 4 is complete" in doc
 
 
 def _ruler_per_task(region: str) -> dict[tuple[str, str, str], dict[str, str]]:
@@ -1031,12 +1030,22 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     ea = {r[1]: int(r[7]) for r in _exp10_rows(region, "question-aware") if r[0] == "expected_attention"}
     assert ea["0.75"] == ea["0.875"] == n["question-aware"]  # "last of the five at 0.75 and 0.875"
     kd = {r[1]: r for r in _exp10_rows(region, "question-aware") if r[0] == "keydiff"}
-    assert kd["0.875"][7] == "2" and kd["0.875"][5] == "< 0.001"  # "second of the seven", ahead after Holm
+    assert kd["0.875"][7] == "3" and kd["0.875"][5] == "< 0.001"  # "third of the eight", ahead after Holm
     assert float(kd["0.25"][5]) >= 0.05 and float(kd["0.75"][5]) >= 0.05  # "tied"
     assert (f"KeyDiff, question-aware, is tied with Keyformer at ratios 0.25 and 0.75 ({kd['0.25'][4]}, "
-            f"Holm p {kd['0.25'][5]}; {kd['0.75'][4]}, Holm p {kd['0.75'][5]}) and second of the {aware} at "
-            f"0.875, behind KVzip only, ahead of Keyformer after the correction ({kd['0.875'][4]}, Holm p "
-            "< 0.001)") in prose
+            f"Holm p {kd['0.25'][5]}; {kd['0.75'][4]}, Holm p {kd['0.75'][5]}) and third of the {aware} at "
+            f"0.875, behind KVzip and R-KV, ahead of Keyformer after the correction ({kd['0.875'][4]}, "
+            "Holm p < 0.001)") in prose
+    rk = {r[1]: r for r in _exp10_rows(region, "question-aware") if r[0] == "rkv"}
+    ahead = {r: {x[0]: int(x[7]) for x in _exp10_rows(region, "question-aware") if x[1] == r}
+             for r in ratios}
+    assert [rk[r][7] for r in ratios] == ["3", "2", "2"]  # "third, second and second"
+    assert [p for p, k in ahead["0.25"].items() if k < 3] == ["kvzip", "window"]  # "(and the window at 0.25)"
+    assert rk["0.25"][5] == rk["0.875"][5] == "< 0.001" and float(rk["0.75"][5]) >= 0.05
+    assert (f"**R-KV, question-aware, is ahead of Keyformer at ratios 0.25 and 0.875 after the correction** "
+            f"({rk['0.25'][4]} and {rk['0.875'][4]}, Holm p < 0.001) and tied at 0.75 ({rk['0.75'][4]}, "
+            f"Holm p {rk['0.75'][5]}): third, second and second of the {aware}, behind KVzip at every "
+            "ratio") in prose
     kz = {r[1]: r for r in _exp10_rows(region, "question-aware") if r[0] == "kvzip"}
     assert all(kz[r][7] == "1" and kz[r][5] == "< 0.001" for r in ratios)  # first, ahead after Holm, each
     assert (f"**KVzip, question-aware, is first of the {aware} at every ratio**, ahead of Keyformer after "
@@ -1050,8 +1059,12 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     assert all(lo_hi(kz[r][6])[0] <= 0 <= lo_hi(kz[r][6])[1] for r in ("0.25", "0.75"))
     agn = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")  # "query-agnostic ... not run yet"
     assert not ((agn["policy"] == "kvzip") & agn["budget"].isin([0.75, 0.25, 0.125])).any()
-    assert "Its query-agnostic points at these ratios are not run yet." in prose
+    assert not ((agn["policy"] == "rkv") & agn["budget"].isin([0.75, 0.25, 0.125])).any()
+    assert prose.count("Its query-agnostic points at these ratios are not run yet.") == 2  # KVzip's, R-KV's
     cells = _ruler_per_task(region)
+    assert all(cells[("question-aware", "rkv", r)]["niah_single_1"] == "100" for r in ratios)
+    assert all(cells[("question-aware", "rkv", r)][c] == "0" for r in ("0.75", "0.875")
+               for c in cells[("question-aware", "rkv", r)] if c.startswith("niah_") and c != "niah_single_1")
     assert all(cells[("question-aware", "keydiff", r)]["niah_single_1"] == "100" for r in ratios)
     kf = ", ".join(cells[("question-aware", "keyformer", r)]["niah_single_1"] for r in ratios).rsplit(", ", 1)
     assert f"(100 against Keyformer's {' and '.join(kf)})" in prose
