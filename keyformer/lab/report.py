@@ -542,8 +542,11 @@ def bench_long(res: Path, name: str = "bench/long") -> None:
     if not runs:
         return
     runs.sort(key=lambda r: (r["settings"][0]["prompt_len"], r["settings"][0]["new_tokens"]))
-    envs = {(str(r["environment"]["git_commit"])[:7], r["environment"]["cpu"], r["environment"]["threads"])
-            for r in runs}
+    def git(r: dict) -> str:  # the commits of every session of a resumed run (sorted)
+        env = r["environment"]
+        return "+".join(str(c)[:7] for c in env.get("sessions_commits") or [env["git_commit"]])
+
+    envs = {(git(r), r["environment"]["cpu"], r["environment"]["threads"]) for r in runs}
     prov = "; ".join(f"git {c}, {cpu}, {t} threads" for c, cpu, t in sorted(envs))
     mixed = len({c for c, _, _ in envs}) > 1  # settings run at different commits: each row names its own
     budgets = sorted({round(r["kv_memory_budget_bytes"] / 2**20, 2) for r in runs})
@@ -557,7 +560,7 @@ def bench_long(res: Path, name: str = "bench/long") -> None:
             cfg = row["policy"] + (f"@{row['budget']:g}" if row["budget"] is not None else "")
             ag = (row.get("agreement") or {}).get("match")
             kv = row.get("peak_kv_bytes")
-            at = f" (git {str(r['environment']['git_commit'])[:7]})" if mixed else ""
+            at = f" (git {git(r)})" if mixed else ""
             print(f"| {row['setting']}{'' if r.get('complete', True) else ' (partial)'}{at} | {cfg} | "
                   f"{row['batch']}{'*' if row.get('batch_capped') else ''} | "
                   f"{row['decode_tok_s']['median']:.1f} | {_f2(row.get('decode_gain'))}x | "
