@@ -59,7 +59,8 @@ def static_decode(model: Any, ids: torch.Tensor, n_new: int, capture: bool = Tru
     (no pads), then ``n_new - 1`` greedy steps, the first eager (a warm-up, on a side stream when capturing)
     and, with ``capture`` on CUDA, the rest replaying one CUDA graph. Returns prefill/decode seconds, the
     tokens [B, n_new], how the steps ran (``captured_steps``, ``eager_steps``, ``reason``), the cache's
-    K/V bytes and the peak GPU MiB."""
+    K/V bytes and the peak GPU MiB. The decode seconds include the capture itself, as
+    :func:`keyformer.lab.bench.gpu.graph_decode`'s do for the policies: the two compare like for like."""
     from transformers import StaticCache
 
     device = ids.device
