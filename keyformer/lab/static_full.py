@@ -35,7 +35,7 @@ import torch
 
 from .bench.cpu import median, spread
 from .bench.gpu import build_model, free, sync
-from .gpu_long import timed_run
+from .gpu_decode import timed_run
 
 
 @contextmanager

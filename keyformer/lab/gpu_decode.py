@@ -1,0 +1,41 @@
+"""A timed greedy decode over our cache on a GPU (or on CPU, the dry runs): the measurement that
+:mod:`keyformer.lab.gpu_long` and :mod:`keyformer.lab.static_full` share."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from keyformer.core.generate import make_cache
+from keyformer.core.graphs import greedy_decode
+
+from .bench.gpu import free, sync
+from .bench.long import _policy
+
+
+def timed_run(model: Any, ids: torch.Tensor, name: str, budget: float | int | None, n_new: int,
+              capture: bool) -> dict[str, Any]:
+    """Prompt forward + ``n_new - 1`` greedy steps (captured where the policy allows and ``capture``):
+    seconds, tokens [B, n_new], K/V bytes at the end, peak GPU MiB, and how the steps ran."""
+    device = ids.device
+    free(device)
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        cache = make_cache(model, _policy(name, budget), mask, max_new_tokens=n_new)
+        sync(device)
+        t0 = time.perf_counter()
+        out = model(input_ids=ids, attention_mask=mask, cache=cache, logits_to_keep=1)
+        tok = out.logits[:, -1].argmax(-1, keepdim=True)
+        sync(device)
+        t1 = time.perf_counter()
+        toks, info = greedy_decode(model, cache, tok, n_new - 1, capture=capture and device.type == "cuda")
+        sync(device)
+        t2 = time.perf_counter()
+    kv = cache.tensor_bytes()
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    del cache, out
+    free(device)
+    return {"prefill_s": t1 - t0, "decode_s": t2 - t1, "tokens": torch.cat([tok, toks], dim=1),
+            "kv_tensor_bytes_end": int(kv), "peak_gpu_mib": peak, "peak_rss_delta_mb": 0.0, **info}
