@@ -713,6 +713,7 @@ def test_long_bench_numbers_in_prose_are_the_committed_runs() -> None:
     assert all(w["batch"] == 64 and long_verdict(w) == "met (compute floor)" for w in wins)
     assert all(w["share_of_bytes_model"] < 0.9 for w in wins)  # "misses the bytes model too"
     assert "The window, which computes no scores, misses the bytes model too" in doc
+    assert f"the window added to each from one at `{added}` (the same code)" in doc
     assert all(r["rows"][-1]["prefill_s"] < min(x["prefill_s"] for x in r["rows"][1:-1])
                for r in (run, long4k, long2k))  # "its batch-64 prompt forward is the fastest"
     day = re.search(r"started (\d{4}-\d\d-\d\d)", (RES / "bench" / "long" / "run_log.txt").read_text())[1]
@@ -1369,4 +1370,6 @@ def test_gpu_run_prose_is_the_committed_run() -> None:
             assert r["mode"] == ("eager" if name == "eager" else "captured") and r["budget"] == 256
             assert r["peak_gpu_mib"] > full["peak_gpu_mib"]  # "each policy's peak GPU memory is above full's"
     assert "(full at 4, every policy at 256 tokens at 23 in the same K/V bytes)" in bench
+    assert not (d / "static").exists()  # "the run predates the captured full baseline"
+    assert "the run predates the captured full baseline" in bench and "not yet run on a GPU" in bench
     assert "each policy's peak GPU memory is above full's (its prompt forward runs at batch 23)" in bench

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -13,6 +15,24 @@ from keyformer.core.graphs import greedy_decode
 
 from .bench.gpu import free, sync
 from .bench.long import _policy
+
+
+def pick_device(tiny: bool) -> torch.device:
+    """CPU for ``--tiny`` (the dry run), else CUDA; exits with one line when no CUDA device exists."""
+    if tiny:
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    sys.exit("no CUDA device: run with --tiny for a CPU smoke test")
+
+
+def run_env(device: torch.device, argv: Sequence[str] | None) -> dict[str, Any]:
+    """Where a GPU script's numbers come from: device name, torch, transformers, dtype (bf16), argv."""
+    import transformers
+
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (tiny)",
+            "torch": torch.__version__, "transformers": transformers.__version__, "dtype": "bfloat16",
+            "argv": list(sys.argv[1:] if argv is None else argv)}
 
 
 def timed_run(model: Any, ids: torch.Tensor, name: str, budget: float | int | None, n_new: int,

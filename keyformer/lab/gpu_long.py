@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,7 +52,7 @@ from .bench.long import (
     peak_kv_bytes,
     summarize,
 )
-from .gpu_decode import timed_run
+from .gpu_decode import pick_device, run_env, timed_run
 
 
 def read_gbs(device: torch.device, mb: int, repeats: int = 10) -> dict[str, float]:
@@ -152,22 +151,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    if args.tiny:
-        device = torch.device("cpu")
-    elif torch.cuda.is_available():
-        device = torch.device("cuda")
-    else:
-        sys.exit("no CUDA device: run with --tiny for a CPU smoke test")
+    device = pick_device(args.tiny)
     t0 = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     longest = max(s.prompt_len + s.new_tokens for s in settings)
     model = build_model(args.model, args.tiny, longest + 16, device, torch.bfloat16)
     vocab = model.config.vocab_size
-    env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (tiny)",
-           "torch": torch.__version__, "transformers": transformers.__version__, "dtype": "bfloat16",
-           "model": args.model, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
-           "argv": list(sys.argv[1:] if argv is None else argv)}
+    env = {**run_env(device, argv), "model": args.model,
+           "params_b": sum(p.numel() for p in model.parameters()) / 1e9}
     bw = read_gbs(device, 64 if args.tiny else args.bandwidth_mb)
     w_bytes = weight_bytes(model)
     report: dict[str, Any] = {"env": env, "bandwidth": bw, "weight_bytes": w_bytes, "settings": []}

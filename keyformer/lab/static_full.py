@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -35,7 +34,7 @@ import torch
 
 from .bench.cpu import median, spread
 from .bench.gpu import build_model, free, sync
-from .gpu_decode import timed_run
+from .gpu_decode import pick_device, run_env, timed_run
 
 
 @contextmanager
@@ -141,7 +140,7 @@ def latency_cell(model: Any, L: int, gen: int, policies: Sequence[str], budget: 
                 r = timed_run(model, ids, c, None if c == "full" else budget, gen,
                               capture=capture and device.type == "cuda")
             ms[c].append(1000 * r["decode_s"] / max(1, gen - 1))
-            how[c] = {k: r.get(k) for k in ("captured_steps", "eager_steps", "reason")}
+            how.setdefault(c, {k: r.get(k) for k in ("captured_steps", "eager_steps", "reason")})
             tokens.setdefault(c, r["tokens"])
     base = median(ms["static_full_captured"])
     runs = {c: {"ms_per_step": spread(ms[c]), **how[c],
@@ -177,18 +176,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    if args.tiny:
-        device = torch.device("cpu")
-    elif torch.cuda.is_available():
-        device = torch.device("cuda")
-    else:
-        sys.exit("no CUDA device: run with --tiny for a CPU smoke test")
+    device = pick_device(args.tiny)
     t0 = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (tiny)",
-           "torch": torch.__version__, "transformers": transformers.__version__, "dtype": "bfloat16",
-           "argv": list(sys.argv[1:] if argv is None else argv)}
+    env = run_env(device, argv)
     report: dict[str, Any] = {"env": env, "cells": []}
     lines = [f"Captured full baseline (StaticCache + CUDA graph) vs our full and policies, batch 1, "
              f"random weights and prompt ids, bf16, on {env['device']}, torch {env['torch']}, transformers "
