@@ -8,6 +8,10 @@
 # Extra arguments go to every keyformer-bench --long call (e.g. --rounds 3). OUT_ROOT moves the outputs.
 # Budgets 256, 512 and 1024 tokens: the bench's default 0.5 is 256 tokens of a 512-token prompt and 1024 of a
 # 2048-token one, the same budget in tokens as an absolute one in every setting here (it would time them twice).
+# Memory guard (keyformer/lab/rss_guard.py): each setting's process tree is stopped past MAX_RSS_GIB of RSS
+# (default: half of the physical memory; one run once reached 23 GiB on a 24 GB host), the script then stops
+# (finished measurements stay journaled: rerun to resume); every RSS sample goes to <setting>.rss.tsv and the peak
+# to run_log.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
@@ -19,8 +23,11 @@ echo "started $(date -Is) on $(nproc) cores; git $(git rev-parse --short HEAD); 
 for s in 512+2048 512+4096 2048+2048; do
   beams=0; [ "$s" = 512+2048 ] && beams=4
   out="$root/${s/+/_}"
-  "$PY" -m keyformer.lab.bench.long --settings "$s" --memory-ref 512+4096 --rounds 2 --beams "$beams" \
+  "$PY" -m keyformer.lab.rss_guard ${MAX_RSS_GIB:+--max-gib "$MAX_RSS_GIB"} --every 10 --log "$log" \
+    --trace "$out.rss.tsv" -- "$PY" -m keyformer.lab.bench.long --settings "$s" --memory-ref 512+4096 --rounds 2 --beams "$beams" \
     --budgets 256,512,1024 \
     --out "$out" "$@" 2> >(grep -v -e '^USDT' -e 'Loading weights' >&2) | tee -a "$out.stdout.txt"
-  echo "$s finished rc ${PIPESTATUS[0]} $(date -Is); uptime: $(uptime)" >> "$log"
+  rc=${PIPESTATUS[0]}
+  echo "$s finished rc $rc $(date -Is); uptime: $(uptime)" >> "$log"
+  [ "$rc" = 3 ] && { echo "stopped by the memory guard (run_log.txt): rerun to resume" >&2; exit 3; }
 done
