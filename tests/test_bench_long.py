@@ -453,7 +453,7 @@ def test_bench_long_section_reads_every_setting(tmp_path):
     text = render("bench_long", tmp_path)
     rows = [ln for ln in text.splitlines() if ln.startswith("| 512") or ln.startswith("| 2048")]
     assert [r.split("|")[1].strip() for r in rows] == ["512+2048"] * 2 + ["2048+2048 (partial)"] * 2
-    assert rows[1].rstrip().endswith("| met (compute floor) |") and "| 3.00x | 6.00x | 50 % |" in rows[1]
+    assert rows[1].rstrip().endswith("| met (compute floor) | - |") and "| 3.00x | 6.00x | 50 % |" in rows[1]
     assert "git abcdef0" in text and "full 4.00x faster" in text
     later = json.loads((tmp_path / "bench" / "long" / "512_2048" / "long.json").read_text())
     later["environment"]["git_commit"] = "1234567890"
@@ -461,3 +461,14 @@ def test_bench_long_section_reads_every_setting(tmp_path):
     rows = [ln.split("|")[1].strip() for ln in render("bench_long", tmp_path).splitlines()
             if ln.startswith("| 512") or ln.startswith("| 2048")]
     assert rows == ["512+2048 (git 1234567)"] * 2 + ["2048+2048 (partial) (git abcdef0)"] * 2
+    # with its journal, a setting's rows say when and at which commit each was measured, not the run's label
+    lines = [{"header": {}, "time": "2026-12-04T14:54:32+0000"},
+             {"key": "run/512+2048/full/B4/r0", "value": {}, "time": "2026-12-04T15:03:10+0000"},
+             {"key": "session/1", "value": {"git_commit": "fedcba9876"}, "time": "2026-12-04T22:10:00+0000"},
+             {"key": "run/512+2048/h2o@256/B4/r0", "value": {}, "time": "2026-12-04T22:23:59+0000"},
+             {"key": "run/512+2048/h2o@256/B4/r1", "value": {}, "time": "2026-12-05T01:00:00+0000"}]
+    (tmp_path / "bench" / "long" / "512_2048" / "journal.jsonl").write_text(
+        "".join(json.dumps(x) + "\n" for x in lines) + '{"key": "run/cut')
+    rows = [ln.split("|") for ln in render("bench_long", tmp_path).splitlines() if ln.startswith("| 512")]
+    assert [(r[1].strip(), r[2].strip(), r[15].strip()) for r in rows] == [
+        ("512+2048", "full", "12-04 15:03 1234567"), ("512+2048", "h2o@256", "12-04 22:23 fedcba9")]

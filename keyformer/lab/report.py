@@ -22,6 +22,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -535,12 +536,39 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.0f} %"
 
 
+def long_row_sessions(folder: Path, default_commit: str) -> dict[str, str]:
+    """Config label (``full``, ``h2o@256``) -> ``"MM-DD HH:MM commit"``: when its first timed round finished
+    (UTC) and the commit of the session that measured it, read from the run's ``journal.jsonl`` (each session
+    journals its commit before its measurements; older journals have none: ``default_commit``). Empty without
+    a journal."""
+    f, out, commit = folder / "journal.jsonl", {}, default_commit
+    if not f.exists():
+        return out
+    for line in f.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a last line cut short by a kill
+            continue
+        key = rec.get("key", "")
+        if key.startswith("session/"):
+            commit = str(rec["value"]["git_commit"])
+        elif key.startswith("run/"):
+            t = datetime.strptime(rec["time"], "%Y-%m-%dT%H:%M:%S%z").astimezone(timezone.utc)
+            out.setdefault(key.split("/")[2], f"{t:%m-%d %H:%M} {commit[:7]}")
+    return out
+
+
 def bench_long(res: Path, name: str = "bench/long") -> None:
     """The long-generation benchmark at a fixed KV memory budget (``keyformer-bench --long``), one row per
-    setting and configuration from each ``<setting>/long.json``, with issue 23's CPU verdict per row."""
-    runs = [json.loads(f.read_text(encoding="utf-8")) for f in sorted((res / name).glob("*/long.json"))]
+    setting and configuration from each ``<setting>/long.json``, with issue 23's CPU verdict per row and,
+    where the setting's journal is there, when and at which commit each row was measured (a resumed run mixes
+    sessions)."""
+    files = sorted((res / name).glob("*/long.json"))
+    runs = [json.loads(f.read_text(encoding="utf-8")) for f in files]
     if not runs:
         return
+    for f, r in zip(files, runs, strict=True):
+        r["_measured"] = long_row_sessions(f.parent, str(r["environment"]["git_commit"]))
     runs.sort(key=lambda r: (r["settings"][0]["prompt_len"], r["settings"][0]["new_tokens"]))
     def git(r: dict) -> str:  # the commits of every session of a resumed run (sorted)
         env = r["environment"]
@@ -553,28 +581,32 @@ def bench_long(res: Path, name: str = "bench/long") -> None:
     print(f"\n### {name}: long generations at a fixed KV memory budget ({prov}; fp32; "
           f"K/V budget {', '.join(f'{b:.0f}' for b in budgets)} MiB)\n")
     print("| setting | config | batch | decode tok/s | gain | bytes model | share | compute-floor bound | "
-          "share of bound | e2e gain | agree | K/V MiB | rounds | CPU target |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "share of bound | e2e gain | agree | K/V MiB | rounds | CPU target | measured (UTC, git) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         for row in r["rows"]:
             cfg = row["policy"] + (f"@{row['budget']:g}" if row["budget"] is not None else "")
             ag = (row.get("agreement") or {}).get("match")
             kv = row.get("peak_kv_bytes")
-            at = f" (git {git(r)})" if mixed else ""
+            measured = r["_measured"].get(cfg)
+            at = f" (git {git(r)})" if mixed and not measured else ""
             print(f"| {row['setting']}{'' if r.get('complete', True) else ' (partial)'}{at} | {cfg} | "
                   f"{row['batch']}{'*' if row.get('batch_capped') else ''} | "
                   f"{row['decode_tok_s']['median']:.1f} | {_f2(row.get('decode_gain'))}x | "
                   f"{_f2(row.get('bytes_model_gain'))}x | {_pct(row.get('share_of_bytes_model'))} | "
                   f"{_f2(row.get('bound_gain'))}x | {_pct(row.get('share_of_bound'))} | "
                   f"{_f2(row.get('e2e_gain'))}x | {_f2(ag)} | {'-' if kv is None else f'{kv / 2**20:.0f}'} | "
-                  f"{row['decode_tok_s']['n']} | {long_verdict(row) if row['policy'] != 'full' else '-'} |")
+                  f"{row['decode_tok_s']['n']} | {long_verdict(row) if row['policy'] != 'full' else '-'} | "
+                  f"{measured or '-'} |")
     bw = ", ".join(f"{r['settings'][0]['prompt_len']}+{r['settings'][0]['new_tokens']}: "
                    f"{r['bandwidth']['read_gbs']:.1f}" for r in runs)
     print("\nbatch: the largest that fits the K/V budget, measured (`*`: capped by `--max-batch`); gain: "
           "decode tok/s vs full at its own largest batch; share: gain / the bytes model's; compute-floor "
           "bound: the gain if each step took max(bytes model, a measured step over an 8-token cache); agree: "
           "token agreement with full; CPU target (issue 23): share >= 90 %, or share of bound >= 90 % where "
-          f"the floor bounds the step. Read bandwidth (GB/s) per setting: {bw}.")
+          "the floor bounds the step; measured: when the row's first timed round finished and the commit of "
+          "the session that ran it (from the setting's journal; rows measured in different sessions were "
+          f"timed hours or days apart). Read bandwidth (GB/s) per setting: {bw}.")
     for r in runs:
         bm = r.get("beams")
         if bm:
