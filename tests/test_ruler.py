@@ -256,9 +256,12 @@ def test_gemma_exp10_points_generate_in_gemma_tokens():
 
     exp10_make = runpy.run_path(str(ROOT / "experiments" / "queues" / "exp10_make.py"))  # a script's globals
 
-    lines = [ln for _, ls in exp10_make["gemma_tiers"]().values() for ln in ls]
-    assert len(lines) == 110 and len({ln.split()[0] for ln in lines}) == 110
-    folder, records, *overrides = lines[-1].split()  # the last: query-agnostic window
+    tiers = exp10_make["gemma_tiers"]()
+    lines = [ln for _, ls in tiers.values() for ln in ls]
+    assert len(lines) == 198 and len({ln.split()[0] for ln in lines}) == 198  # 5 + 4 policies x 11 x 2
+    assert {ln.split("policy=")[1].split()[0] for ln in tiers["gemma_current_agnostic.txt"][1]} == {
+        "expected_attention", "keydiff", "kvzip", "rkv"}
+    folder, records, *overrides = tiers["gemma_core_agnostic.txt"][1][-1].split()  # query-agnostic window
     cfg = compose(overrides)
     assert cfg["model"]["source"] == "gemma3_gguf" and cfg["dataset"]["tokenizer"] == "model"
     assert cfg["dataset"]["query_agnostic"] and int(records) == cfg["n_samples"] == 5

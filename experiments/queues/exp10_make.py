@@ -7,9 +7,9 @@
         multirun/exp10_ruler/queues/exp10_budgets.txt \\
         multirun/exp10_ruler/queues/exp10_field.txt
 
-The Gemma 3 270M tiers (`gemma_core.txt`, `gemma_core_agnostic.txt`: tiers 1-2 with
-+experiment=exp10_ruler_gemma, folders multirun/exp10_ruler_gemma/...) go to
-multirun/exp10_ruler_gemma/queues.
+The Gemma 3 270M tiers (`gemma_core.txt`, `gemma_core_agnostic.txt`: tiers 1-2; `gemma_current.txt`,
+`gemma_current_agnostic.txt`: tiers 1b-2b, the 2025 methods; all with +experiment=exp10_ruler_gemma, folders
+multirun/exp10_ruler_gemma/...) go to multirun/exp10_ruler_gemma/queues.
 
 ``left.txt`` (one per model) lists every tier's points in tier order, less those already complete in
 ``results/exp10_ruler{,_gemma}/<setting>/points.csv``: how a session on a fresh machine continues.
@@ -62,12 +62,17 @@ def points(setting: str, policies: list[str], budget: float, exp: str = "exp10_r
 
 
 def gemma_tiers() -> dict[str, tuple[str, list[str]]]:
-    """Tiers 1-2 on Gemma 3 270M (conf/experiment/exp10_ruler_gemma.yaml)."""
+    """Tiers 1, 2, 1b and 2b on Gemma 3 270M (conf/experiment/exp10_ruler_gemma.yaml): where Keyformer ranks
+    among the 2025 methods on a second model, at ratio 0.5, in both settings."""
     g = "exp10_ruler_gemma"
     return {"gemma_core.txt": ("Gemma 3 270M tier 1: question-aware, ratio 0.5, the core policies",
                                points("aware", CORE, 0.5, g)),
             "gemma_core_agnostic.txt": ("Gemma 3 270M tier 2: the same points, query-agnostic",
-                                        points("agnostic", CORE, 0.5, g))}
+                                        points("agnostic", CORE, 0.5, g)),
+            "gemma_current.txt": ("Gemma 3 270M tier 1b: the 2025 methods at ratio 0.5, question-aware",
+                                  points("aware", CURRENT, 0.5, g)),
+            "gemma_current_agnostic.txt": ("Gemma 3 270M tier 2b: the 2025 methods at ratio 0.5, "
+                                           "query-agnostic", points("agnostic", CURRENT, 0.5, g))}
 
 
 def tiers() -> dict[str, tuple[str, list[str]]]:
