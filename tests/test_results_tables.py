@@ -1098,10 +1098,25 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
               and lo_hi(r[6])[0] <= 0 <= lo_hi(r[6])[1]]
     assert holds0 == ["kvzip"]  # "at 0.75 ... the only policy whose interval holds full's score"
     assert all(lo_hi(kz[r][6])[0] <= 0 <= lo_hi(kz[r][6])[1] for r in ("0.25", "0.75"))
-    agn = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")  # "query-agnostic ... not run yet"
-    assert not ((agn["policy"] == "kvzip") & agn["budget"].isin([0.75, 0.25, 0.125])).any()
+    agn = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")  # R-KV: "... not run yet"
     assert not ((agn["policy"] == "rkv") & agn["budget"].isin([0.75, 0.25, 0.125])).any()
-    assert prose.count("Its query-agnostic points at these ratios are not run yet.") == 2  # KVzip's, R-KV's
+    assert prose.count("Its query-agnostic points at these ratios are not run yet.") == 1
+    kg = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "kvzip"}  # KVzip, its own setting
+    n_agn = len([r for r in _exp10_rows(region, "query-agnostic") if r[1] == "0.25"])
+    assert all(kg[r][7] == "1" and kg[r][5] == "< 0.001" for r in ratios) and n_agn == 5
+    assert (f"**Query-agnostic, its own setting, KVzip is first of the five at every ratio too**, ahead of "
+            f"Keyformer after the correction ({kg['0.25'][4]}, {kg['0.75'][4]} and {kg['0.875'][4]} at 0.25, "
+            f"0.75 and 0.875, Holm p < 0.001) and within the full cache's reach at 0.25 and 0.75 "
+            f"({kg['0.25'][6]} and {kg['0.75'][6]} vs full)") in prose
+    assert all(lo_hi(kg[r][6])[0] <= 0 <= lo_hi(kg[r][6])[1] for r in ("0.25", "0.75"))
+    assert not lo_hi(kg["0.875"][6])[0] <= 0 <= lo_hi(kg["0.875"][6])[1]
+    both = region[region.index("Question-aware vs query-agnostic"):]
+    pair = {c[1]: c[4] for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in both.splitlines()
+                                 if ln.startswith("| kvzip |"))}
+    assert not lo_hi(pair["0.75"])[0] <= 0 <= lo_hi(pair["0.75"])[1]  # "loses ... at 0.75"
+    assert all(lo_hi(pair[r])[0] <= 0 <= lo_hi(pair[r])[1] for r in ("0.25", "0.875"))  # "hold 0"
+    assert (f"it loses {pair['0.75']} at 0.75, and the intervals at 0.25 and 0.875 hold 0 ({pair['0.25']}, "
+            f"{pair['0.875']})") in prose
     cells = _ruler_per_task(region)
     assert all(cells[("question-aware", "rkv", r)]["niah_single_1"] == "100" for r in ratios)
     assert all(cells[("question-aware", "rkv", r)][c] == "0" for r in ("0.75", "0.875")
