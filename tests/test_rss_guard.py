@@ -50,6 +50,24 @@ def test_counts_descendants(tmp_path: Path) -> None:
     assert journal.read_text() == "done 1\n"
 
 
+def test_stopping_the_guard_stops_its_command(tmp_path: Path) -> None:
+    """SIGTERM to the guard alone stops the command's tree too (nothing left running unguarded)."""
+    marker = tmp_path / "pid"
+    child = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    guard_cmd = [sys.executable, "-m", "keyformer.lab.rss_guard", "--every", "0.05", "--",
+                 sys.executable, "-c", child]
+    proc = subprocess.Popen(guard_cmd, cwd=ROOT)
+    for _ in range(200):
+        if marker.exists() and marker.read_text():
+            break
+        subprocess.run(["sleep", "0.05"])
+    pid = int(marker.read_text())
+    assert tree_rss(pid) > 0
+    proc.terminate()
+    assert proc.wait(timeout=20) == 128 + 15
+    assert tree_rss(pid) == 0
+
+
 def test_tree_rss_reads_a_live_process() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(128 * 2**20); time.sleep(3)"])
     try:

@@ -102,6 +102,12 @@ def guard(cmd: list[str], max_bytes: int, every_s: float = 5.0, log: Path | None
     """Run ``cmd`` under the limit; returns its exit status, or :data:`KILLED_RC` when stopped."""
     name = " ".join(cmd[:3])
     proc = subprocess.Popen(cmd)
+
+    def forward(signum: int, _frame: object) -> None:  # the guard stopped alone: stop the tree too
+        _stop(proc.pid)
+        raise SystemExit(128 + signum)
+
+    old_term = signal.signal(signal.SIGTERM, forward)
     peak, killed_at, start = 0, 0, time.monotonic()
     trace_f = open(trace, "a") if trace else None
     try:
@@ -123,6 +129,7 @@ def guard(cmd: list[str], max_bytes: int, every_s: float = 5.0, log: Path | None
     except KeyboardInterrupt:  # Ctrl-C reached the command too (same process group): let it finish its exit
         rc = proc.wait()
     finally:
+        signal.signal(signal.SIGTERM, old_term)
         if trace_f:
             trace_f.close()
     minutes = (time.monotonic() - start) / 60
