@@ -902,8 +902,18 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
         assert p.groupby("policy").size().to_dict() == {k: 11 for k in (
             "full", "keyformer", "h2o", "snapkv", "window", "expected_attention", "keydiff", "kvzip", "rkv")}
         g = pd.read_csv(RES / "exp10_ruler_gemma" / setting / "points.csv")
-        assert int(g["complete"].sum()) == 55
+        core = g[g["policy"].isin(["full", "keyformer", "h2o", "snapkv", "window"])]
+        assert int(core["complete"].sum()) == len(core) == 55
+        t1b = g[~g.index.isin(core.index)]  # the 2025 methods so far: complete policies only
+        counts = t1b.groupby("policy")["complete"].sum().to_dict()
+        assert counts == ({"expected_attention": 11, "keydiff": 11} if setting == "aware" else {})
     assert "11 points each" in doc and "(55 points each)" in doc
+    assert ("its tier 1b (the 2025 methods, question-aware) 22 of 44 points (Expected Attention and KeyDiff)"
+            in doc)
+    g1b = pd.read_csv(RES / "exp10_ruler_gemma" / "aware" / "points.csv")
+    g1b = g1b[g1b["policy"].isin(["expected_attention", "keydiff"])]
+    assert g1b["git_commit"].str[:7].unique().tolist() == ["5067a43"]
+    assert "its tier 1b so far (Expected Attention, KeyDiff) from `5067a43`" in doc
     a = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
     got = {c[:7] for c in a.loc[a["policy"].isin(["keydiff", "rkv"]), "git_commit"]}
     assert len(got) == 1 and f"KeyDiff and R-KV from `{got.pop()}`" in doc
@@ -975,6 +985,38 @@ def test_exp10_prose_per_task_counts_are_the_generated_cells() -> None:
     assert sn["niah_single_1"] == fa["niah_single_1"]
     assert f"niah_multiquery ({fg['niah_multiquery']} against {fa['niah_multiquery']})" in prose
     assert all(fg[x] == fa[x] for x in fa if x != "niah_multiquery")  # "on every task but niah_multiquery"
+
+
+def test_exp10_gemma_2025_methods_prose_is_the_generated_table() -> None:
+    """The Gemma paragraph on the 2025 methods: KeyDiff's and Expected Attention's differences from Keyformer,
+    their Holm p, ranks and the per-task cells it quotes, and Keyformer's rank among the core four and among
+    all, read from the generated question-aware table."""
+    text = (RES / "README.md").read_text()
+    start, end = "<!-- keyformer-report:exp10_ruler_gemma -->", "<!-- /keyformer-report:exp10_ruler_gemma -->"
+    region = text[text.index(start):text.index(end)]
+    prose = " ".join(text[text.index("### The same table on Gemma 3 270M"):text.index(start)].split())
+    rows = {r[0]: r for r in _exp10_rows(region, "question-aware")}
+    kd, ea, kf = rows["keydiff"], rows["expected_attention"], rows["keyformer"]
+    n = len(rows) - 1  # compressed policies
+    assert (f"KeyDiff, which scores keys by their distance from the mean key and reads no attention, is "
+            f"ahead of Keyformer after Holm's correction ({kd[4]}, Holm p {kd[5]}), "
+            f"{ORDINALS[int(kd[7]) - 1]} of the {CARDINALS[n - 1]} behind the window and SnapKV") in prose
+    assert float(kd[5]) < 0.05 and int(rows["window"][7]) < int(kd[7]) and int(rows["snapkv"][7]) < int(kd[7])
+    assert f"Expected Attention is tied with Keyformer ({ea[4]}, Holm p {ea[5]}) and last" in prose
+    assert float(ea[5]) >= 0.05 and int(ea[7]) == n
+    core = sorted(int(rows[p][7]) for p in ("keyformer", "h2o", "snapkv", "window"))
+    assert int(kf[7]) == n - 1 and int(kf[7]) > core[-2]  # last of the core four by rank
+    assert (f"last of the four core compressed policies ({kf[3]}), {ORDINALS[int(kf[7]) - 1]} of the "
+            f"{CARDINALS[n - 1]} with the two 2025 methods run so far") in prose
+    cells = _ruler_per_task(region)
+    k, f, full = (cells[("question-aware", p, r)] for p, r in (("keydiff", "0.5"), ("keyformer", "0.5"),
+                                                                 ("full", "0")))
+    assert (f"(niah_multikey_1: {k['niah_multikey_1']} against {f['niah_multikey_1']}, as full; "
+            f"niah_multivalue {k['niah_multivalue']} against {f['niah_multivalue']})") in prose
+    assert k["niah_multikey_1"] == full["niah_multikey_1"]
+    whole = " ".join(text.split())
+    assert (f"of the 2025 methods run there so far, KeyDiff is ahead of it ({kd[4]}) and Expected Attention "
+            "tied") in whole
 
 
 def test_exp10_gemma_status_quotes_the_generated_table() -> None:
