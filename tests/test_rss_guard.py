@@ -12,9 +12,9 @@ from keyformer.lab.rss_guard import KILLED_RC, guard, main, tree_rss
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Writes a "journal" line, then grows by 32 MiB of touched memory every 20 ms up to 1 GiB.
+# Writes a "journal" line, then grows by 32 MiB of touched memory every 50 ms up to 1 GiB.
 GROW = ("import sys, time; open(sys.argv[1], 'a').write('done 1\\n'); b = []\n"
-        "for _ in range(32):\n    b.append(bytearray(32 * 2**20)); time.sleep(0.02)\n"
+        "for _ in range(32):\n    b.append(bytearray(32 * 2**20)); time.sleep(0.05)\n"
         "open(sys.argv[1], 'a').write('done 2\\n')")
 
 
