@@ -99,3 +99,16 @@ def test_long_script_runs_the_bench_under_the_guard() -> None:
     call = text.split('"$PY" -m keyformer.lab.rss_guard', 1)[1].split("\n  rc=")[0]
     assert '-- "$PY" -m keyformer.lab.bench.long' in call and '--log "$log"' in call
     assert f'[ "$rc" = {KILLED_RC} ]' in text
+
+
+def test_the_quoted_incident_is_the_run_logs() -> None:
+    """The "23 GiB" that the guard's docs quote is the RSS results/bench/long/run_log.txt recorded."""
+    import re
+
+    log = (ROOT / "results/bench/long/run_log.txt").read_text()
+    gib = float(re.search(r"benchmark process at (\d+\.\d) GiB RSS", log).group(1))
+    quoted = f"{gib:.0f} GiB"
+    for path, phrase in (("docs/performance.md", f"grew to {quoted} on a 24 GB host"),
+                         ("keyformer/lab/rss_guard.py", f"grew to {quoted} of RSS on a 24 GB host"),
+                         ("scripts/run_bench_long.sh", f"reached {quoted} on a 24 GB host")):
+        assert phrase in " ".join((ROOT / path).read_text().split()), path
