@@ -906,14 +906,15 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
         assert int(core["complete"].sum()) == len(core) == 55
         t1b = g[~g.index.isin(core.index)]  # the 2025 methods so far: complete policies only
         counts = t1b.groupby("policy")["complete"].sum().to_dict()
-        assert counts == ({"expected_attention": 11, "keydiff": 11} if setting == "aware" else {})
+        aware = {"expected_attention": 11, "keydiff": 11, "kvzip": 11, "rkv": 2}
+        assert counts == (aware if setting == "aware" else {})
     assert "11 points each" in doc and "(55 points each)" in doc
-    assert ("its tier 1b (the 2025 methods, question-aware) 22 of 44 points (Expected Attention and KeyDiff)"
-            in doc)
+    assert ("its tier 1b (the 2025 methods, question-aware) 35 of 44 points (Expected Attention, KeyDiff and "
+            "KVzip; R-KV's first 2)") in doc
     g1b = pd.read_csv(RES / "exp10_ruler_gemma" / "aware" / "points.csv")
-    g1b = g1b[g1b["policy"].isin(["expected_attention", "keydiff"])]
+    g1b = g1b[g1b["policy"].isin(["expected_attention", "keydiff", "kvzip", "rkv"])]
     assert g1b["git_commit"].str[:7].unique().tolist() == ["5067a43"]
-    assert "its tier 1b so far (Expected Attention, KeyDiff) from `5067a43`" in doc
+    assert "its tier 1b so far (Expected Attention, KeyDiff, KVzip, R-KV's first 2) from `5067a43`" in doc
     a = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
     got = {c[:7] for c in a.loc[a["policy"].isin(["keydiff", "rkv"]), "git_commit"]}
     assert len(got) == 1 and f"KeyDiff and R-KV from `{got.pop()}`" in doc
@@ -1007,16 +1008,28 @@ def test_exp10_gemma_2025_methods_prose_is_the_generated_table() -> None:
     core = sorted(int(rows[p][7]) for p in ("keyformer", "h2o", "snapkv", "window"))
     assert int(kf[7]) == n - 1 and int(kf[7]) > core[-2]  # last of the core four by rank
     assert (f"last of the four core compressed policies ({kf[3]}), {ORDINALS[int(kf[7]) - 1]} of the "
-            f"{CARDINALS[n - 1]} with the two 2025 methods run so far") in prose
+            f"{CARDINALS[n - 1]} with the {CARDINALS[n - 5]} 2025 methods run so far") in prose
+    kz = rows["kvzip"]  # ahead before Holm only: its CI excludes 0, its Holm p does not pass 0.05
+    assert (f"KVzip, first of the eight on SmolLM2, is {ORDINALS[int(kz[7]) - 1]} here: ahead of Keyformer "
+            f"by {kz[4]} but not after Holm's correction (p {kz[5]})") in prose
+    assert float(kz[5]) >= 0.05 and not kz[4].split("[")[1].startswith("-")
     cells = _ruler_per_task(region)
     k, f, full = (cells[("question-aware", p, r)] for p, r in (("keydiff", "0.5"), ("keyformer", "0.5"),
                                                                  ("full", "0")))
     assert (f"(niah_multikey_1: {k['niah_multikey_1']} against {f['niah_multikey_1']}, as full; "
             f"niah_multivalue {k['niah_multivalue']} against {f['niah_multivalue']})") in prose
     assert k["niah_multikey_1"] == full["niah_multikey_1"]
+    z = cells[("question-aware", "kvzip", "0.5")]
+    assert (f"it scores {z['niah_single_2']} on niah_single_2 (full {full['niah_single_2']}, Keyformer "
+            f"{f['niah_single_2']})") in prose
+    rec = pd.read_csv(RES / "exp10_ruler_gemma" / "aware" / "samples.csv")
+    rec = rec[rec["id"] == "ruler-niah_single_2-L4096-0003"].set_index("point")["prediction"].astype(str)
+    assert "(9421542 for 9721542)" in prose  # KVzip's answer on that record, and the needle full finds there
+    assert "9421542" in rec["task=niah_single_2,budget=0.5,policy=kvzip"] and "9721542" in rec[
+        "task=niah_single_2,budget=1.0,policy=full"]
     whole = " ".join(text.split())
-    assert (f"of the 2025 methods run there so far, KeyDiff is ahead of it ({kd[4]}) and Expected Attention "
-            "tied") in whole
+    assert (f"of the 2025 methods run there so far, KeyDiff is ahead of it ({kd[4]}), KVzip ahead before "
+            "Holm's correction only and Expected Attention tied") in whole
 
 
 def test_exp10_gemma_status_quotes_the_generated_table() -> None:
