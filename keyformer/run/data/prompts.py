@@ -90,6 +90,15 @@ def prompt_parts(
     return before, after
 
 
+def bos_prefix(tokenizer: Any) -> list[int]:
+    """``[bos_token_id]`` where ``tokenizer(text)`` puts a BOS before any text (Gemma, Llama), else ``[]``
+    (GPT-2, SmolLM2): what a prompt whose template opens with the document gets in front of it."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return []
+    return [bos] if tokenizer("", add_special_tokens=True)["input_ids"][:1] == [bos] else []
+
+
 def encode_prompt(
     tokenizer: Any,
     record: Mapping[str, Any],
@@ -101,7 +110,9 @@ def encode_prompt(
 ) -> tuple[list[int], int]:
     """Token ids of the prompt, at most ``max_tokens`` long, and the number of document tokens cut.
 
-    Pieces are tokenized separately and concatenated; only the document is shortened: from its end
+    Pieces are tokenized separately and concatenated (outside a chat template the prompt opens with the
+    tokenizer's own special tokens, :func:`bos_prefix` where the template opens with the document; until
+    2026-12-05 such prompts had none: docs/gemma3.md); only the document is shortened: from its end
     (``truncation="end"``), or in its middle (``"middle"``: the first ``room // 2`` and the last
     ``room - room // 2`` of the ``room`` tokens left for it are kept).
     """
@@ -109,7 +120,9 @@ def encode_prompt(
         raise ValueError(f"truncation={truncation!r}: allowed: {', '.join(TRUNCATIONS)}")
     before, after = prompt_parts(record, template, instruction, tokenizer, chat)
     special = not chat  # chat templates already contain their special tokens
-    pre = tokenizer(before, add_special_tokens=special)["input_ids"] if before else []
+    # a template that opens with the document (RULER's, SODA's) still opens with the tokenizer's BOS
+    pre = (tokenizer(before, add_special_tokens=special)["input_ids"] if before
+           else bos_prefix(tokenizer) if special else [])
     doc = tokenizer(str(record["document"]), add_special_tokens=False)["input_ids"]
     post = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
     room = max_tokens - len(pre) - len(post)
