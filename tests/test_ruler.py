@@ -607,6 +607,9 @@ def test_ruler_brief_line(tmp_path):
     (gemma,) = _ruler_brief(tmp_path / "b", "exp10_ruler_gemma")
     assert gemma.startswith("* Experiment 10 on Gemma 3 270M (RULER 4k, ratio 0.5): question-aware, "
                             "Keyformer ranks 2 of 2")
+    (tmp_path / "b" / "exp10_ruler_gemma" / "caveat.txt").write_text("prompts  without\n<bos>\n")
+    (noted,) = _ruler_brief(tmp_path / "b", "exp10_ruler_gemma")  # the folder's caveat, after the ratio
+    assert noted == gemma.replace("ratio 0.5)", "ratio 0.5; prompts without <bos>)")
     alone = {("keyformer", 0.5): SCORES[("keyformer", 0.5)], ("window", 0.5): SCORES[("window", 0.5)]}
     _fake_results(tmp_path / "c" / "exp10_ruler", "aware", alone)
     assert _ruler_brief(tmp_path / "c") == []  # Keyformer the only policy with every task: no rank to give

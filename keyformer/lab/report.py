@@ -436,7 +436,7 @@ def _ruler_model(name: str) -> str:
 def _ruler_brief(res: Path, name: str = "exp10_ruler") -> list[str]:
     """Experiment 10's lines: Keyformer's rank among the compressed policies in each setting and the policies
     whose difference from it survives Holm's correction, in full at the ratio with the most policies, then
-    the other ratios in one line."""
+    the other ratios in one line. A ``caveat.txt`` in the experiment's folder is quoted after the ratio."""
     parts: dict[float, list[tuple[str, int, int, str]]] = {}
     for folder, label in RULER_SETTINGS:
         if not (res / name / folder / "points.csv").is_file():
@@ -456,7 +456,9 @@ def _ruler_brief(res: Path, name: str = "exp10_ruler") -> list[str]:
         return []
     head = max(parts, key=lambda r: (max(n for _, _, n, _ in parts[r]), r == 0.5))
     model = _ruler_model(name)
-    lines = [f"* Experiment 10{model} (RULER 4k, ratio {head:g}): " + "; ".join(
+    note = res / name / "caveat.txt"  # a folder's standing caveat (e.g. how its prompts differ), one line
+    caveat = f"; {' '.join(note.read_text().split())}" if note.is_file() else ""
+    lines = [f"* Experiment 10{model} (RULER 4k, ratio {head:g}{caveat}): " + "; ".join(
         f"{label}, Keyformer ranks {rank} of {n} compressed policies ("
         + (f"Holm-surviving differences: {said}" if said else "none survives Holm's correction") + ")"
         for label, rank, n, said in parts[head]) + "."]
