@@ -2,7 +2,8 @@
 
 Experiment 10 (results/README.md) finds that at ratio 0.25 (budget 0.75) the recent window nearly matches the
 full cache on RULER while the score-based policies lose most of the needle tasks. This script checks why on
-the same records and prompts the experiment ran: for each ``niah_single_1`` record and policy, one greedy
+the same records and prompts the experiment ran: for each ``niah_single_1`` record (``--task``; ``--experiment
+exp10_ruler_gemma`` for Gemma 3's records and prompts) and policy, one greedy
 step (the prompt forward and the prompt cut) through ``keyformer.core.generate``; then, per layer and KV head,
 which prompt positions the cache holds. It writes one row per (policy, record, layer):
 
@@ -11,6 +12,8 @@ which prompt positions the cache holds. It writes one row per (policy, record, l
 * ``kept_d0`` .. ``kept_d9``: the share of each tenth of the prompt kept (mean over the KV heads).
 
     python scripts/ruler_kept_depth.py results/exp10_ruler/kept_depth.csv [--budget 0.75] [--n 5]
+    python scripts/ruler_kept_depth.py results/exp10_ruler_gemma/kept_depth_niah_single_2.csv \
+        --experiment exp10_ruler_gemma --task niah_single_2 --budget 0.5 --policies kvzip,keyformer,snapkv
 
 Needs ``KEYFORMER_DATA_DIR`` only for the essay tasks (niah_single_1's haystack is RULER's noise). The CSV's
 first lines (``#``) give the commit, device, dtype and batch.
@@ -57,13 +60,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--budget", type=float, default=0.75)
-    ap.add_argument("--n", type=int, default=5, help="records of niah_single_1 (the experiment's first n)")
+    ap.add_argument("--n", type=int, default=5, help="records of the task (the experiment's first n)")
+    ap.add_argument("--experiment", default="exp10_ruler", choices=("exp10_ruler", "exp10_ruler_gemma"))
+    ap.add_argument("--task", default="niah_single_1",
+                    help="a RULER task with one needle value (niah_single_1/2/3, niah_multikey_1/2/3)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     args = ap.parse_args(argv)
 
     import torch
 
     from keyformer.core.generate import generate
+    from keyformer.core.models import layer_windows
     from keyformer.core.policies import build_policy
     from keyformer.run.data import encode_prompt, load_records
     from keyformer.run.loading import load_model
@@ -71,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from keyformer.run.tasks.generate import _with_prefix, prompt_limit
 
     torch.set_num_threads(1)
-    base = ["+experiment=exp10_ruler", "dataset.ruler_task=niah_single_1", f"n_samples={args.n}"]
+    base = [f"+experiment={args.experiment}", f"dataset.ruler_task={args.task}", f"n_samples={args.n}"]
     cfg = compose([*base, "policy=full"])
     model, tok = load_model(cfg)
     ds = cfg["dataset"]
@@ -83,11 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "keyformer"],
                            capture_output=True, text=True).stdout.strip()
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    wins = layer_windows(model.config)
+    hybrid = ("" if all(w is None for w in wins) else "; the policy acts on the global layers "
+              f"{[i for i, w in enumerate(wins) if w is None]}, the others keep their sliding window")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:
         f.write(f"# scripts/ruler_kept_depth.py at {commit}{' (keyformer/ modified)' if dirty else ''}; "
-                f"{cfg['model']['name']}, cpu, {dtype}, batch 1, 1 thread; RULER niah_single_1 4k, "
-                f"budget {args.budget}, the prompt cut after one greedy step\n")
+                f"{cfg['model']['name']}, cpu, {dtype}, batch 1, 1 thread; RULER {args.task} 4k, "
+                f"budget {args.budget}, the prompt cut after one greedy step{hybrid}\n")
         w = csv.writer(f, lineterminator="\n")
         w.writerow(["policy", "record", "layer", "prompt_tokens", "needle_depth", "needle_kept",
                     *(f"kept_d{i}" for i in range(10))])
