@@ -1027,6 +1027,18 @@ def test_exp10_gemma_2025_methods_prose_is_the_generated_table() -> None:
     assert "(9421542 for 9721542)" in prose  # KVzip's answer on that record, and the needle full finds there
     assert "9421542" in rec["task=niah_single_2,budget=0.5,policy=kvzip"] and "9721542" in rec[
         "task=niah_single_2,budget=1.0,policy=full"]
+    kd_csv = RES / "exp10_ruler_gemma" / "kept_depth_niah_single_2.csv"  # the kept-needle shares it quotes
+    kept = pd.read_csv(kd_csv, comment="#")
+    kept = kept[kept["layer"].isin([5, 11, 17])]  # Gemma 3's global layers
+    kept = kept.assign(pct=(100 * kept["needle_kept"]).round().astype(int))
+
+    def span(policy: str, layers: list[int]) -> str:
+        v = kept.loc[(kept["policy"] == policy) & kept["layer"].isin(layers), "pct"]
+        return f"{v.min()}-{v.max()} %" if v.min() != v.max() else f"{v.min()} %"
+    assert kept.groupby("policy")["record"].nunique().eq(5).all() and "budget 0.5" in kd_csv.read_text()
+    assert (f"KVzip's middle global layer (11) keeping {span('kvzip', [11])} of the needle's digit tokens on "
+            f"every record (its other global layers {span('kvzip', [5, 17])}), where SnapKV's keeps "
+            f"{span('snapkv', [11])}") in prose
     whole = " ".join(text.split())
     assert (f"of the 2025 methods run there so far, KeyDiff is ahead of it ({kd[4]}), KVzip ahead before "
             "Holm's correction only and Expected Attention tied") in whole
