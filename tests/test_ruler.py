@@ -621,3 +621,28 @@ def test_ruler_brief_line(tmp_path):
     assert head == line
     assert rest == ("* Experiment 10, the other ratios (Keyformer's rank; Holm-surviving differences in "
                     "brackets): ratio 0.75 question-aware 2 of 2 (h2o ahead (+100.0)).")
+
+
+def test_ruler_prompt_change_pairs_the_same_records(tmp_path: Path, capsys) -> None:
+    """``keyformer-report --section exp10_gemma_bos``: per policy with every task in both folders, the mean
+    before and after a prompt change and the paired difference over the same record ids (a policy complete in
+    one folder only is left out; a setting missing from either folder prints nothing)."""
+    from keyformer.lab.report import ruler_prompt_change
+
+    ruler_prompt_change(tmp_path, "new", "old")
+    assert "(no policy complete in both new and old yet)" in capsys.readouterr().out
+    before = {("full", 1.0): {"vt": [0, 0, 100], "cwe": [50, 50, 50]},
+              ("keyformer", 0.5): {"vt": [0, 0, 0], "cwe": [0, 50, 50]}}
+    after = {("full", 1.0): {"vt": [100, 0, 100], "cwe": [50, 100, 50]},  # +33.3 on vt, +16.7 on cwe
+             ("keyformer", 0.5): {"vt": [0, 0, 0], "cwe": [0, 50, 50]},    # unchanged
+             ("h2o", 0.5): {"vt": [0, 0, 0], "cwe": [0, 0, 0]}}            # not in "old"
+    _fake_results(tmp_path / "old", "aware", before)
+    _fake_results(tmp_path / "new", "aware", after)
+    ruler_prompt_change(tmp_path, "new", "old", change="X")
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ") and "policy" not in ln]
+    assert "**question-aware**" in out and "query-agnostic" not in out
+    assert rows[0] == "| full | 0 | 41.7 | 66.7 | " + rows[0].split(" | ")[4] + " | 6 |"
+    assert rows[0].split(" | ")[4].startswith("+25.00 [")  # (33.3 + 16.7) / 2 over tasks, paired by record
+    assert rows[1].startswith("| keyformer | 0.5 | 16.7 | 16.7 | +0.00 [+0.00, +0.00] | 6 |")
+    assert len(rows) == 2  # h2o has no "before"

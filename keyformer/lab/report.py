@@ -952,6 +952,34 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
                       f"{fmt_ci(r['gap'], r['gap_lo'], r['gap_hi'])} | {int(r['n'])} |")
 
 
+def ruler_prompt_change(res: Path, name: str = "exp10_ruler_gemma",
+                        old: str = "archive/exp10_ruler_gemma_nobos", change: str = "`<bos>`") -> None:
+    """Experiment 10 on the same records with two prompt assemblies: ``name`` (now) against ``old`` (before a
+    fix, e.g. Gemma 3's prompts without ``<bos>``), per policy and setting with every task complete in both,
+    paired over the records (now - before, resampling within each task: ``analysis.ruler_setting_gap``)."""
+    printed = False
+    for folder, label in RULER_SETTINGS:
+        if not all((res / d / folder / "points.csv").is_file() for d in (name, old)):
+            continue
+        before = analysis.load_experiment(str(res / old), folder, complete_only=True)
+        now = analysis.load_experiment(str(res / name), folder, complete_only=True)
+        diff = analysis.ruler_setting_gap(before, now)  # "agnostic" - "aware" = now - before
+        if diff.empty:
+            continue
+        if not printed:
+            print(f"\n{name} with {change} vs without ({old}): the same records, string_match_all x 100, "
+                  "mean over tasks, now - before paired with a 95 % CI resampling within each task\n")
+            printed = True
+        print(f"**{label}**\n\n| policy | ratio | without {change} | with {change} | with - without [CI] "
+              "| n |\n|---|---|---|---|---|---|")
+        for _, r in diff.sort_values(["ratio", "agnostic"], ascending=[True, False]).iterrows():
+            print(f"| {r['policy']} | {r['ratio']:g} | {r['aware']:.1f} | {r['agnostic']:.1f} | "
+                  f"{fmt_ci(r['gap'], r['gap_lo'], r['gap_hi'])} | {int(r['n'])} |")
+        print()
+    if not printed:
+        print(f"(no policy complete in both {name} and {old} yet)")
+
+
 def _prompt_sharing(frames: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> None:
     """What ``share_prompt`` saved, from the points that ran with it: a point's ``wall_s`` when it ran its
     own prompt forwards vs when every record cut a copy of another budget's (``n_prompt_reused``)."""
@@ -1133,6 +1161,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     "bench_gpu": bench_gpu,
     "exp10_ruler": ruler,
     "exp10_ruler_gemma": lambda res: ruler(res, "exp10_ruler_gemma"),
+    "exp10_gemma_bos": ruler_prompt_change,
 }
 README_FILES = (Path("README.md"), Path("results/README.md"), Path("results/bench/README.md"))
 
