@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from keyformer.lab import collect, report
+from keyformer.lab import analysis, collect, report
 
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "results"
@@ -213,7 +213,8 @@ def test_archive_holds_the_superseded_runs_and_its_manifest() -> None:
     names = {"exp1_cnndm_7e9326a", "exp1_cnndm_oldstream", "exp8_powered_buggy", "exp8_authors_raw",
              "bench_63988e1", "bench_7ae70b7", "bench_4b5ff8d", "bench_long_ffed69b",
              "bench_long_217af8f", "bench_long_86a5f65", "bench_f206083", "bench_long_dd576eb",
-             "bench_long_c89afe8", "bench_564ed48", "bench_long_2a3110f", "bench_gpu_070ed53"}
+             "bench_long_c89afe8", "bench_564ed48", "bench_long_2a3110f", "bench_gpu_070ed53",
+             "exp10_ruler_gemma_nobos"}
     assert {d.name for d in (RES / "archive").iterdir() if d.is_dir()} == names
     manifest = (RES / "archive" / "MANIFEST.md").read_text()
     assert all(f"`{n}/`" in manifest for n in names)
@@ -925,20 +926,18 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
         p = p[p["complete"] & ((p["budget"] == 0.5) | (p["policy"] == "full"))]
         assert p.groupby("policy").size().to_dict() == {k: 11 for k in (
             "full", "keyformer", "h2o", "snapkv", "window", "expected_attention", "keydiff", "kvzip", "rkv")}
-        g = pd.read_csv(RES / "exp10_ruler_gemma" / setting / "points.csv")
-        core = g[g["policy"].isin(["full", "keyformer", "h2o", "snapkv", "window"])]
-        assert int(core["complete"].sum()) == len(core) == 55
-        t1b = g[~g.index.isin(core.index)]  # the 2025 methods so far: complete policies only
-        counts = t1b.groupby("policy")["complete"].sum().to_dict()
-        aware = {"expected_attention": 11, "keydiff": 11, "kvzip": 11, "rkv": 2}
-        assert counts == (aware if setting == "aware" else {})
-    assert "11 points each" in doc and "(55 points each)" in doc
-    assert ("its tier 1b (the 2025 methods, question-aware) 35 of 44 points (Expected Attention, KeyDiff and "
-            "KVzip; R-KV's first 2)") in doc
-    g1b = pd.read_csv(RES / "exp10_ruler_gemma" / "aware" / "points.csv")
-    g1b = g1b[g1b["policy"].isin(["expected_attention", "keydiff", "kvzip", "rkv"])]
-    assert g1b["git_commit"].str[:7].unique().tolist() == ["5067a43"]
-    assert "its tier 1b so far (Expected Attention, KeyDiff, KVzip, R-KV's first 2) from `5067a43`" in doc
+    # Gemma 3's <bos> rerun: tier 1 (question-aware, the core five) complete from one commit, nothing else yet
+    g = pd.read_csv(RES / "exp10_ruler_gemma" / "aware" / "points.csv")
+    assert g["complete"].all() and g.groupby("policy").size().to_dict() == {k: 11 for k in (
+        "full", "keyformer", "h2o", "snapkv", "window")}
+    assert not (RES / "exp10_ruler_gemma" / "agnostic").exists()
+    (commit,) = g["git_commit"].str[:7].unique()
+    assert "its\nquestion-aware tier 1 complete (55 points), the query-agnostic tier 2 running".replace(
+        "\n", " ") in doc
+    assert f"* Gemma 3's `<bos>` rerun: tier 1 from a clean worktree at `{commit}` (Intel Xeon" in doc
+    old = pd.read_csv(RES / "archive" / "exp10_ruler_gemma_nobos" / "aware" / "points.csv")
+    assert set(old["policy"]) >= set(g["policy"])  # the archive holds what the rerun replaces
+    assert "11 points each" in doc
     a = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
     got = {c[:7] for c in a.loc[a["policy"].isin(["keydiff", "rkv"]), "git_commit"]}
     assert len(got) == 1 and f"KeyDiff and R-KV from `{got.pop()}`" in doc
@@ -1002,60 +1001,49 @@ def test_exp10_prose_per_task_counts_are_the_generated_cells() -> None:
     rg, ra = t[("query-agnostic", "rkv", "0.5")], t[("question-aware", "rkv", "0.5")]
     assert f"niah_single_1: {rg['niah_single_1']} against {ra['niah_single_1']})" in prose
     g = region(gem, "exp10_ruler_gemma")
-    fa, fg = g[("question-aware", "full", "0")], g[("query-agnostic", "full", "0")]
+    fa = g[("question-aware", "full", "0")]
     sn, kf = g[("question-aware", "snapkv", "0.5")], g[("question-aware", "keyformer", "0.5")]
     prose = " ".join(gem.split())
-    assert f"({fa['niah_single_1']} and {fa['niah_single_2']} on niah_single_1/2)" in prose
-    assert f"(niah_single_1: {sn['niah_single_1']} against {kf['niah_single_1']}, as full)" in prose
-    assert sn["niah_single_1"] == fa["niah_single_1"]
-    assert f"niah_multiquery ({fg['niah_multiquery']} against {fa['niah_multiquery']})" in prose
-    assert all(fg[x] == fa[x] for x in fa if x != "niah_multiquery")  # "on every task but niah_multiquery"
+    assert f"({fa['niah_single_1']} and {fa['niah_single_2']} on niah_single_1/2) and fails vt" in prose
+    assert fa["vt"] == "0"
+    assert (f"(niah_single_1: {sn['niah_single_1']} against {kf['niah_single_1']}; niah_multikey_1: "
+            f"{sn['niah_multikey_1']} against {kf['niah_multikey_1']})") in prose
 
 
-def test_exp10_gemma_2025_methods_prose_is_the_generated_table() -> None:
-    """The Gemma paragraph on the 2025 methods: KeyDiff's and Expected Attention's differences from Keyformer,
-    their Holm p, ranks and the per-task cells it quotes, and Keyformer's rank among the core four and among
-    all, read from the generated question-aware table."""
+def test_exp10_gemma_prose_is_the_generated_table() -> None:
+    """The Gemma 3 subsection (prompts with `<bos>`): Keyformer's rank among the core four now and in the
+    archived BOS-less run, the differences and Holm p it quotes, the full cache against SmolLM2's, the
+    kept-needle shares of ``kept_depth_niah_single_2.csv``, the summary in "Overall" and the paragraph on what
+    `<bos>` changed, all read from the generated tables and the committed rows."""
     text = (RES / "README.md").read_text()
     start, end = "<!-- keyformer-report:exp10_ruler_gemma -->", "<!-- /keyformer-report:exp10_ruler_gemma -->"
     region = text[text.index(start):text.index(end)]
     prose = " ".join(text[text.index("### The same table on Gemma 3 270M"):text.index(start)].split())
+    whole = " ".join(text.split())
     rows = {r[0]: r for r in _exp10_rows(region, "question-aware")}
-    kd, ea, kf = rows["keydiff"], rows["expected_attention"], rows["keyformer"]
-    n = len(rows) - 1  # compressed policies
-    assert (f"KeyDiff, which scores keys by their distance from the mean key and reads no attention, is "
-            f"ahead of Keyformer after Holm's correction ({kd[4]}, Holm p {kd[5]}), "
-            f"{ORDINALS[int(kd[7]) - 1]} of the {CARDINALS[n - 1]} behind the window and SnapKV") in prose
-    assert float(kd[5]) < 0.05 and int(rows["window"][7]) < int(kd[7]) and int(rows["snapkv"][7]) < int(kd[7])
-    assert f"Expected Attention is tied with Keyformer ({ea[4]}, Holm p {ea[5]}) and last" in prose
-    assert float(ea[5]) >= 0.05 and int(ea[7]) == n
-    core = sorted(int(rows[p][7]) for p in ("keyformer", "h2o", "snapkv", "window"))
-    assert int(kf[7]) == n - 1 and int(kf[7]) > core[-2]  # last of the core four by rank
-    assert (f"last of the four core compressed policies ({kf[3]}), {ORDINALS[int(kf[7]) - 1]} of the "
-            f"{CARDINALS[n - 1]} with the {CARDINALS[n - 5]} 2025 methods run so far") in prose
+    kf, sn, wi, h2 = rows["keyformer"], rows["snapkv"], rows["window"], rows["h2o"]
+    assert set(rows) == {"full", "keyformer", "snapkv", "window", "h2o"} and kf[7] == "4"  # last of the four
+    before = analysis.ruler_leaderboard(*analysis.load_experiment(
+        str(RES / "archive" / "exp10_ruler_gemma_nobos"), "aware", complete_only=True))
+    core = before[(before["task"] == "average")
+                  & before["policy"].isin(["keyformer", "h2o", "snapkv", "window"])]
+    assert core.loc[core["mean"].idxmin(), "policy"] == "keyformer"  # "as it was without <bos>"
+    assert f"last of the four core compressed policies ({kf[3]}), as it was without `<bos>`" in prose
+    assert f"**SnapKV ({sn[4]})** and the window ({wi[4]}) are ahead of it, both surviving Holm's" in prose
+    assert float(sn[5].replace("< ", "")) < 0.05 and float(wi[5].replace("< ", "")) < 0.05
+    assert f"H2O is tied ({h2[4]}, Holm p {h2[5]})" in prose and float(h2[5]) >= 0.05
+    assert f"their distance from the full cache ({kf[6]} for Keyformer)" in prose
     smol = text[text.index("<!-- keyformer-report:exp10_ruler -->"):
                 text.index("<!-- /keyformer-report:exp10_ruler -->")]
-    smol_rows = {r[0]: r for r in _exp10_rows(smol, "question-aware") if r[1] == "0.5"}  # compressed, 0.5
-    assert smol_rows["kvzip"][7] == "1" and len(smol_rows) == 8  # "first of the eight on SmolLM2"
-    kz = rows["kvzip"]  # ahead before Holm only: its CI excludes 0, its Holm p does not pass 0.05
-    assert (f"KVzip, first of the eight on SmolLM2, is {ORDINALS[int(kz[7]) - 1]} here: ahead of Keyformer "
-            f"by {kz[4]} but not after Holm's correction (p {kz[5]})") in prose
-    assert float(kz[5]) >= 0.05 and not kz[4].split("[")[1].startswith("-")
-    cells = _ruler_per_task(region)
-    k, f, full = (cells[("question-aware", p, r)] for p, r in (("keydiff", "0.5"), ("keyformer", "0.5"),
-                                                                 ("full", "0")))
-    assert (f"(niah_multikey_1: {k['niah_multikey_1']} against {f['niah_multikey_1']}, as full; "
-            f"niah_multivalue {k['niah_multivalue']} against {f['niah_multivalue']})") in prose
-    assert k["niah_multikey_1"] == full["niah_multikey_1"]
-    z = cells[("question-aware", "kvzip", "0.5")]
-    assert (f"it scores {z['niah_single_2']} on niah_single_2 (full {full['niah_single_2']}, Keyformer "
-            f"{f['niah_single_2']})") in prose
-    rec = pd.read_csv(RES / "exp10_ruler_gemma" / "aware" / "samples.csv")
-    rec = rec[rec["id"] == "ruler-niah_single_2-L4096-0003"].set_index("point")["prediction"].astype(str)
-    assert "(9421542 for 9721542)" in prose  # KVzip's answer on that record, and the needle full finds there
-    assert "9421542" in rec["task=niah_single_2,budget=0.5,policy=kvzip"] and "9721542" in rec[
-        "task=niah_single_2,budget=1.0,policy=full"]
-    kd_csv = RES / "exp10_ruler_gemma" / "kept_depth_niah_single_2.csv"  # the kept-needle shares it quotes
+    smol_full = next(r for r in _exp10_rows(smol, "question-aware") if r[0] == "full")
+    assert f"The full cache scores {rows['full'][3]} (SmolLM2's {smol_full[3].split(' [')[0]})" in prose
+    assert "its query-agnostic setting and the 2025 methods are being rerun with `<bos>`" in whole
+    assert (f"it ranks last of the four core compressed policies: SnapKV ({sn[4]}) and the window ({wi[4]}) "
+            "are ahead, H2O tied") in whole
+    # KVzip's 0 on niah_single_2 without <bos> (archive), and where its cut leaves the needle with it
+    old = before[(before["policy"] == "kvzip") & (before["task"] == "niah_single_2")]
+    assert len(old) == 1 and old["mean"].iloc[0] == 0 and "where KVzip scored 0 without `<bos>`" in prose
+    kd_csv = RES / "exp10_ruler_gemma" / "kept_depth_niah_single_2.csv"
     kept = pd.read_csv(kd_csv, comment="#")
     kept = kept[kept["layer"].isin([5, 11, 17])]  # Gemma 3's global layers
     kept = kept.assign(pct=(100 * kept["needle_kept"]).round().astype(int))
@@ -1067,33 +1055,21 @@ def test_exp10_gemma_2025_methods_prose_is_the_generated_table() -> None:
     assert (f"KVzip's middle global layer (11) keeping {span('kvzip', [11])} of the needle's digit tokens on "
             f"every record (its other global layers {span('kvzip', [5, 17])}), where SnapKV's keeps "
             f"{span('snapkv', [11])}") in prose
-    whole = " ".join(text.split())
-    assert (f"of the 2025 methods run there so far, KeyDiff is ahead of it ({kd[4]}), KVzip ahead before "
-            "Holm's correction only and Expected Attention tied") in whole
-
-
-def test_exp10_gemma_status_quotes_the_generated_table() -> None:
-    """The Gemma query-agnostic status sentence quotes H2O's difference from Keyformer as generated."""
-    text = (RES / "README.md").read_text()
-    start, end = "<!-- keyformer-report:exp10_ruler_gemma -->", "<!-- /keyformer-report:exp10_ruler_gemma -->"
-    region = text[text.index(start):text.index(end)]
-    agn = region[region.index("**query-agnostic**"):]
-    row = next(r.split("|") for r in agn.splitlines() if r.startswith("| h2o | 0.5 |"))
-    prose = " ".join(text[:text.index(start)].split())
-    assert f"H2O ties with Keyformer ({row[5].strip()}, Holm p {row[6].strip()})" in prose
-    rows = {r.split("|")[1].strip(): r.split("|") for r in agn.split("Per task")[0].splitlines()
-            if r.startswith("| ") and "| 0.5 |" in r}
-    assert f"the window is ahead ({rows['window'][5].strip()}, surviving Holm)" in prose
-    assert rows["window"][6].strip() == "< 0.001"
-    assert f"SnapKV is tied ({rows['snapkv'][5].strip()}, Holm p {rows['snapkv'][6].strip()})" in prose
-    assert f"Keyformer ranks {rows['keyformer'][8].strip()} of 4 compressed policies" in prose
-    both = region[region.index("Question-aware vs query-agnostic"):]
-    snap = next(r.split("|") for r in both.splitlines() if r.startswith("| snapkv | 0.5 |"))
-    assert f"Without the question SnapKV loses {snap[5].strip()}" in prose
-    assert all(int(r[-2]) == 55 for r in rows.values())  # complete
-    whole = " ".join(text.split())  # the summary of where Keyformer ranks
-    assert f"query-agnostic it ranks third of four, behind the window ({rows['window'][5].strip()})" in whole
-    assert rows["keyformer"][8].strip() == "3"
+    # what <bos> changed: the generated paired table
+    bos = text[text.index("<!-- keyformer-report:exp10_gemma_bos -->"):
+               text.index("<!-- /keyformer-report:exp10_gemma_bos -->")]
+    cells = {c[0]: c for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in bos.splitlines()
+                                 if ln.startswith("| ") and not ln.startswith("| policy"))}
+    assert set(cells) == set(rows) and all(not c[4].split("[")[1].startswith("-") and
+                                           not c[4].split("[")[1].startswith("+0.00") for c in cells.values())
+    assert f"each CI above 0: the full cache by {cells['full'][4]}" in whole
+    gains = [float(c[4].split()[0]) for p, c in cells.items() if p != "full"]
+    assert f"the four compressed policies by {min(gains):.1f} to {max(gains):.1f} points" in whole
+    order = {k: sorted((p for p in cells if p != "full"), key=lambda p: -float(cells[p][k])) for k in (2, 3)}
+    assert order[2][:2] == ["window", "snapkv"] and order[3][:2] == ["snapkv", "window"]
+    assert order[2][2:] == order[3][2:] and order[3][-1] == "keyformer"
+    assert ("Their order is the same but for SnapKV and the window swapping places, and Keyformer stays "
+            "last, tied with H2O.") in whole
 
 
 ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",

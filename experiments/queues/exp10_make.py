@@ -117,11 +117,6 @@ def left(lines: list[str], results: Path) -> list[str]:
     return [ln for ln in lines if "/".join(ln.split()[0].split("/")[-2:]) not in have]
 
 
-# Gemma 3's points are being rerun with its ``<bos>`` (caveat in results/exp10_ruler_gemma/caveat.txt): its
-# left.txt counts what is complete in this staging folder, committed as points finish, until the swap.
-GEMMA_RESULTS = "exp10_ruler_gemma_bos"
-
-
 def main(argv: list[str]) -> None:
     here = Path(__file__).resolve().parent
     late = Path(argv[0]) if argv else here.parent.parent / "multirun" / "exp10_ruler" / "queues"
@@ -137,7 +132,7 @@ def main(argv: list[str]) -> None:
         (gemma / name).write_text(header.format(what=what, records=RECORDS) + "\n".join(lines) + "\n")
         print(f"{gemma / name}: {len(lines)} points")
     results = here.parent.parent / "results"
-    for folder, exp, ts in ((late, "exp10_ruler", tiers()), (gemma, GEMMA_RESULTS, gemma_tiers())):
+    for folder, exp, ts in ((late, "exp10_ruler", tiers()), (gemma, "exp10_ruler_gemma", gemma_tiers())):
         todo = left([ln for _, lines in ts.values() for ln in lines], results / exp)
         what = f"every tier's points not yet complete in results/{exp}/, in tier order"
         header = HEADER if exp == "exp10_ruler" else HEADER.replace("SmolLM2-135M-Instruct", "Gemma 3 270M")
