@@ -472,3 +472,62 @@ def test_bench_long_section_reads_every_setting(tmp_path):
     rows = [ln.split("|") for ln in render("bench_long", tmp_path).splitlines() if ln.startswith("| 512")]
     assert [(r[1].strip(), r[2].strip(), r[15].strip()) for r in rows] == [
         ("512+2048", "full", "12-04 15:03 1234567"), ("512+2048", "h2o@256", "12-04 22:23 fedcba9")]
+
+
+def _keyformer_imports(roots: list[str]) -> set[str]:
+    """Every ``keyformer`` module the given modules import, transitively, read from their source (absolute
+    and relative imports, parent packages' ``__init__`` included), without importing anything."""
+    import ast
+    import importlib.util
+
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        mod = todo.pop()
+        if mod in seen or not mod.startswith("keyformer"):
+            continue
+        try:
+            spec = importlib.util.find_spec(mod)
+        except (ModuleNotFoundError, ValueError):
+            spec = None
+        if spec is None or not str(spec.origin).endswith(".py"):
+            continue  # a name imported from a module, not a module
+        seen.add(mod)
+        todo += [mod.rsplit(".", i)[0] for i in range(1, mod.count(".") + 1)]  # parent packages
+        package = mod if spec.submodule_search_locations else mod.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(Path(spec.origin).read_text())):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{up}.{base}" if base else up
+                todo += [base, *(f"{base}.{a.name}" for a in node.names)]
+    return seen
+
+
+def test_committed_benchmarks_ran_heads_code_but_the_prompt_assembly_they_never_import():
+    """results/bench/README.md: since the commits the committed CPU tables ran at (``bench.json``'s and
+    every ``long.json`` session's), ``BENCH_CODE`` changed only in ``keyformer/run/data/prompts.py`` (the
+    `<bos>` fix), and neither benchmark's import closure reaches it (the closure does reach the loader and
+    the core, so a change there would count)."""
+    import subprocess
+
+    reach = _keyformer_imports(["keyformer.lab.bench.long", "keyformer.lab.bench.cpu",
+                                "keyformer.run.loading"])
+    assert {"keyformer.run.loading", "keyformer.core.cache", "keyformer.core.models"} <= reach
+    assert not any(m.startswith("keyformer.run.data") for m in reach)
+    doc = " ".join((ROOT / "results" / "bench" / "README.md").read_text().split())
+    assert ("changed in one file only, `keyformer/run/data/prompts.py` (the `<bos>` fix, `4574100`), which "
+            "neither benchmark imports") in doc
+    env = json.loads((ROOT / "results" / "bench" / "bench.json").read_text())["environment"]
+    commits = {env["git_commit"]}
+    for f in (ROOT / "results" / "bench" / "long").glob("*/long.json"):
+        commits |= set(json.loads(f.read_text())["environment"]["sessions_commits"])
+    for c in sorted(commits):
+        r = subprocess.run(["git", "diff", "--name-only", c, "HEAD", "--", *lb.BENCH_CODE], cwd=ROOT,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"no git history with {c[:7]} here")
+        assert set(r.stdout.split()) <= {"keyformer/run/data/prompts.py"}, c[:7]
