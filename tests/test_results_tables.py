@@ -1059,6 +1059,7 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     # what <bos> changed: the generated paired table
     bos = text[text.index("<!-- keyformer-report:exp10_gemma_bos -->"):
                text.index("<!-- /keyformer-report:exp10_gemma_bos -->")]
+    bos = bos[bos.index("**question-aware**"):].split("**query-agnostic**")[0]
     cells = {c[0]: c for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in bos.splitlines()
                                  if ln.startswith("| ") and not ln.startswith("| policy"))}
     assert set(cells) == set(rows) and all(not c[4].split("[")[1].startswith("-") and
