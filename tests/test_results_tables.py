@@ -933,8 +933,10 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     (commit,) = g["git_commit"].str[:7].unique()
     ag = RES / "exp10_ruler_gemma" / "agnostic" / "points.csv"
     n_ag = int(pd.read_csv(ag)["complete"].sum()) if ag.is_file() else 0  # tier 2: collected as it runs
-    assert n_ag < 55
-    assert "question-aware tier 1 complete (55 points), the query-agnostic tier 2 running" in doc
+    if n_ag < 55:
+        assert "question-aware tier 1 complete (55 points), the query-agnostic tier 2 running" in doc
+    else:
+        assert "question-aware tier 1 and query-agnostic tier 2 complete (55 points each)" in doc
     assert f"* Gemma 3's `<bos>` rerun: tier 1 from a clean worktree at `{commit}` (Intel Xeon" in doc
     old = pd.read_csv(RES / "archive" / "exp10_ruler_gemma_nobos" / "aware" / "points.csv")
     assert set(old["policy"]) >= set(g["policy"])  # the archive holds what the rerun replaces
