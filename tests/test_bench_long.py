@@ -476,7 +476,8 @@ def test_bench_long_section_reads_every_setting(tmp_path):
 
 def _keyformer_imports(roots: list[str]) -> set[str]:
     """Every ``keyformer`` module the given modules import, transitively, read from their source (absolute
-    and relative imports, parent packages' ``__init__`` included), without importing anything."""
+    and relative imports, nested ones, parent packages' ``__init__`` included). The modules themselves are
+    parsed, not run (``find_spec`` does import the parent packages to locate them)."""
     import ast
     import importlib.util
 

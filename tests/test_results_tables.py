@@ -931,6 +931,8 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     assert g["complete"].all() and g.groupby("policy").size().to_dict() == {k: 11 for k in (
         "full", "keyformer", "h2o", "snapkv", "window")}
     (commit,) = g["git_commit"].str[:7].unique()
+    old = pd.read_csv(RES / "archive" / "exp10_ruler_gemma_nobos" / "aware" / "points.csv")
+    assert set(old["policy"]) >= set(g["policy"])  # the archive holds what the rerun replaces
     ag = RES / "exp10_ruler_gemma" / "agnostic" / "points.csv"
     n_ag = int(pd.read_csv(ag)["complete"].sum()) if ag.is_file() else 0  # tier 2: collected as it runs
     if n_ag < 55:
@@ -938,8 +940,22 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     else:
         assert "question-aware tier 1 and query-agnostic tier 2 complete (55 points each)" in doc
     assert f"* Gemma 3's `<bos>` rerun: tier 1 from a clean worktree at `{commit}` (Intel Xeon" in doc
-    old = pd.read_csv(RES / "archive" / "exp10_ruler_gemma_nobos" / "aware" / "points.csv")
-    assert set(old["policy"]) >= set(g["policy"])  # the archive holds what the rerun replaces
+    w = g["wall_s"]  # each point's own wall time (two 1-thread workers)
+    span = f"{w.min():.0f}-{w.max():.0f} s a point)"
+    assert f"its `<bos>` rerun from `{commit}` on an Intel Xeon: {span}" in doc
+    readme = " ".join((RES / "README.md").read_text().split())
+    assert f"from a clean worktree at `{commit}`, Intel Xeon, 2026-12-05, two 1-thread workers" in readme
+    # the archive's MANIFEST row names the commits its points and the rerun's ran at
+    row = next(ln for ln in (RES / "archive" / "MANIFEST.md").read_text().splitlines()
+               if ln.startswith("| `exp10_ruler_gemma_nobos/`"))
+    core5 = old["policy"].isin(["full", "keyformer", "h2o", "snapkv", "window"])
+    ago = pd.read_csv(RES / "archive" / "exp10_ruler_gemma_nobos" / "agnostic" / "points.csv")
+    tiers12 = set(old.loc[core5, "git_commit"].str[:7]) | set(ago["git_commit"].str[:7])
+    assert tiers12 == {"b0cb1ba", "7323bbb"}
+    assert "from clean worktrees at `b0cb1ba` (Intel Xeon) and `7323bbb`" in row
+    (t1b,) = set(old.loc[~core5, "git_commit"].str[:7])
+    assert (~core5).sum() == 35 and "tier 1b's first 35 points" in row and f"from `{t1b}`" in row
+    assert f"rerun with `<bos>` from a clean worktree at `{commit}`" in row
     assert "11 points each" in doc
     a = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
     got = {c[:7] for c in a.loc[a["policy"].isin(["keydiff", "rkv"]), "git_commit"]}
