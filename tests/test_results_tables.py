@@ -926,23 +926,33 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
         p = p[p["complete"] & ((p["budget"] == 0.5) | (p["policy"] == "full"))]
         assert p.groupby("policy").size().to_dict() == {k: 11 for k in (
             "full", "keyformer", "h2o", "snapkv", "window", "expected_attention", "keydiff", "kvzip", "rkv")}
-    # Gemma 3's <bos> rerun: tier 1 (question-aware, the core five) complete from one commit, nothing else yet
+    # Gemma 3's <bos> rerun: tiers 1 and 2 (the core five, both settings) complete from one commit; tiers 1b
+    # and 2b (the 2025 methods) collected as they run, from the same commit
+    core = ("full", "keyformer", "h2o", "snapkv", "window")
+    new = ("expected_attention", "keydiff", "kvzip", "rkv")
     g = pd.read_csv(RES / "exp10_ruler_gemma" / "aware" / "points.csv")
-    assert g["complete"].all() and g.groupby("policy").size().to_dict() == {k: 11 for k in (
-        "full", "keyformer", "h2o", "snapkv", "window")}
-    (commit,) = g["git_commit"].str[:7].unique()
+    ag = pd.read_csv(RES / "exp10_ruler_gemma" / "agnostic" / "points.csv")
+    both = pd.concat([g, ag])
+    assert both["complete"].all() and set(both["policy"]) <= set(core + new)
+    (commit,) = both["git_commit"].str[:7].unique()
+    for pts in (g, ag):
+        assert pts[pts["policy"].isin(core)].groupby("policy").size().to_dict() == {k: 11 for k in core}
     old = pd.read_csv(RES / "archive" / "exp10_ruler_gemma_nobos" / "aware" / "points.csv")
-    assert set(old["policy"]) >= set(g["policy"])  # the archive holds what the rerun replaces
-    ag = RES / "exp10_ruler_gemma" / "agnostic" / "points.csv"
-    n_ag = int(pd.read_csv(ag)["complete"].sum()) if ag.is_file() else 0  # tier 2: collected as it runs
-    if n_ag < 55:
-        assert "question-aware tier 1 complete (55 points), the query-agnostic tier 2 running" in doc
-    else:
-        assert "question-aware tier 1 and query-agnostic tier 2 complete (55 points each)" in doc
-    assert f"* Gemma 3's `<bos>` rerun: tier 1 from a clean worktree at `{commit}` (Intel Xeon" in doc
-    w = g["wall_s"]  # each point's own wall time (two 1-thread workers)
-    span = f"{w.min():.0f}-{w.max():.0f} s a point)"
-    assert f"its `<bos>` rerun from `{commit}` on an Intel Xeon: {span}" in doc
+    assert set(old["policy"]) >= set(core)  # the archive holds what the rerun replaces
+    n_new = both["policy"].isin(new).sum()
+    if n_new < 88:
+        assert "question-aware tier 1 and query-agnostic tier 2 complete (55 points each), tiers 1b and 2b " \
+               "running" in doc
+    else:  # all four 2025 methods, 11 tasks, both settings
+        assert "tiers 1, 1b, 2 and 2b complete (99 points a setting)" in doc
+    assert f"* Gemma 3's `<bos>` rerun: tiers 1 and 2 from a clean worktree at `{commit}` (Intel Xeon" in doc
+    def span(pts: pd.DataFrame) -> str:  # each point's own wall time (two 1-thread workers)
+        w = pts.loc[pts["policy"].isin(core), "wall_s"]
+        return f"{w.min():.0f}-{w.max():.0f} s a point"
+    assert f"its `<bos>` rerun from `{commit}` on an Intel Xeon: {span(g)}; query-agnostic, from the same " \
+           f"worktree: {span(ag)}, the slowest full's niah_multiquery," in doc
+    slowest = ag.loc[ag["policy"].isin(core)].sort_values("wall_s").iloc[-1]
+    assert slowest["policy"] == "full" and "niah_multiquery" in slowest["point"]
     readme = " ".join((RES / "README.md").read_text().split())
     assert f"from a clean worktree at `{commit}`, Intel Xeon, 2026-12-05, two 1-thread workers" in readme
     # the archive's MANIFEST row names the commits its points and the rerun's ran at
@@ -1056,9 +1066,35 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
                 text.index("<!-- /keyformer-report:exp10_ruler -->")]
     smol_full = next(r for r in _exp10_rows(smol, "question-aware") if r[0] == "full")
     assert f"The full cache scores {rows['full'][3]} (SmolLM2's {smol_full[3].split(' [')[0]})" in prose
-    assert "its query-agnostic setting and the 2025 methods are being rerun with `<bos>`" in whole
+    # query-agnostic: Keyformer's rank, the differences, SnapKV's loss without the question, full's gain
+    ag = {r[0]: r for r in _exp10_rows(region, "query-agnostic")}
+    assert set(ag) == set(rows)
+    akf, awi, ah2, asn = ag["keyformer"], ag["window"], ag["h2o"], ag["snapkv"]
+    assert akf[7] == "3" and [ag[p][7] for p in ("window", "h2o", "snapkv")] == ["1", "2", "4"]
+    assert float(awi[5]) < 0.05 and float(ah2[5]) >= 0.05 and float(asn[5]) >= 0.05
+    assert float(asn[4].split()[0]) < 0 < float(ah2[4].split()[0])
+    assert (f"Keyformer ranks third of the four: the window is ahead ({awi[4]}, Holm p {awi[5]}), H2O tied "
+            f"({ah2[4]}, Holm p {ah2[5]}), and SnapKV behind by its point estimate but tied ({asn[4]}, "
+            f"Holm p {asn[5]})") in prose
+    pair = region[region.index("Question-aware vs query-agnostic"):]
+    gap = {c[0]: c[4] for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in pair.splitlines()
+                                if ln.startswith("| ") and not ln.startswith("| policy"))}
+    holds0 = {p: float(gap[p].split("[")[1].split(",")[0]) <= 0 <= float(gap[p].split(", ")[1].rstrip("]"))
+              for p in gap}
+    assert not holds0["snapkv"] and not holds0["full"] and holds0["keyformer"] and holds0["h2o"] \
+        and holds0["window"]  # "change within CIs that hold 0"
+    tasks = _ruler_per_task(region)
+    sa, sg = tasks[("question-aware", "snapkv", "0.5")], tasks[("query-agnostic", "snapkv", "0.5")]
+    assert (f"it drops by {gap['snapkv']} (paired, agnostic - aware; niah_single_1: {sg['niah_single_1']} "
+            f"against {sa['niah_single_1']}), while Keyformer ({gap['keyformer']}), H2O and the window"
+            ) in prose
+    fa, fg = tasks[("question-aware", "full", "0")], tasks[("query-agnostic", "full", "0")]
+    assert [k for k in fa if fa[k] != fg[k]] == ["niah_multiquery"]  # "every other task equal"
+    assert (f"The full cache scores {gap['full']} higher query-agnostic, all of it from niah_multiquery "
+            f"({fg['niah_multiquery']} against {fa['niah_multiquery']}, every other task equal)") in prose
     assert (f"it ranks last of the four core compressed policies: SnapKV ({sn[4]}) and the window ({wi[4]}) "
-            "are ahead, H2O tied") in whole
+            f"are ahead, H2O tied; query-agnostic it ranks third of the four, behind the window ({awi[4]}) "
+            "and tied with H2O and SnapKV; the 2025 methods are being rerun with `<bos>`.") in whole
     # KVzip's 0 on niah_single_2 without <bos> (archive), and where its cut leaves the needle with it
     old = before[(before["policy"] == "kvzip") & (before["task"] == "niah_single_2")]
     assert len(old) == 1 and old["mean"].iloc[0] == 0 and "where KVzip scored 0 without `<bos>`" in prose
