@@ -130,6 +130,21 @@ def test_architecture(stock):
 
 @pytest.mark.slow
 @needs_model
+def test_kvzip_repeat_prompt_has_no_chat_header():
+    """results/README.md: Gemma's tokenizer stores no chat template, so KVzip's repeat prompt on this base
+    model is kvpress's instruction then a newline (no assistant header), as docs/policies_2025.md says."""
+    from transformers import AutoTokenizer
+
+    from keyformer.core.policies.kvzip import INSTRUCTION, instruction_ids
+
+    path = str(loading.ensure_gemma3())
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    assert tok.chat_template is None
+    assert tok.decode(instruction_ids(path)) == INSTRUCTION + "\n"
+
+
+@pytest.mark.slow
+@needs_model
 def test_greedy_completion_knows_paris(stock):
     """A base-model completion (no chat template), greedy. The bare "The capital of France is" continues with
     " the capital of the country of France." on this Q4_K_M base model, so the question is asked as a

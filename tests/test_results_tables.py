@@ -939,13 +939,14 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
         assert pts[pts["policy"].isin(core)].groupby("policy").size().to_dict() == {k: 11 for k in core}
     old = pd.read_csv(RES / "archive" / "exp10_ruler_gemma_nobos" / "aware" / "points.csv")
     assert set(old["policy"]) >= set(core)  # the archive holds what the rerun replaces
-    n_new = both["policy"].isin(new).sum()
-    if n_new < 88:
-        assert "question-aware tier 1 and query-agnostic tier 2 complete (55 points each), tiers 1b and 2b " \
-               "running" in doc
+    n_new = {name: int(pts["policy"].isin(new).sum()) for name, pts in (("aware", g), ("agnostic", ag))}
+    assert n_new["aware"] == 44  # tier 1b complete: the four 2025 methods, 11 tasks each
+    if n_new["agnostic"] < 44:
+        assert "tiers 1, 2 and 1b complete (55, 55 and 44 points), tier 2b running" in doc
     else:  # all four 2025 methods, 11 tasks, both settings
         assert "tiers 1, 1b, 2 and 2b complete (99 points a setting)" in doc
     assert f"* Gemma 3's `<bos>` rerun: tiers 1 and 2 from a clean worktree at `{commit}` (Intel Xeon" in doc
+    assert "tier 1b from the same worktree" in doc
     def span(pts: pd.DataFrame) -> str:  # each point's own wall time (two 1-thread workers)
         w = pts.loc[pts["policy"].isin(core), "wall_s"]
         return f"{w.min():.0f}-{w.max():.0f} s a point"
@@ -1097,12 +1098,53 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     assert [k for k in fa if fa[k] != fg[k]] == ["niah_multiquery"]  # "every other task equal"
     assert (f"The full cache scores {gap['full']} higher query-agnostic, all of it from niah_multiquery "
             f"({fg['niah_multiquery']} against {fa['niah_multiquery']}, every other task equal)") in prose
-    assert (f"it ranks last of the four core compressed policies: SnapKV ({sn[4]}) and the window ({wi[4]}) "
-            f"are ahead, H2O tied; query-agnostic it ranks third of the four, behind the window ({awi[4]}) "
-            "and tied with H2O and SnapKV; the 2025 methods are being rerun with `<bos>`.") in whole
+    # the 2025 methods (tier 1b): Keyformer's rank among the eight, who is ahead / tied / behind after Holm
+    assert set(every) == core5 | new
+    comp = {p: r for p, r in every.items() if p != "full"}
+    assert ORDINALS[int(comp["keyformer"][7]) - 1] == "seventh" and CARDINALS[len(comp) - 1] == "eight"
+    smol_kf = next(r for r in _exp10_rows(smol, "question-aware") if r[0] == "keyformer" and r[1] == "0.5")
+    assert smol_kf[7] == comp["keyformer"][7]  # "as on SmolLM2"
+
+    def side(p: str) -> str:
+        d, hp = float(comp[p][4].split()[0]), float(comp[p][5].replace("< ", ""))
+        return "tied" if hp >= 0.05 else ("ahead" if d > 0 else "behind")
+    sides = {p: side(p) for p in comp if p != "keyformer"}
+    assert sides == {"rkv": "ahead", "keydiff": "ahead", "snapkv": "ahead", "window": "ahead",
+                     "kvzip": "tied", "h2o": "tied", "expected_attention": "behind"}
+    rk, kd, kz, ea = comp["rkv"], comp["keydiff"], comp["kvzip"], comp["expected_attention"]
+    assert (f"policies, as on SmolLM2. R-KV ({rk[4]}), KeyDiff ({kd[4]}), SnapKV and the window are ahead of "
+            f"it after Holm's correction; KVzip ({kz[4]}, Holm p {kz[5]}) and H2O are tied; Expected "
+            f"Attention is behind ({ea[4]}).") in prose
+    assert f"comes within {rk[6]} of the full cache" in prose and rk[7] == "1"
+    smol_kz = next(r for r in _exp10_rows(smol, "question-aware") if r[0] == "kvzip" and r[1] == "0.5")
+    lo, hi = (float(x) for x in smol_kz[6].split("[")[1].rstrip("]").split(", "))
+    assert lo <= 0 <= hi  # "level with the full cache on SmolLM2"
+    assert f"KVzip, level with the full cache on SmolLM2, is not here ({kz[6]} against full)" in prose
+    assert (f"it ranks seventh of eight compressed policies, as on SmolLM2: R-KV ({rk[4]}), KeyDiff, SnapKV "
+            "and the window are ahead, KVzip and H2O tied, Expected Attention behind; query-agnostic it "
+            f"ranks third of the four core compressed policies, behind the window ({awi[4]}) and tied with "
+            "H2O and SnapKV (the 2025 methods' query-agnostic points are running).") in whole
+    # where the prompt cuts leave niah_single_1's needle, and each policy's score on the task
+    kd1 = pd.read_csv(RES / "exp10_ruler_gemma" / "kept_depth_niah_single_1.csv", comment="#")
+    first = kd1[kd1["layer"] == 5].assign(pct=lambda d: (100 * d["needle_kept"]).round().astype(int))
+    assert kd1.groupby("policy")["record"].nunique().eq(5).all()
+    lost = {p: first.loc[(first["policy"] == p) & (first["pct"] < 50), "pct"]
+            for p in ("expected_attention", "keyformer")}
+    assert all(len(v) == 4 for v in lost.values())  # "on four records of five"
+    assert set(first.loc[first["policy"] == "keydiff", "pct"]) == {100}
+    tasks = _ruler_per_task(region)
+    s1 = {p: tasks[("question-aware", p, "0.5")]["niah_single_1"]
+          for p in ("expected_attention", "keyformer", "keydiff")}
+    ea_l, kf_l = lost["expected_attention"], lost["keyformer"]
+    assert (f"Expected Attention's first global layer (5) keeps {ea_l.min()}-{ea_l.max()} % of its tokens on "
+            f"four records of five, Keyformer's {kf_l.min()}-{kf_l.max()} %, where KeyDiff's keeps 100 % on "
+            f"every record (their scores on the task: {s1['expected_attention']}, {s1['keyformer']} and "
+            f"{s1['keydiff']})") in prose
+    kz2 = tasks[("question-aware", "kvzip", "0.5")]["niah_single_2"]
+    assert f"where KVzip scores 0 without `<bos>` and {kz2} with it" in prose
     # KVzip's 0 on niah_single_2 without <bos> (archive), and where its cut leaves the needle with it
     old = before[(before["policy"] == "kvzip") & (before["task"] == "niah_single_2")]
-    assert len(old) == 1 and old["mean"].iloc[0] == 0 and "where KVzip scored 0 without `<bos>`" in prose
+    assert len(old) == 1 and old["mean"].iloc[0] == 0 and "where KVzip scores 0 without `<bos>`" in prose
     kd_csv = RES / "exp10_ruler_gemma" / "kept_depth_niah_single_2.csv"
     kept = pd.read_csv(kd_csv, comment="#")
     kept = kept[kept["layer"].isin([5, 11, 17])]  # Gemma 3's global layers
@@ -1133,6 +1175,16 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     assert order[2][2:] == order[3][2:] and order[3][-1] == "keyformer"
     assert ("Their order is the same but for SnapKV and the window swapping places, and Keyformer stays "
             "last, tied with H2O.") in whole
+    allc = {c[0]: c for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in bos.splitlines()
+                                if ln.startswith("| ") and not ln.startswith("| policy"))}
+    assert set(allc) == core5 | {"keydiff", "kvzip", "expected_attention"}  # R-KV: 2 BOS-less points
+    lo = {p: float(allc[p][4].split("[")[1].split(",")[0]) for p in allc}
+    assert lo["keydiff"] > 0 and lo["kvzip"] > 0 and lo["expected_attention"] <= 0
+    assert (f"Of the 2025 methods, KeyDiff ({allc['keydiff'][4]}) and KVzip ({allc['kvzip'][4]}) gain as the "
+            f"core policies do; Expected Attention does not ({allc['expected_attention'][4]}); R-KV's "
+            "BOS-less run stopped after 2 points, so it has no pair.") in whole
+    arch = pd.read_csv(RES / "archive" / "exp10_ruler_gemma_nobos" / "aware" / "points.csv")
+    assert (arch["policy"] == "rkv").sum() == 2
 
 
 ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",
