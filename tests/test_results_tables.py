@@ -947,6 +947,10 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
         assert "tiers 1, 1b, 2 and 2b complete (99 points a setting)" in doc
     assert f"* Gemma 3's `<bos>` rerun: tiers 1 and 2 from a clean worktree at `{commit}` (Intel Xeon" in doc
     assert "tier 1b from the same worktree" in doc
+    added = pd.read_csv(RES / "exp10_ruler_gemma" / "agnostic" / "replaced.csv")
+    added = added[(added["action"] == "added") & added["point"].str.contains("|".join(core))]
+    late = int((added["when"] > "2026-12-05T09:32").sum())  # collected after session 52 ended
+    assert f"tier 2's last {late} points in a second session on the same machine" in doc
     def span(pts: pd.DataFrame) -> str:  # each point's own wall time (two 1-thread workers)
         w = pts.loc[pts["policy"].isin(core), "wall_s"]
         return f"{w.min():.0f}-{w.max():.0f} s a point"
