@@ -1085,7 +1085,7 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     assert float(asn[4].split()[0]) < 0 < float(ah2[4].split()[0])
     assert (f"Keyformer ranks third of the four: the window is ahead ({awi[4]}, Holm p {awi[5]}), H2O tied "
             f"({ah2[4]}, Holm p {ah2[5]}), and SnapKV behind by its point estimate but tied ({asn[4]}, "
-            f"Holm p {asn[5]})") in prose
+            f"Holm p {asn[5]}; adjusted over every compressed policy in the table") in prose
     pair = region[region.index("Question-aware vs query-agnostic"):]
     gap = {c[0]: c[4] for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in pair.splitlines()
                                 if ln.startswith("| ") and not ln.startswith("| policy"))}
