@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from keyformer.lab import analysis, collect, report
 
@@ -941,8 +942,12 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     assert set(old["policy"]) >= set(core)  # the archive holds what the rerun replaces
     n_new = {name: int(pts["policy"].isin(new).sum()) for name, pts in (("aware", g), ("agnostic", ag))}
     assert n_new["aware"] == 44  # tier 1b complete: the four 2025 methods, 11 tasks each
+    res_readme = " ".join((RES / "README.md").read_text().split())
+    assert "and the 2025 methods question-aware (tier 1b, 44 points) from the same worktree" in res_readme
     if n_new["agnostic"] < 44:
         assert "tiers 1, 2 and 1b complete (55, 55 and 44 points), tier 2b running" in doc
+        assert ("(the core five complete in both settings, the 2025 methods question-aware; their "
+                "query-agnostic tier running)") in res_readme
     else:  # all four 2025 methods, 11 tasks, both settings
         assert "tiers 1, 1b, 2 and 2b complete (99 points a setting)" in doc
     assert f"* Gemma 3's `<bos>` rerun: tiers 1 and 2 from a clean worktree at `{commit}` (Intel Xeon" in doc
@@ -1057,7 +1062,7 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     core5 = {"full", "keyformer", "snapkv", "window", "h2o"}
     new = {"expected_attention", "keydiff", "kvzip", "rkv"}
     every = {r[0]: r for r in _exp10_rows(region, "question-aware")}
-    assert core5 <= set(every) <= core5 | new  # the 2025 methods join as tier 1b completes
+    assert set(every) == core5 | new  # tier 1b complete
     rows = {p: r for p, r in every.items() if p in core5}
     kf, sn, wi, h2 = rows["keyformer"], rows["snapkv"], rows["window"], rows["h2o"]
     assert min(rows, key=lambda p: float(rows[p][3].split()[0])) == "keyformer"  # last of the four
@@ -1087,10 +1092,8 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
             f"({ah2[4]}, Holm p {ah2[5]}), and SnapKV behind by its point estimate but tied ({asn[4]}, "
             f"Holm p {asn[5]}; adjusted over every compressed policy in the table") in prose
     pair = region[region.index("Question-aware vs query-agnostic"):]
-    gap = {c[0]: c[4] for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in pair.splitlines()
-                                if ln.startswith("| ") and not ln.startswith("| policy"))}
-    holds0 = {p: float(gap[p].split("[")[1].split(",")[0]) <= 0 <= float(gap[p].split(", ")[1].rstrip("]"))
-              for p in gap}
+    gap = {p: c[4] for p, c in _md_rows(pair).items()}
+    holds0 = {p: float(_cis(gap[p])[0][1]) <= 0 <= float(_cis(gap[p])[0][2]) for p in gap}
     assert not holds0["snapkv"] and not holds0["full"] and holds0["keyformer"] and holds0["h2o"] \
         and holds0["window"]  # "change within CIs that hold 0"
     tasks = _ruler_per_task(region)
@@ -1103,7 +1106,6 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     assert (f"The full cache scores {gap['full']} higher query-agnostic, all of it from niah_multiquery "
             f"({fg['niah_multiquery']} against {fa['niah_multiquery']}, every other task equal)") in prose
     # the 2025 methods (tier 1b): Keyformer's rank among the eight, who is ahead / tied / behind after Holm
-    assert set(every) == core5 | new
     comp = {p: r for p, r in every.items() if p != "full"}
     assert ORDINALS[int(comp["keyformer"][7]) - 1] == "seventh" and CARDINALS[len(comp) - 1] == "eight"
     smol_kf = next(r for r in _exp10_rows(smol, "question-aware") if r[0] == "keyformer" and r[1] == "0.5")
@@ -1121,8 +1123,12 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
             f"Attention is behind ({ea[4]}).") in prose
     assert f"comes within {rk[6]} of the full cache" in prose and rk[7] == "1"
     smol_kz = next(r for r in _exp10_rows(smol, "question-aware") if r[0] == "kvzip" and r[1] == "0.5")
-    lo, hi = (float(x) for x in smol_kz[6].split("[")[1].rstrip("]").split(", "))
+    _, lo, hi = (float(x) for x in _cis(smol_kz[6])[0])
     assert lo <= 0 <= hi  # "level with the full cache on SmolLM2"
+    rkv = yaml.safe_load((ROOT / "conf" / "policy" / "rkv.yaml").read_text())
+    assert (f"its prompt cut scored by the last {rkv['window_size']} prompt rows' attention and by key "
+            f"redundancy; then up to {rkv['buffer']} decode tokens held beyond the budget between cuts"
+            ) in prose
     assert f"KVzip, level with the full cache on SmolLM2, is not here ({kz[6]} against full)" in prose
     assert (f"it ranks seventh of eight compressed policies, as on SmolLM2: R-KV ({rk[4]}), KeyDiff, SnapKV "
             "and the window are ahead, KVzip and H2O tied, Expected Attention behind; query-agnostic it "
@@ -1136,7 +1142,6 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
             for p in ("expected_attention", "keyformer")}
     assert all(len(v) == 4 for v in lost.values())  # "on four records of five"
     assert set(first.loc[first["policy"] == "keydiff", "pct"]) == {100}
-    tasks = _ruler_per_task(region)
     s1 = {p: tasks[("question-aware", p, "0.5")]["niah_single_1"]
           for p in ("expected_attention", "keyformer", "keydiff")}
     ea_l, kf_l = lost["expected_attention"], lost["keyformer"]
@@ -1165,9 +1170,8 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     bos = text[text.index("<!-- keyformer-report:exp10_gemma_bos -->"):
                text.index("<!-- /keyformer-report:exp10_gemma_bos -->")]
     bos = bos[bos.index("**question-aware**"):].split("**query-agnostic**")[0]
-    cells = {c[0]: c for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in bos.splitlines()
-                                 if ln.startswith("| ") and not ln.startswith("| policy"))}
-    cells = {p: c for p, c in cells.items() if p in core5}  # the 2025 methods: their own sentence
+    allc = _md_rows(bos)
+    cells = {p: c for p, c in allc.items() if p in core5}  # the 2025 methods: their own sentence
     assert set(cells) == set(rows) and all(not c[4].split("[")[1].startswith("-") and
                                            not c[4].split("[")[1].startswith("+0.00") for c in cells.values())
     assert ("each of the five core policies scores higher with it, each CI above 0: the full cache by "
@@ -1179,10 +1183,8 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     assert order[2][2:] == order[3][2:] and order[3][-1] == "keyformer"
     assert ("Their order is the same but for SnapKV and the window swapping places, and Keyformer stays "
             "last, tied with H2O.") in whole
-    allc = {c[0]: c for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in bos.splitlines()
-                                if ln.startswith("| ") and not ln.startswith("| policy"))}
     assert set(allc) == core5 | {"keydiff", "kvzip", "expected_attention"}  # R-KV: 2 BOS-less points
-    lo = {p: float(allc[p][4].split("[")[1].split(",")[0]) for p in allc}
+    lo = {p: float(_cis(allc[p][4])[0][1]) for p in allc}
     assert lo["keydiff"] > 0 and lo["kvzip"] > 0 and lo["expected_attention"] <= 0
     assert (f"Of the 2025 methods, KeyDiff ({allc['keydiff'][4]}) and KVzip ({allc['kvzip'][4]}) gain as the "
             f"core policies do; Expected Attention does not ({allc['expected_attention'][4]}); R-KV's "
@@ -1218,6 +1220,13 @@ def test_exp10_prose_ranks_are_the_generated_ranks() -> None:
     rank, n = got["query-agnostic"]
     assert f"**Query-agnostic, Keyformer ranks {rank} of the {n} compressed policies**" in whole
     assert f"query-agnostic it ranks {rank} of {n}, behind KVzip" in whole
+
+
+def _md_rows(block: str) -> dict[str, list[str]]:
+    """The body rows of the markdown table(s) in ``block``, keyed by first cell (header rows skipped)."""
+    rows = ([c.strip() for c in ln.strip("|").split("|")] for ln in block.splitlines()
+            if ln.startswith("| ") and not ln.startswith("| policy"))
+    return {r[0]: r for r in rows}
 
 
 def _exp10_rows(region: str, label: str) -> list[list[str]]:
