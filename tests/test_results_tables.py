@@ -1332,6 +1332,38 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     assert f"the smallest p is {name}'s at ratio {ratio}, {setting}: {diff}, Holm p {p:.3f})" in prose
 
 
+def test_exp10_gemma_niah_single_3_prose_is_the_committed_predictions() -> None:
+    """Gemma's 0 on niah_single_3: the full cache's committed answers continue the task's opening sentence on
+    every record in both settings, and the query-agnostic window's 40 there is 2 of its 5 records."""
+    from keyformer.run.data.ruler import NIAH_HEAD
+
+    text = (RES / "README.md").read_text()
+    prose = " ".join(text[text.index("### The same table on Gemma 3 270M"):
+                          text.index("<!-- keyformer-report:exp10_ruler_gemma -->")].split())
+    opening = NIAH_HEAD.format(type_v="uuids")
+    cont = "hidden within the following text"
+    assert opening.startswith(f"Some special magic uuids are {cont}")  # what the answers continue
+    answers = []
+    for setting in ("aware", "agnostic"):
+        s = pd.read_csv(RES / "exp10_ruler_gemma" / setting / "samples.csv")
+        s = s[s["point"].str.contains("task=niah_single_3,") & s["point"].str.endswith("policy=full")]
+        assert len(s) == 5 and (s["string_match_all"] == 0).all()
+        answers += s["prediction"].tolist()
+    assert all(a.startswith(cont) for a in answers)
+    a = pd.read_csv(RES / "exp10_ruler_gemma" / "agnostic" / "samples.csv")
+    w = a[a["point"] == "task=niah_single_3,budget=0.5,policy=window"]
+    found = int((w["string_match_all"] == 100).sum())
+    region = text[text.index("<!-- keyformer-report:exp10_ruler_gemma -->"):
+                  text.index("<!-- /keyformer-report:exp10_ruler_gemma -->")]
+    cell = _ruler_per_task(region)[("query-agnostic", "window", "0.5")]["niah_single_3"]
+    assert len(w) == 5 and f"{100 * found / len(w):.0f}" == cell
+    assert (f"It scores 0 on niah_single_3 (uuid needles) because it continues the task's opening sentence "
+            f"(\"{opening.split(cont)[0]}{cont}...\") instead of answering: each of the full cache's "
+            f"{len(answers)} answers (5 records, both settings) begins \"{cont}\". The query-agnostic "
+            f"window, whose cut drops that sentence, finds {found} of the 5 uuids (its {cell} there)."
+            ) in prose
+
+
 def test_exp10_kept_depth_prose_is_the_committed_csv() -> None:
     """The "Why the window wins at ratio 0.25" paragraph quotes results/exp10_ruler/kept_depth.csv (which
     needle tokens each policy's prompt cut keeps), the recent window from points.csv, the niah_single_1 cells
