@@ -940,18 +940,22 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
         assert pts[pts["policy"].isin(core)].groupby("policy").size().to_dict() == {k: 11 for k in core}
     old = pd.read_csv(RES / "archive" / "exp10_ruler_gemma_nobos" / "aware" / "points.csv")
     assert set(old["policy"]) >= set(core)  # the archive holds what the rerun replaces
-    n_new = {name: int(pts["policy"].isin(new).sum()) for name, pts in (("aware", g), ("agnostic", ag))}
-    assert n_new["aware"] == 44  # tier 1b complete: the four 2025 methods, 11 tasks each
+    for pts in (g, ag):  # tiers 1b and 2b complete: the four 2025 methods, 11 tasks each
+        assert pts[pts["policy"].isin(new)].groupby("policy").size().to_dict() == {k: 11 for k in new}
+    assert len(g) == len(ag) == 99
     res_readme = " ".join((RES / "README.md").read_text().split())
-    assert "and the 2025 methods question-aware (tier 1b, 44 points) from the same worktree" in res_readme
-    if n_new["agnostic"] < 44:
-        assert "tiers 1, 2 and 1b complete (55, 55 and 44 points), tier 2b running" in doc
-        assert ("(the core five complete in both settings, the 2025 methods question-aware; their "
-                "query-agnostic tier running)") in res_readme
-    else:  # all four 2025 methods, 11 tasks, both settings
-        assert "tiers 1, 1b, 2 and 2b complete (99 points a setting)" in doc
+    assert "and the 2025 methods question-aware (tier 1b, 44 points) from the same worktree; their " \
+           "query-agnostic tier 2b (44 points) from it too: **99 points a setting, complete**" in res_readme
+    assert "rerun with `<bos>` at ratio 0.5, complete (the core five and the four 2025 methods, both " \
+           "settings, 99 points each)" in res_readme
+    assert "tiers 1, 1b, 2 and 2b complete (99 points a setting;" in doc
     assert f"* Gemma 3's `<bos>` rerun: tiers 1 and 2 from a clean worktree at `{commit}` (Intel Xeon" in doc
     assert "tier 1b from the same worktree" in doc
+    # tier 4's query-agnostic 2025 methods (Expected Attention, KeyDiff, R-KV), running after Gemma's rerun
+    ta = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
+    ta = ta[(ta["budget"] != 0.5) & ta["policy"].isin(["expected_attention", "keydiff", "rkv"])]
+    for c in set(ta["git_commit"].str[:7]):
+        assert f"methods' query-agnostic points, running from a clean worktree at `{c}` (Intel Xeon" in doc
     added = pd.read_csv(RES / "exp10_ruler_gemma" / "agnostic" / "replaced.csv")
     added = added[(added["action"] == "added") & added["point"].str.contains("|".join(core))]
     late = int((added["when"] > "2026-12-05T09:32").sum())  # collected after session 52 ended
@@ -1090,7 +1094,7 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     assert float(asn[4].split()[0]) < 0 < float(ah2[4].split()[0])
     assert (f"Keyformer ranks third of the four: the window is ahead ({awi[4]}, Holm p {awi[5]}), H2O tied "
             f"({ah2[4]}, Holm p {ah2[5]}), and SnapKV behind by its point estimate but tied ({asn[4]}, "
-            f"Holm p {asn[5]}; adjusted over every compressed policy in the table") in prose
+            f"Holm p {asn[5]}; adjusted over the eight compressed policies of the table)") in prose
     pair = region[region.index("Question-aware vs query-agnostic"):]
     gap = {p: c[4] for p, c in _md_rows(pair).items()}
     holds0 = {p: float(_cis(gap[p])[0][1]) <= 0 <= float(_cis(gap[p])[0][2]) for p in gap}
@@ -1111,8 +1115,8 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     smol_kf = next(r for r in _exp10_rows(smol, "question-aware") if r[0] == "keyformer" and r[1] == "0.5")
     assert smol_kf[7] == comp["keyformer"][7]  # "as on SmolLM2"
 
-    def side(p: str) -> str:
-        d, hp = float(comp[p][4].split()[0]), float(comp[p][5].replace("< ", ""))
+    def side(p: str, rows: dict[str, list[str]] = comp) -> str:
+        d, hp = float(rows[p][4].split()[0]), float(rows[p][5].replace("< ", ""))
         return "tied" if hp >= 0.05 else ("ahead" if d > 0 else "behind")
     sides = {p: side(p) for p in comp if p != "keyformer"}
     assert sides == {"rkv": "ahead", "keydiff": "ahead", "snapkv": "ahead", "window": "ahead",
@@ -1130,10 +1134,31 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
             f"redundancy; then up to {rkv['buffer']} decode tokens held beyond the budget between cuts"
             ) in prose
     assert f"KVzip, level with the full cache on SmolLM2, is not here ({kz[6]} against full)" in prose
+    # the 2025 methods query-agnostic (tier 2b): Keyformer's rank of eight, who is ahead / tied / behind
+    acomp = {r[0]: r for r in _exp10_rows(region, "query-agnostic") if r[0] != "full"}
+    assert len(acomp) == len(comp) and CARDINALS[len(acomp) - 1] == "eight"  # the Holm family: "the eight"
+    arank = ORDINALS[int(acomp["keyformer"][7]) - 1]
+    smol_akf = next(r for r in _exp10_rows(smol, "query-agnostic") if r[0] == "keyformer" and r[1] == "0.5")
+    asides = {p: side(p, acomp) for p in acomp if p != "keyformer"}
+    assert asides == {"window": "ahead", "rkv": "tied", "keydiff": "tied", "kvzip": "tied", "h2o": "tied",
+                      "snapkv": "tied", "expected_attention": "behind"}
+    ark, akz, aea = acomp["rkv"], acomp["kvzip"], acomp["expected_attention"]
+    smol_akz = next(r for r in _exp10_rows(smol, "query-agnostic") if r[0] == "kvzip" and r[1] == "0.5")
+    _, lo, hi = (float(x) for x in _cis(smol_akz[6])[0])
+    assert smol_akz[7] == "1" and lo <= 0 <= hi  # "first of eight on SmolLM2 and level with its full cache"
+    assert ark[7] == "2" and acomp["window"][7] == "1"  # "R-KV keeps second place by its point estimate"
+    assert float(gap["kvzip"].split()[0]) < 0 and float(_cis(gap["kvzip"])[0][2]) < 0
+    assert (f"Keyformer ranks {arank} of the eight compressed policies ({ORDINALS[int(smol_akf[7]) - 1]} on "
+            f"SmolLM2). Only the window is ahead of it after Holm's correction; R-KV ({ark[4]}, Holm p "
+            f"{ark[5]}), KeyDiff, KVzip, H2O and SnapKV are tied with it, and Expected Attention is behind "
+            f"({aea[4]}).") in prose
+    assert (f"is tied with Keyformer here ({akz[4]}) and far from the full cache ({akz[6]}); it also scores "
+            f"lower than with the question in the prompt ({gap['kvzip']}, agnostic - aware). R-KV keeps "
+            f"second place by its point estimate but loses {gap['rkv']} without the question") in prose
     assert (f"it ranks seventh of eight compressed policies, as on SmolLM2: R-KV ({rk[4]}), KeyDiff, SnapKV "
             "and the window are ahead, KVzip and H2O tied, Expected Attention behind; query-agnostic it "
-            f"ranks third of the four core compressed policies, behind the window ({awi[4]}) and tied with "
-            "H2O and SnapKV (the 2025 methods' query-agnostic points are running).") in whole
+            f"ranks {arank} of eight, behind only the window ({awi[4]}) after Holm's correction and ahead of "
+            f"Expected Attention; KVzip, first on SmolLM2 there, is tied with it ({akz[4]}).") in whole
     # where the prompt cuts leave niah_single_1's needle, and each policy's score on the task
     kd1 = pd.read_csv(RES / "exp10_ruler_gemma" / "kept_depth_niah_single_1.csv", comment="#")
     first = kd1[kd1["layer"] == 5].assign(pct=lambda d: (100 * d["needle_kept"]).round().astype(int))
