@@ -1357,6 +1357,29 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     assert f"the smallest p is {name}'s at ratio {ratio}, {setting}: {diff}, Holm p {p:.3f})" in prose
 
 
+def test_exp10_kv_held_column_reads_as_its_footnote_says() -> None:
+    """The leaderboard's "K/V held" column (SmolLM2, ratio 0.5, both settings): per record, the decode-time
+    evictors hold the same bytes whatever their answer's length, and the policies that keep generated tokens
+    (SnapKV and KVzip, prompt-only; R-KV between its cuts) hold more on every record; in the generated table
+    the full cache holds 1 and Keyformer less than SnapKV and KVzip."""
+    text = (RES / "README.md").read_text()
+    region = text[text.index("<!-- keyformer-report:exp10_ruler -->"):
+                  text.index("<!-- /keyformer-report:exp10_ruler -->")]
+    assert "prompt-only policies keep every generated token, decode-time evictors hold the budget" in region
+    for label, folder in (("question-aware", "aware"), ("query-agnostic", "agnostic")):
+        held = {r[0]: float(r[9]) for r in _exp10_rows(region, label) if r[1] in ("0", "0.5")}
+        assert held["full"] == 1.0 and held["keyformer"] < min(held["snapkv"], held["kvzip"])
+        s = pd.read_csv(RES / "exp10_ruler" / folder / "samples.csv")
+        s = s[s["point"].str.contains("budget=0.5,")]
+        s = s.assign(policy=s["point"].str.split("policy=").str[1])
+        b = s.pivot_table(index="id", columns="policy", values="kv_bytes")
+        g = s.pivot_table(index="id", columns="policy", values="generated_tokens")
+        evictors = ["keyformer", "h2o", "window", "expected_attention", "keydiff"]
+        assert all((b[p] == b["keyformer"]).all() for p in evictors)
+        assert (g["window"] != g["keyformer"]).any()  # whatever their answer's length
+        assert all((b[p] > b["keyformer"]).all() for p in ("snapkv", "kvzip", "rkv"))
+
+
 def test_exp10_gemma_niah_single_3_prose_is_the_committed_predictions() -> None:
     """Gemma's 0 on niah_single_3: the full cache's committed answers continue the task's opening sentence on
     every record in both settings, and the query-agnostic window's 40 there is 2 of its 5 records."""

@@ -655,6 +655,19 @@ def _ruler_series(points: pd.DataFrame, samples: pd.DataFrame, metric: str, poli
     return out
 
 
+def _kv_held(points: pd.DataFrame, samples: pd.DataFrame, policy: str, budget: float | None) -> float:
+    """Mean over one policy's samples (at ``budget``; any when None) of ``kv_bytes / kv_bytes_full``: the K/V
+    held at the end of generation against what the full cache holds for the same tokens; NaN without those
+    columns."""
+    if not {"kv_bytes", "kv_bytes_full"} <= set(samples):
+        return float("nan")
+    sel = points[points["policy"] == policy]
+    if budget is not None:
+        sel = sel[np.isclose(sel["budget"].astype(float), budget)]
+    rows = samples[samples["point"].isin(sel["point"])]
+    return float((rows["kv_bytes"].astype(float) / rows["kv_bytes_full"].astype(float)).mean())
+
+
 def stratified_boots(per_task: Sequence[np.ndarray], n_boot: int = 2000, seed: int = 0) -> np.ndarray:
     """[n_boot] bootstrap replicates of the mean over tasks of each task's mean, resampling samples within
     each task (task ``t`` draws with seed ``seed + t``)."""
@@ -701,10 +714,11 @@ def ruler_leaderboard(points: pd.DataFrame, samples: pd.DataFrame, metric: str =
     (``vs_<ref>``, ``vs_<ref>_lo``, ``vs_<ref>_hi``; ``full`` is compared at its only budget, the others at
     the same budget; ``full``'s own rows have no differences; the average's CI resamples within each task:
     :func:`stratified_mean_ci`; ``vs_<ref>_p`` its two-sided bootstrap p and, on the averages,
-    ``vs_<ref>_p_holm`` Holm's adjustment over the policies at that budget). ``n_tasks`` counts the tasks a
-    point has; the ``average`` of a policy is given only when it has every task of the experiment, and
-    ``rank`` (1 = best average at that budget) ranks those. Pass complete points only
-    (:func:`load_experiment` with ``complete_only=True``)."""
+    ``vs_<ref>_p_holm`` Holm's adjustment over the policies at that budget; ``kv_held``, on the averages, the
+    mean over the samples of ``kv_bytes / kv_bytes_full``: prompt-only policies keep their generated tokens,
+    decode-time evictors hold the budget). ``n_tasks`` counts the tasks a point has; the ``average`` of a
+    policy is given only when it has every task of the experiment, and ``rank`` (1 = best average at that
+    budget) ranks those. Pass complete points only (:func:`load_experiment` with ``complete_only=True``)."""
     if points.empty:
         return pd.DataFrame()
     tasks = [t for t in RULER_TASKS if t in set(samples["id"].map(ruler_task_of))]
@@ -724,6 +738,8 @@ def ruler_leaderboard(points: pd.DataFrame, samples: pd.DataFrame, metric: str =
             row = {"policy": policy, "budget": float(budget), "ratio": RULER_RATIO.get(float(budget), 0.0)
                    if policy != "full" else 0.0, "task": task, "n": sum(len(mine[t]) for t in use),
                    "n_tasks": len(use), "mean": m, "ci_lo": lo, "ci_hi": hi}
+            if task == "average":
+                row["kv_held"] = _kv_held(points, samples, policy, b)
             for r, other in ref_series.items():
                 if r == policy or not all(t in other for t in use):
                     continue

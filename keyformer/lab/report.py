@@ -920,17 +920,22 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
             print("(no policy has every task yet)")
             continue
         print("| policy | ratio | budget | average [CI] | vs Keyformer [CI] | p (Holm) | vs full [CI] | rank "
-              "| n |\n|---|---|---|---|---|---|---|---|---|")
+              "| n | K/V held |\n|---|---|---|---|---|---|---|---|---|---|")
         for _, r in avg.sort_values(["ratio", "rank", "policy"]).iterrows():
             ph = r.get("vs_keyformer_p_holm", np.nan)
             print(f"| {r['policy']} | {r['ratio']:g} | {r['budget']:g} | {r['mean']:.1f} [{r['ci_lo']:.1f}, "
                   f"{r['ci_hi']:.1f}] | {_ci_cell(r, 'vs_keyformer')} | "
                   f"{_p_cell(ph)} | {_ci_cell(r, 'vs_full')} | "
-                  f"{'' if np.isnan(r.get('rank', np.nan)) else int(r['rank'])} | {int(r['n'])} |")
+                  f"{'' if np.isnan(r.get('rank', np.nan)) else int(r['rank'])} | {int(r['n'])} | "
+                  f"{'' if np.isnan(r.get('kv_held', np.nan)) else f'{r.kv_held:.3f}'} |")
         print("\np (Holm): the two-sided bootstrap p of the difference from Keyformer, Holm-adjusted over "
               "the policies at that ratio (below 0.05: the difference survives the number of comparisons); "
               f"< {2 / analysis.RULER_N_BOOT:g}: no bootstrap replicate (of {analysis.RULER_N_BOOT}) "
-              "crossed 0, the smallest p the bootstrap resolves, not p = 0.")
+              "crossed 0, the smallest p the bootstrap resolves, not p = 0. K/V held: the mean over the "
+              "samples of `kv_bytes / kv_bytes_full`, the K/V bytes held at the end of each answer over what "
+              "the full cache holds for the same tokens (prompt-only policies keep every generated token, "
+              "decode-time evictors hold the budget; on a hybrid model the sliding layers' windows count "
+              "too: docs/models.md).")
         tasks = [x for x in analysis.RULER_TASKS if x in set(t["task"])]
         print("\nPer task (mean):\n")
         print("| policy | ratio | " + " | ".join(tasks) + " |")
