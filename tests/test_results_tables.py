@@ -982,7 +982,7 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     assert f"rerun with `<bos>` from a clean worktree at `{commit}`" in row
     assert "11 points each" in doc
     a = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
-    got = {c[:7] for c in a.loc[a["policy"].isin(["keydiff", "rkv"]), "git_commit"]}
+    got = {c[:7] for c in a.loc[a["policy"].isin(["keydiff", "rkv"]) & (a["budget"] == 0.5), "git_commit"]}
     assert len(got) == 1 and f"KeyDiff and R-KV from `{got.pop()}`" in doc
     w = pd.read_csv(RES / "exp10_ruler" / "aware" / "points.csv")
     t4 = w[(w["budget"] != 0.5) & w["policy"].isin(["expected_attention", "keydiff"])]  # tier 4 so far
@@ -1327,13 +1327,27 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     assert prose.count("Its query-agnostic points at these ratios are not run yet.") == 1
     kg = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "kvzip"}  # KVzip, its own setting
     n_agn = len([r for r in _exp10_rows(region, "query-agnostic") if r[1] == "0.25"])
-    assert all(kg[r][7] == "1" and kg[r][5] == "< 0.001" for r in ratios) and n_agn == 5
-    assert (f"**Query-agnostic, its own setting, KVzip is first of the five at every ratio too**, ahead of "
+    assert all(kg[r][7] == "1" and kg[r][5] == "< 0.001" for r in ratios) and n_agn == 6
+    assert (f"**Query-agnostic, its own setting, KVzip is first of the six at every ratio too**, ahead of "
             f"Keyformer after the correction ({kg['0.25'][4]}, {kg['0.75'][4]} and {kg['0.875'][4]} at 0.25, "
             f"0.75 and 0.875, Holm p < 0.001) and within the full cache's reach at 0.25 and 0.75 "
             f"({kg['0.25'][6]} and {kg['0.75'][6]} vs full)") in prose
     assert all(lo_hi(kg[r][6])[0] <= 0 <= lo_hi(kg[r][6])[1] for r in ("0.25", "0.75"))
     assert not lo_hi(kg["0.875"][6])[0] <= 0 <= lo_hi(kg["0.875"][6])[1]
+    eg = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "expected_attention"}
+    eqa = {r[1]: r[7] for r in _exp10_rows(region, "question-aware") if r[0] == "expected_attention"}
+    assert all(float(eg[r][5]) >= 0.05 for r in ratios)  # "tied ... at every ratio after the correction"
+    assert [eg[r][7] for r in ratios] == ["3", str(n_agn), str(n_agn)]  # "third ..., last at 0.75 and 0.875"
+    assert eqa["0.75"] == eqa["0.875"] == str(n["question-aware"])  # "as it is question-aware"
+    assert (f"Expected Attention, query-agnostic, is tied with Keyformer at every ratio after the correction "
+            f"({eg['0.25'][4]}, {eg['0.75'][4]} and {eg['0.875'][4]} at 0.25, 0.75 and 0.875, Holm p "
+            f"{eg['0.25'][5]}, {eg['0.75'][5]} and {eg['0.875'][5]}): third of the six at 0.25, last at 0.75 "
+            "and 0.875, as it is question-aware.") in prose
+    t4 = agn[(agn["policy"] == "expected_attention") & (agn["budget"] != 0.5)]
+    (c,) = set(t4["git_commit"].str[:7])
+    assert len(t4) == 33 and t4["complete"].all()
+    assert (f"Expected Attention query-agnostic at the three ratios, 33 points, from a clean worktree at "
+            f"`{c}`, Intel Xeon, 2026-12-05)") in prose
     both = region[region.index("Question-aware vs query-agnostic"):]
     pair = {c[1]: c[4] for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in both.splitlines()
                                  if ln.startswith("| kvzip |"))}
@@ -1681,5 +1695,7 @@ def test_exp10_status_names_tier4_policies_with_averages() -> None:
             ["keyformer", "h2o", "snapkv", "window"])]  # tier 3's four are not tier 4
         n = p.groupby(["policy", "budget"]).size().unstack()
         have[setting] = sorted(n.index[(n == 11).all(axis=1) & (n.shape[1] == 3)])
-    assert have == {"aware": ["expected_attention", "keydiff", "kvzip", "rkv"], "agnostic": ["kvzip"]}
-    assert "so far the four 2025 methods question-aware and KVzip query-agnostic)" in status
+    assert have == {"aware": ["expected_attention", "keydiff", "kvzip", "rkv"],
+                    "agnostic": ["expected_attention", "kvzip"]}
+    assert "so far the four 2025 methods question-aware and KVzip and Expected Attention query-agnostic)" \
+        in status
