@@ -645,14 +645,20 @@ def ruler_task_of(sample_id: str) -> str:
 def _ruler_series(points: pd.DataFrame, samples: pd.DataFrame, metric: str, policy: str,
                   budget: float | None) -> dict[str, pd.Series]:
     """``{task: per-sample metric indexed by id}`` of one policy (at ``budget``; any budget when None)."""
-    sel = points[points["policy"] == policy]
-    if budget is not None:
-        sel = sel[np.isclose(sel["budget"].astype(float), budget)]
-    rows = samples[samples["point"].isin(sel["point"])]
+    rows = _policy_samples(points, samples, policy, budget)
     out: dict[str, pd.Series] = {}
     for task, g in rows.groupby(rows["id"].map(ruler_task_of)):
         out[str(task)] = g.set_index("id")[metric].astype(float)
     return out
+
+
+def _policy_samples(points: pd.DataFrame, samples: pd.DataFrame, policy: str,
+                    budget: float | None) -> pd.DataFrame:
+    """The sample rows of one policy's points (at ``budget``; any budget when None)."""
+    sel = points[points["policy"] == policy]
+    if budget is not None:
+        sel = sel[np.isclose(sel["budget"].astype(float), budget)]
+    return samples[samples["point"].isin(sel["point"])]
 
 
 def _kv_held(points: pd.DataFrame, samples: pd.DataFrame, policy: str, budget: float | None) -> float:
@@ -661,10 +667,7 @@ def _kv_held(points: pd.DataFrame, samples: pd.DataFrame, policy: str, budget: f
     columns."""
     if not {"kv_bytes", "kv_bytes_full"} <= set(samples):
         return float("nan")
-    sel = points[points["policy"] == policy]
-    if budget is not None:
-        sel = sel[np.isclose(sel["budget"].astype(float), budget)]
-    rows = samples[samples["point"].isin(sel["point"])]
+    rows = _policy_samples(points, samples, policy, budget)
     return float((rows["kv_bytes"].astype(float) / rows["kv_bytes_full"].astype(float)).mean())
 
 
