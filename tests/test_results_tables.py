@@ -956,6 +956,9 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     ta = ta[(ta["budget"] != 0.5) & ta["policy"].isin(["expected_attention", "keydiff", "rkv"])]
     for c in set(ta["git_commit"].str[:7]):
         assert f"methods' query-agnostic points, running from a clean worktree at `{c}` (Intel Xeon" in doc
+    done = ta[ta["complete"]].groupby("policy").size().to_dict()
+    assert done.get("rkv", 0) < 33 and "Expected Attention's and KeyDiff's 33 each complete, then R-KV's)" \
+        in doc and done["expected_attention"] == done["keydiff"] == 33
     added = pd.read_csv(RES / "exp10_ruler_gemma" / "agnostic" / "replaced.csv")
     added = added[(added["action"] == "added") & added["point"].str.contains("|".join(core))]
     late = int((added["when"] > "2026-12-05T09:32").sum())  # collected after session 52 ended

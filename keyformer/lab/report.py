@@ -927,7 +927,7 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
                   f"{r['ci_hi']:.1f}] | {_ci_cell(r, 'vs_keyformer')} | "
                   f"{_p_cell(ph)} | {_ci_cell(r, 'vs_full')} | "
                   f"{'' if np.isnan(r.get('rank', np.nan)) else int(r['rank'])} | {int(r['n'])} | "
-                  f"{'' if np.isnan(r.get('kv_held', np.nan)) else f'{r.kv_held:.3f}'} |")
+                  f"{'' if np.isnan(r.get('kv_held', np.nan)) else format(r['kv_held'], '.3f')} |")
         print("\np (Holm): the two-sided bootstrap p of the difference from Keyformer, Holm-adjusted over "
               "the policies at that ratio (below 0.05: the difference survives the number of comparisons); "
               f"< {2 / analysis.RULER_N_BOOT:g}: no bootstrap replicate (of {analysis.RULER_N_BOOT}) "
