@@ -1,0 +1,179 @@
+"""Why a prompt-only policy loses going query-agnostic: which keys it keeps, or how the question is read.
+
+Experiment 10's two settings differ in two ways for a policy that cuts the prompt once (KVzip):
+
+1. **the kept set**: question-aware, the cut scores the context and the question together; query-agnostic,
+   the context alone;
+2. **the question's reading**: question-aware, the question's keys and values (and those of the answer prefix)
+   come from the prompt forward, before the cut, over the whole context; query-agnostic, the question is read
+   after the cut, over the kept keys only.
+
+This script separates them with a third run per record, **hybrid**: the question-aware prompt forward (the
+question read over the whole context), then a cut that keeps exactly the query-agnostic cut's context
+positions, per layer and KV head, and every question position (a :class:`~keyformer.core.policies.kvzip.
+KVzipPolicy` whose scores are replaced by that set, at an absolute budget of the agnostic budget plus the
+question's tokens; the script checks that the kept context sets are equal). Hybrid near question-aware: the
+loss is the question's reading; near query-agnostic: the kept set. One row per (task, record, mode)
+with the mode's answer and its RULER score; ``--reproduce`` also reruns the question-aware and query-agnostic
+answers (the committed ones are in the experiment's ``samples.csv``; a test compares them).
+
+    python scripts/ruler_question_reading.py results/exp10_ruler_gemma/question_reading.csv \
+        --experiment exp10_ruler_gemma --tasks cwe --reproduce
+
+Needs ``KEYFORMER_DATA_DIR`` for the essay tasks. The CSV's first line (``#``) gives the commit, model,
+device, dtype and batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ruler_kept_depth import held  # noqa: E402
+
+
+def fixed_keep(base, kept: dict, n_layers: int, n_ctx: int, n_q: int):
+    """A copy of the KVzip policy ``base`` whose cut keeps, in every layer of ``kept`` (layer -> [H, n_ctx]
+    0/1, the context positions each KV head holds), exactly those context positions and all ``n_q`` question
+    positions after them: its scores are 1 at a kept context position, 2 at a question position, 0
+    elsewhere (a layer not in ``kept`` is one the policy does not cut), at an absolute budget of the mean kept
+    context positions per head plus ``n_q`` (KVzip's head-adaptive cut keeps ``H * budget`` pairs a layer)."""
+    import dataclasses
+
+    import torch
+
+    from keyformer.core.policies.kvzip import KVzipPolicy
+
+    class FixedKeep(KVzipPolicy):
+        def prepare(self, model, input_ids, attention_mask, prompt_kv=None):
+            return {"scores": scores}
+
+    H = next(iter(kept.values())).shape[0]
+    per_head = {int(k.sum()) for k in kept.values()}
+    if len(per_head) != 1 or next(iter(per_head)) % H:
+        raise ValueError(f"kept sets hold {sorted(per_head)} (head, position) pairs a layer; valid: one "
+                         f"multiple of the {H} KV heads in every layer")
+    scores = []
+    for li in range(n_layers):
+        s = torch.zeros(1, H, n_ctx + n_q)
+        if li in kept:
+            s[0, :, :n_ctx] = kept[li]
+        s[0, :, n_ctx:] = 2.0
+        scores.append(s)
+    pol = FixedKeep(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init})
+    pol.budget = next(iter(per_head)) // H + n_q
+    return pol
+
+
+def record_rows(model, tok, cfg, rec, cut_layers: list[int], reproduce: bool) -> list[list]:
+    """The rows of one record: [mode, context tokens, question tokens, kept_equal, score, answer] for
+    ``aware`` and ``agnostic`` (with ``reproduce``) and ``hybrid``."""
+    import torch
+
+    from keyformer.core.generate import generate, generate_from_context
+    from keyformer.core.noise import sample_seed
+    from keyformer.core.policies import build_policy
+    from keyformer.run.metrics import score
+    from keyformer.run.tasks.generate import (
+        _generated,
+        _postprocess,
+        prompt_limit,
+        record_queries,
+        split_question,
+    )
+
+    ds, gen = cfg["dataset"], cfg["generation"]
+    n_new, stops = int(gen["max_new_tokens"]), gen.get("stop") or []
+    chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    queries = record_queries(rec)
+    if len(queries) != 1:
+        raise SystemExit(f"record {rec['id']} asks {len(queries)} questions; valid: tasks with one question")
+    q = queries[0]
+    ctx, question, cut = split_question(tok, q, ds.get("template", "alpaca"), ds.get("instruction", ""),
+                                        prompt_limit(cfg, model), chat, str(ds.get("truncation", "end")))
+    assert cut == 0, "the experiment never cuts a prompt"
+    kv = dict(seed=sample_seed(int(cfg["seed"]), rec["id"]), eos_token_id=tok.eos_token_id)
+    rows = []
+
+    def add(mode: str, tokens: list[int], equal: str = "") -> None:
+        ids = _generated(tokens, tok.eos_token_id, pad_id)
+        text = _postprocess(tok.decode(ids, skip_special_tokens=True), stops)
+        sm = score(text, q, tuple(ds.get("metrics") or ()))["string_match_all"]
+        rows.append([mode, len(ctx), len(question), equal, f"{sm:.1f}", text])
+        print(f"{rec['id']} {mode}: {sm:.1f} {text[:60]!r}", file=sys.stderr)
+
+    both = torch.tensor([ctx + question])
+    alone = torch.tensor([ctx])
+    ones = torch.ones_like
+    with torch.inference_mode():
+        if reproduce:
+            out = generate(model, both, ones(both), build_policy(cfg["policy"]), max_new_tokens=n_new,
+                           seeds=[kv["seed"]], pad_token_id=pad_id, **kv)
+            add("aware", out.sequences[0].tolist())
+            _, outs = generate_from_context(model, alone, [question], build_policy(cfg["policy"]),
+                                            max_new_tokens=n_new, **kv)
+            add("agnostic", outs[0].tokens)
+        out = generate(model, alone, ones(alone), build_policy(cfg["policy"]), max_new_tokens=1, **kv)
+        kept = {li: held(out.cache.layers[li].pos[0], len(ctx)) for li in cut_layers}  # the agnostic cut
+        hybrid = fixed_keep(build_policy(cfg["policy"]), kept, len(out.cache.layers), len(ctx), len(question))
+        out = generate(model, both, ones(both), hybrid, max_new_tokens=n_new, seeds=[kv["seed"]],
+                       pad_token_id=pad_id, **kv)
+        equal = all(torch.equal(held(out.cache.layers[li].pos[0], len(ctx)), kept[li]) for li in cut_layers)
+        add("hybrid", out.sequences[0].tolist(), str(equal))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--budget", type=float, default=0.5)
+    ap.add_argument("--n", type=int, default=5, help="records of each task (the experiment's first n)")
+    ap.add_argument("--experiment", default="exp10_ruler_gemma", choices=("exp10_ruler", "exp10_ruler_gemma"))
+    ap.add_argument("--tasks", default="cwe", help="comma-separated RULER tasks with one question a record")
+    ap.add_argument("--reproduce", action="store_true",
+                    help="also rerun the question-aware and query-agnostic answers")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from keyformer.core.models import layer_windows
+    from keyformer.run.data import load_records
+    from keyformer.run.loading import load_model
+    from keyformer.run.paths import ROOT, compose
+
+    torch.set_num_threads(1)
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "keyformer"], capture_output=True,
+                           text=True).stdout.strip()
+    tasks = args.tasks.split(",")
+    cfgs = {t: compose([f"+experiment={args.experiment}", f"dataset.ruler_task={t}", f"n_samples={args.n}",
+                        "policy=kvzip", f"budget={args.budget}"]) for t in tasks}
+    model, tok = load_model(cfgs[tasks[0]])
+    cut_layers = [i for i, win in enumerate(layer_windows(model.config)) if win is None]
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", newline="") as f:
+        mod = " (keyformer/ modified)" if dirty else ""
+        mod = " (keyformer/ modified)" if dirty else ""
+        f.write(f"# scripts/ruler_question_reading.py at {commit}{mod}; "
+                f"{cfgs[tasks[0]]['model']['name']}, cpu, {dtype}, batch 1, 1 thread; RULER 4k, kvzip at "
+                f"budget {args.budget}; cut layers {cut_layers}\n")
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["task", "record", "mode", "context_tokens", "question_tokens", "kept_equal",
+                    "string_match_all", "prediction"])
+        for t, cfg in cfgs.items():
+            for rec in load_records(cfg["dataset"], args.n, int(cfg["seed"]), cfg["model"])[: args.n]:
+                for r in record_rows(model, tok, cfg, rec, cut_layers, args.reproduce):
+                    w.writerow([t, rec["id"], *r])
+                f.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

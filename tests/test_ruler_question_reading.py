@@ -1,0 +1,80 @@
+"""The two diagnostics of KVzip's query-agnostic loss (scripts/ruler_cut_overlap.py and
+scripts/ruler_question_reading.py; both scripts themselves need the real model and the experiment's records):
+the kept-set overlap by hand, and the hybrid cut keeping exactly the context positions it is given."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+
+from keyformer import generate, make_policy, tiny_model
+from keyformer.core.models import layer_windows
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+OVERLAP = runpy.run_path(str(SCRIPTS / "ruler_cut_overlap.py"))
+READING = runpy.run_path(str(SCRIPTS / "ruler_question_reading.py"))
+
+
+def test_overlap_by_hand() -> None:
+    a = torch.tensor([[1.0, 1, 0, 0], [1, 0, 1, 0]])
+    b = torch.tensor([[1.0, 0, 1, 0], [1, 0, 1, 0]])
+    jac, share = OVERLAP["overlap"](a, b)
+    assert jac == pytest.approx((1 / 3 + 1) / 2) and share == pytest.approx((1 / 2 + 1) / 2)
+    jac, share = OVERLAP["overlap"](b, a)  # the share is of the first set
+    assert jac == pytest.approx((1 / 3 + 1) / 2) and share == pytest.approx((1 / 2 + 1) / 2)
+    c = torch.tensor([[1.0, 1, 0, 0], [1, 1, 1, 0]])
+    assert OVERLAP["overlap"](c, c) == (1.0, 1.0)
+    assert OVERLAP["overlap"](a, c) == pytest.approx(((1 + 2 / 3) / 2, 1.0))  # a lies inside c
+    assert OVERLAP["overlap"](c, a) == pytest.approx(((1 + 2 / 3) / 2, (1 + 2 / 3) / 2))
+
+
+def _kept_sets(model, n_ctx: int, k: int, seed: int) -> dict[int, torch.Tensor]:
+    """Per cut layer, a head-adaptive kept set: the 4 sinks in every head and ``H * k - 4 H`` other (head,
+    position) pairs drawn at random, so heads hold different counts."""
+    g = torch.Generator().manual_seed(seed)
+    H = model.config.num_key_value_heads
+    out = {}
+    for li, win in enumerate(layer_windows(model.config)):
+        if win is not None:
+            continue
+        m = torch.zeros(H, n_ctx)
+        m[:, :4] = 1
+        free = torch.nonzero(m == 0)
+        pick = free[torch.randperm(len(free), generator=g)[: H * k - 4 * H]]
+        m[pick[:, 0], pick[:, 1]] = 1
+        out[li] = m
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_fixed_keep_keeps_exactly_the_given_context_and_every_question_position(arch, one_thread) -> None:
+    model = tiny_model(arch, seed=0)
+    n_ctx, n_q, k = 24, 5, 12
+    kept = _kept_sets(model, n_ctx, k, seed=3)
+    assert len({tuple(m.sum(1).tolist()) for m in kept.values()}) > 1 or any(
+        len(set(m.sum(1).tolist())) > 1 for m in kept.values())  # the heads' counts differ somewhere
+    ids = torch.randint(3, 256, (1, n_ctx + n_q), generator=torch.Generator().manual_seed(1))
+    pol = READING["fixed_keep"](make_policy("kvzip", budget=0.5, repeat_ids=[7]), kept,
+                                model.config.num_hidden_layers, n_ctx, n_q)
+    assert pol.budget == k + n_q
+    for li, want in kept.items():  # the question outranks every context position, not by a tie-break
+        sc = pol.prepare(model, ids, torch.ones_like(ids))["scores"][li][0]
+        assert bool((sc[:, n_ctx:].min() > sc[:, :n_ctx].max()) and torch.equal(sc[:, :n_ctx] > 0, want > 0))
+    out = generate(model, ids, None, pol, max_new_tokens=3)
+    for li, want in kept.items():
+        pos = out.cache.layers[li].pos[0]
+        assert torch.equal(READING["held"](pos, n_ctx), want), f"layer {li}"
+        q_held = READING["held"](pos, n_ctx + n_q)[:, n_ctx:]
+        assert bool((q_held == 1).all()), f"layer {li}: a question position was cut"
+
+
+def test_fixed_keep_refuses_unequal_layer_counts() -> None:
+    model = tiny_model("llama", seed=0)
+    kept = _kept_sets(model, 24, 12, seed=3)
+    first = next(iter(kept))
+    kept[first][0, 10] = 1 - kept[first][0, 10]
+    with pytest.raises(ValueError, match="pairs a layer; valid: one multiple of the"):
+        READING["fixed_keep"](make_policy("kvzip", budget=0.5), kept, model.config.num_hidden_layers, 24, 5)
