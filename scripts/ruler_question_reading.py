@@ -15,10 +15,10 @@ KVzipPolicy` whose scores are replaced by that set, at an absolute budget of the
 question's tokens; the script checks that the kept context sets are equal). Hybrid near question-aware: the
 loss is the question's reading; near query-agnostic: the kept set. One row per (task, record, mode)
 with the mode's answer and its RULER score; ``--reproduce`` also reruns the question-aware and query-agnostic
-answers (the committed ones are in the experiment's ``samples.csv``; a test compares them).
+answers of its tasks (the committed ones are in the experiment's ``samples.csv``; a test compares them).
 
     python scripts/ruler_question_reading.py results/exp10_ruler_gemma/question_reading.csv \
-        --experiment exp10_ruler_gemma --tasks cwe --reproduce
+        --experiment exp10_ruler_gemma --tasks cwe,niah_single_2 --reproduce cwe
 
 Needs ``KEYFORMER_DATA_DIR`` for the essay tasks. The CSV's first line (``#``) gives the commit, model,
 device, dtype and batch.
@@ -135,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=5, help="records of each task (the experiment's first n)")
     ap.add_argument("--experiment", default="exp10_ruler_gemma", choices=("exp10_ruler", "exp10_ruler_gemma"))
     ap.add_argument("--tasks", default="cwe", help="comma-separated RULER tasks with one question a record")
-    ap.add_argument("--reproduce", action="store_true",
-                    help="also rerun the question-aware and query-agnostic answers")
+    ap.add_argument("--reproduce", default="",
+                    help="comma-separated tasks (of --tasks) whose question-aware and query-agnostic "
+                         "answers are rerun too")
     args = ap.parse_args(argv)
 
     import torch
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                     "string_match_all", "prediction"])
         for t, cfg in cfgs.items():
             for rec in load_records(cfg["dataset"], args.n, int(cfg["seed"]), cfg["model"])[: args.n]:
-                for r in record_rows(model, tok, cfg, rec, cut_layers, args.reproduce):
+                for r in record_rows(model, tok, cfg, rec, cut_layers, t in args.reproduce.split(",")):
                     w.writerow([t, rec["id"], *r])
                 f.flush()
     return 0
