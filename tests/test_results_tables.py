@@ -951,14 +951,14 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     assert "tiers 1, 1b, 2 and 2b complete (99 points a setting;" in doc
     assert f"* Gemma 3's `<bos>` rerun: tiers 1 and 2 from a clean worktree at `{commit}` (Intel Xeon" in doc
     assert "tier 1b from the same worktree" in doc
-    # tier 4's query-agnostic 2025 methods (Expected Attention, KeyDiff, R-KV), running after Gemma's rerun
+    # tier 4's query-agnostic 2025 methods (Expected Attention, KeyDiff, R-KV), run after Gemma's rerun
     ta = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
     ta = ta[(ta["budget"] != 0.5) & ta["policy"].isin(["expected_attention", "keydiff", "rkv"])]
     for c in set(ta["git_commit"].str[:7]):
-        assert f"methods' query-agnostic points, running from a clean worktree at `{c}` (Intel Xeon" in doc
+        assert f"methods' query-agnostic points, from a clean worktree at `{c}` (Intel Xeon" in doc
     done = ta[ta["complete"]].groupby("policy").size().to_dict()
-    assert done.get("rkv", 0) < 33 and "Expected Attention's and KeyDiff's 33 each complete, then R-KV's)" \
-        in doc and done["expected_attention"] == done["keydiff"] == 33
+    assert done == {"expected_attention": 33, "keydiff": 33, "rkv": 33}
+    assert "Expected Attention's, KeyDiff's and R-KV's 33 each complete)" in doc
     added = pd.read_csv(RES / "exp10_ruler_gemma" / "agnostic" / "replaced.csv")
     added = added[(added["action"] == "added") & added["point"].str.contains("|".join(core))]
     late = int((added["when"] > "2026-12-05T09:32").sum())  # collected after session 52 ended
@@ -1325,13 +1325,31 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
               and lo_hi(r[6])[0] <= 0 <= lo_hi(r[6])[1]]
     assert holds0 == ["kvzip"]  # "at 0.75 ... the only policy whose interval holds full's score"
     assert all(lo_hi(kz[r][6])[0] <= 0 <= lo_hi(kz[r][6])[1] for r in ("0.25", "0.75"))
-    agn = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")  # R-KV: "... running"
-    assert ((agn["policy"] == "rkv") & agn["budget"].isin([0.75, 0.25, 0.125])).sum() < 33
-    assert prose.count("Its query-agnostic points at these ratios are running.") == 1
+    agn = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
+    rg = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "rkv"}  # R-KV without the question
+    assert float(rg["0.25"][5]) >= 0.05 and float(rg["0.875"][5]) >= 0.05 and float(rg["0.75"][5]) < 0.05
+    assert float(rg["0.75"][4].split()[0]) < 0
+    assert (f"query-agnostic it is tied with Keyformer at 0.25 and 0.875 ({rg['0.25'][4]}, Holm p "
+            f"{rg['0.25'][5]}; {rg['0.875'][4]}, Holm p {rg['0.875'][5]}) and last of the eight at 0.75, behind "
+            f"it after the correction ({rg['0.75'][4]}, Holm p {rg['0.75'][5]}): "
+            f"{ORDINALS[int(rg['0.25'][7]) - 1]}, last and {ORDINALS[int(rg['0.875'][7]) - 1]} of the "
+            f"eight.") in prose
+    loss = {}
+    for ln in region[region.index("Question-aware vs query-agnostic"):].splitlines():
+        c = [x.strip() for x in ln.strip("|").split("|")]
+        if ln.startswith("| ") and len(c) == 6 and c[1] in ratios:
+            loss[(c[0], c[1])] = c[4]
+    assert rg["0.75"][7] == "8" and (f"it loses {loss[('rkv', '0.25')]}, {loss[('rkv', '0.75')]} and "
+                                     f"{loss[('rkv', '0.875')]} at 0.25, 0.75 and 0.875") in prose
+    for r in ("0.75", "0.875"):  # "the most of any policy at 0.75 and 0.875"
+        assert min(loss, key=lambda k: float(loss[k].split()[0]) if k[1] == r else 0.0) == ("rkv", r)
+    assert min(loss, key=lambda k: float(loss[k].split()[0]) if k[1] == "0.25" else 0.0) != ("rkv", "0.25")
+    cg = _ruler_per_task(region)
+    assert [cg[("query-agnostic", "rkv", r)]["niah_single_1"] for r in ratios] == ["100", "0", "0"]
     kg = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "kvzip"}  # KVzip, its own setting
     n_agn = len([r for r in _exp10_rows(region, "query-agnostic") if r[1] == "0.25"])
-    assert all(kg[r][7] == "1" and kg[r][5] == "< 0.001" for r in ratios) and n_agn == 7
-    assert (f"**Query-agnostic, its own setting, KVzip is first of the seven at every ratio too**, ahead of "
+    assert all(kg[r][7] == "1" and kg[r][5] == "< 0.001" for r in ratios) and n_agn == 8
+    assert (f"**Query-agnostic, its own setting, KVzip is first of the eight at every ratio too**, ahead of "
             f"Keyformer after the correction ({kg['0.25'][4]}, {kg['0.75'][4]} and {kg['0.875'][4]} at 0.25, "
             f"0.75 and 0.875, Holm p < 0.001) and within the full cache's reach at 0.25 and 0.75 "
             f"({kg['0.25'][6]} and {kg['0.75'][6]} vs full)") in prose
@@ -1340,24 +1358,25 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     eg = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "expected_attention"}
     eqa = {r[1]: r[7] for r in _exp10_rows(region, "question-aware") if r[0] == "expected_attention"}
     assert all(float(eg[r][5]) >= 0.05 for r in ratios)  # "tied ... at every ratio after the correction"
-    assert [eg[r][7] for r in ratios] == ["4", str(n_agn), str(n_agn)]  # "fourth ..., last at 0.75 and 0.875"
-    assert eqa["0.75"] == eqa["0.875"] == str(n["question-aware"])  # "as it is question-aware"
+    assert [eg[r][7] for r in ratios] == ["5", "7", str(n_agn)]  # "fifth ..., seventh at 0.75, last at 0.875"
+    assert [r[0] for r in _exp10_rows(region, "query-agnostic") if r[1] == "0.75" and int(r[7]) > 7] == ["rkv"]
+    assert eqa["0.75"] == eqa["0.875"] == str(n["question-aware"])  # "question-aware it is last at both"
     assert (f"Expected Attention, query-agnostic, is tied with Keyformer at every ratio after the correction "
             f"({eg['0.25'][4]}, {eg['0.75'][4]} and {eg['0.875'][4]} at 0.25, 0.75 and 0.875, Holm p "
-            f"{eg['0.25'][5]}, {eg['0.75'][5]} and {eg['0.875'][5]}): fourth of the seven at 0.25, last at "
-            "0.75 and 0.875, as it is question-aware.") in prose
+            f"{eg['0.25'][5]}, {eg['0.75'][5]} and {eg['0.875'][5]}): fifth of the eight at 0.25, seventh at "
+            "0.75 (above R-KV only) and last at 0.875; question-aware it is last at both.") in prose
     kg2 = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "keydiff"}
     assert float(kg2["0.25"][5]) >= 0.05 and float(kg2["0.75"][5]) >= 0.05 and float(kg2["0.875"][5]) < 0.05
     assert kg2["0.875"][7] == "2" and float(kg2["0.875"][4].split()[0]) > 0 and kd["0.875"][5] == "< 0.001"
     assert (f"KeyDiff, query-agnostic, is tied with Keyformer at ratios 0.25 and 0.75 ({kg2['0.25'][4]}, "
-            f"Holm p {kg2['0.25'][5]}; {kg2['0.75'][4]}, Holm p {kg2['0.75'][5]}) and second of the seven at "
+            f"Holm p {kg2['0.25'][5]}; {kg2['0.75'][4]}, Holm p {kg2['0.75'][5]}) and second of the eight at "
             f"0.875, ahead of it after the correction ({kg2['0.875'][4]}, Holm p {kg2['0.875'][5]}), as it "
             "is with the question in the prompt.") in prose
-    t4 = agn[agn["policy"].isin(["expected_attention", "keydiff"]) & (agn["budget"] != 0.5)]
+    t4 = agn[agn["policy"].isin(["expected_attention", "keydiff", "rkv"]) & (agn["budget"] != 0.5)]
     (c,) = set(t4["git_commit"].str[:7])
-    assert t4.groupby("policy").size().to_dict() == {"expected_attention": 33, "keydiff": 33}
+    assert t4.groupby("policy").size().to_dict() == {"expected_attention": 33, "keydiff": 33, "rkv": 33}
     assert t4["complete"].all()
-    assert (f"Expected Attention and KeyDiff query-agnostic at the three ratios, 33 points each, from a "
+    assert (f"Expected Attention, KeyDiff and R-KV query-agnostic at the three ratios, 33 points each, from a "
             f"clean worktree at `{c}`, Intel Xeon, 2026-12-05)") in prose
     both = region[region.index("Question-aware vs query-agnostic"):]
     pair = {c[1]: c[4] for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in both.splitlines()
@@ -1707,6 +1726,5 @@ def test_exp10_status_names_tier4_policies_with_averages() -> None:
         n = p.groupby(["policy", "budget"]).size().unstack()
         have[setting] = sorted(n.index[(n == 11).all(axis=1) & (n.shape[1] == 3)])
     assert have == {"aware": ["expected_attention", "keydiff", "kvzip", "rkv"],
-                    "agnostic": ["expected_attention", "keydiff", "kvzip"]}
-    assert "so far the four 2025 methods question-aware and KVzip, Expected Attention and KeyDiff " \
-        "query-agnostic)" in status
+                    "agnostic": ["expected_attention", "keydiff", "kvzip", "rkv"]}
+    assert "so far the four 2025 methods, question-aware and query-agnostic)" in status
