@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ruler_kept_depth import held  # noqa: E402
+from ruler_kept_depth import held, point_overrides  # noqa: E402
 
 
 def overlap(a, b) -> tuple[float, float]:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from keyformer.run.tasks.generate import prompt_limit, record_queries, split_question
 
     torch.set_num_threads(1)
-    base = [f"+experiment={args.experiment}", f"dataset.ruler_task={args.task}", f"n_samples={args.n}"]
+    base = point_overrides(args.experiment, args.task, args.n)
     cfg = compose([*base, "policy=full"])
     model, tok = load_model(cfg)
     ds = cfg["dataset"]

@@ -44,6 +44,16 @@ def _value_span(tok, ids: list[int], value: str) -> tuple[int, int]:
     return lo, hi
 
 
+def point_overrides(experiment: str, task: str, n: int) -> list[str]:
+    """The ``run.py`` overrides an experiment-10 point of ``task`` runs its first ``n`` records with (as
+    ``experiments/queues/exp10_make.py`` writes them): the task's tokens to generate included, which set the
+    cache's horizon and the prompt limit."""
+    from keyformer.run.data.ruler import tokens_to_generate
+
+    return [f"+experiment={experiment}", f"dataset.ruler_task={task}", f"n_samples={n}",
+            f"generation.max_new_tokens={tokens_to_generate(task)}"]
+
+
 def held(pos, n: int):
     """[H, n] float: 1 where KV head ``h`` holds prompt position ``p``, from a cache layer's slot positions
     ``pos`` [H, S] (-1 for an empty slot; a position >= ``n``, a generated token's, is not a prompt
@@ -78,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from keyformer.run.tasks.generate import _with_prefix, prompt_limit
 
     torch.set_num_threads(1)
-    base = [f"+experiment={args.experiment}", f"dataset.ruler_task={args.task}", f"n_samples={args.n}"]
+    base = point_overrides(args.experiment, args.task, args.n)
     cfg = compose([*base, "policy=full"])
     model, tok = load_model(cfg)
     ds = cfg["dataset"]

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ruler_kept_depth import held  # noqa: E402
+from ruler_kept_depth import held, point_overrides  # noqa: E402
 
 
 def fixed_keep(base, kept: dict, n_layers: int, n_ctx: int, n_q: int):
@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     dirty = subprocess.run([*git, "status", "--porcelain", "--", "keyformer"], capture_output=True,
                            text=True).stdout.strip()
     tasks = args.tasks.split(",")
-    cfgs = {t: compose([f"+experiment={args.experiment}", f"dataset.ruler_task={t}", f"n_samples={args.n}",
-                        "policy=kvzip", f"budget={args.budget}"]) for t in tasks}
+    cfgs = {t: compose([*point_overrides(args.experiment, t, args.n), "policy=kvzip",
+                        f"budget={args.budget}"]) for t in tasks}
     model, tok = load_model(cfgs[tasks[0]])
     cut_layers = [i for i, win in enumerate(layer_windows(model.config)) if win is None]
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")

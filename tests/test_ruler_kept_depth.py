@@ -50,3 +50,17 @@ def test_held_marks_exactly_the_prompt_positions_in_the_slots() -> None:
                 want[h, p] = 1.0
     assert torch.equal(got, want)
     assert got[0, n - 1] == 0  # the generated token's position n does not leak onto n - 1
+
+
+def test_point_overrides_are_the_queue_lines_of_every_task() -> None:
+    """The diagnostics rerun an exp10 point's records with the overrides the experiment's queue ran them with
+    (experiments/queues/exp10_make.py), the task's tokens to generate included (cwe: 120, not the default)."""
+    make = runpy.run_path(str(Path(__file__).resolve().parent.parent / "experiments" / "queues" /
+                              "exp10_make.py"), run_name="exp10_make")
+    for exp in ("exp10_ruler", "exp10_ruler_gemma"):
+        for task in make["TASKS"]:
+            queued = make["line"]("aware", task, "kvzip", 0.5, exp=exp).split()[2:]
+            want = [o for o in queued if not o.startswith(("policy=", "budget="))]
+            got = SCRIPT["point_overrides"](exp, task, 5)
+            assert got == [want[0], want[1], "n_samples=5", want[2]], (exp, task)
+    assert SCRIPT["point_overrides"]("exp10_ruler", "cwe", 5)[-1] == "generation.max_new_tokens=120"
