@@ -8,14 +8,21 @@ Experiment 10's two settings differ in two ways for a policy that cuts the promp
    come from the prompt forward, before the cut, over the whole context; query-agnostic, the question is read
    after the cut, over the kept keys only.
 
-This script separates them with a third run per record, **hybrid**: the question-aware prompt forward (the
-question read over the whole context), then a cut that keeps exactly the query-agnostic cut's context
-positions, per layer and KV head, and every question position (a :class:`~keyformer.core.policies.kvzip.
-KVzipPolicy` whose scores are replaced by that set, at an absolute budget of the agnostic budget plus the
-question's tokens; the script checks that the kept context sets are equal). Hybrid near question-aware: the
-loss is the question's reading; near query-agnostic: the kept set. One row per (task, record, mode)
-with the mode's answer and its RULER score; ``--reproduce`` also reruns the question-aware and query-agnostic
-answers of its tasks (the committed ones are in the experiment's ``samples.csv``; a test compares them).
+This script crosses them, per record, in two more runs (a :func:`fixed_keep` copy of the policy cuts to
+exactly the context positions it is given, per layer and KV head, and keeps every question position; the
+script checks that the kept context sets are those given):
+
+* ``agnostic_cut``: the question-aware prompt forward (the question read over the whole context), then the
+  query-agnostic cut's context positions;
+* ``aware_cut``: the query-agnostic reading (the context cut alone, then the question read over what is kept),
+  with the question-aware cut's context positions.
+
+If the answers follow the kept set (``agnostic_cut`` answers as ``agnostic`` does, ``aware_cut`` as
+``aware``), the loss is which keys the cut keeps; if they follow the reading, it is how the question is
+read. One row per
+(task, record, mode) with the mode's answer and its RULER score; ``--reproduce`` also writes the
+question-aware and query-agnostic answers of its tasks (the committed ones are in the experiment's
+``samples.csv``; a test compares them).
 
     python scripts/ruler_question_reading.py results/exp10_ruler_gemma/question_reading.csv \
         --experiment exp10_ruler_gemma --tasks cwe,niah_single_2 --reproduce cwe
@@ -71,7 +78,7 @@ def fixed_keep(base, kept: dict, n_layers: int, n_ctx: int, n_q: int):
 
 def record_rows(model, tok, cfg, rec, cut_layers: list[int], reproduce: bool) -> list[list]:
     """The rows of one record: [mode, context tokens, question tokens, kept_equal, score, answer] for
-    ``aware`` and ``agnostic`` (with ``reproduce``) and ``hybrid``."""
+    ``aware`` and ``agnostic`` (with ``reproduce``), ``agnostic_cut`` and ``aware_cut``."""
     import torch
 
     from keyformer.core.generate import generate, generate_from_context
@@ -97,6 +104,7 @@ def record_rows(model, tok, cfg, rec, cut_layers: list[int], reproduce: bool) ->
     ctx, question, cut = split_question(tok, q, ds.get("template", "alpaca"), ds.get("instruction", ""),
                                         prompt_limit(cfg, model), chat, str(ds.get("truncation", "end")))
     assert cut == 0, "the experiment never cuts a prompt"
+    n, n_q = len(ctx), len(question)
     kv = dict(seed=sample_seed(int(cfg["seed"]), rec["id"]), eos_token_id=tok.eos_token_id)
     rows = []
 
@@ -104,27 +112,38 @@ def record_rows(model, tok, cfg, rec, cut_layers: list[int], reproduce: bool) ->
         ids = _generated(tokens, tok.eos_token_id, pad_id)
         text = _postprocess(tok.decode(ids, skip_special_tokens=True), stops)
         sm = score(text, q, tuple(ds.get("metrics") or ()))["string_match_all"]
-        rows.append([mode, len(ctx), len(question), equal, f"{sm:.1f}", text])
+        rows.append([mode, n, n_q, equal, f"{sm:.1f}", text])
         print(f"{rec['id']} {mode}: {sm:.1f} {text[:60]!r}", file=sys.stderr)
 
-    both = torch.tensor([ctx + question])
-    alone = torch.tensor([ctx])
-    ones = torch.ones_like
+    def kept_by(cache, upto: int) -> dict:
+        return {li: held(cache.layers[li].pos[0], upto) for li in cut_layers}
+
+    both, alone = torch.tensor([ctx + question]), torch.tensor([ctx])
+    ones, layers = torch.ones_like, model.config.get_text_config(decoder=True).num_hidden_layers
     with torch.inference_mode():
+        out = generate(model, both, ones(both), build_policy(cfg["policy"]), max_new_tokens=n_new if reproduce
+                       else 1, seeds=[kv["seed"]], pad_token_id=pad_id, **kv)
+        aware_kept = kept_by(out.cache, n)
+        if not all(bool((k[:, n:] == 1).all()) for k in kept_by(out.cache, n + n_q).values()):
+            raise SystemExit(f"{rec['id']}: the question-aware cut drops a question position; aware_cut "
+                             "assumes it keeps them all")
         if reproduce:
-            out = generate(model, both, ones(both), build_policy(cfg["policy"]), max_new_tokens=n_new,
-                           seeds=[kv["seed"]], pad_token_id=pad_id, **kv)
             add("aware", out.sequences[0].tolist())
             _, outs = generate_from_context(model, alone, [question], build_policy(cfg["policy"]),
                                             max_new_tokens=n_new, **kv)
             add("agnostic", outs[0].tokens)
         out = generate(model, alone, ones(alone), build_policy(cfg["policy"]), max_new_tokens=1, **kv)
-        kept = {li: held(out.cache.layers[li].pos[0], len(ctx)) for li in cut_layers}  # the agnostic cut
-        hybrid = fixed_keep(build_policy(cfg["policy"]), kept, len(out.cache.layers), len(ctx), len(question))
-        out = generate(model, both, ones(both), hybrid, max_new_tokens=n_new, seeds=[kv["seed"]],
+        agnostic_kept = kept_by(out.cache, n)
+        pol = fixed_keep(build_policy(cfg["policy"]), agnostic_kept, layers, n, n_q)
+        out = generate(model, both, ones(both), pol, max_new_tokens=n_new, seeds=[kv["seed"]],
                        pad_token_id=pad_id, **kv)
-        equal = all(torch.equal(held(out.cache.layers[li].pos[0], len(ctx)), kept[li]) for li in cut_layers)
-        add("hybrid", out.sequences[0].tolist(), str(equal))
+        equal = all(torch.equal(got, agnostic_kept[li]) for li, got in kept_by(out.cache, n).items())
+        add("agnostic_cut", out.sequences[0].tolist(), str(equal))
+        pol = fixed_keep(build_policy(cfg["policy"]), aware_kept, layers, n, 0)
+        out = generate(model, alone, ones(alone), pol, max_new_tokens=1, **kv)  # the check of the cut alone
+        equal = all(torch.equal(got, aware_kept[li]) for li, got in kept_by(out.cache, n).items())
+        _, outs = generate_from_context(model, alone, [question], pol, max_new_tokens=n_new, **kv)
+        add("aware_cut", outs[0].tokens, str(equal))
     return rows
 
 
