@@ -92,9 +92,10 @@ def tiers() -> dict[str, tuple[str, list[str]]]:
                               "settings (a point's budgets together: share_prompt)",
                               [x for s in both for x in sweep(s, CORE[1:], dict.fromkeys(CORE, OTHER))]),
         "exp10_field.txt": ("tier 4: every other registered policy at the 4 ratios, both settings (a point's "
-                            "budgets together: share_prompt)",
-                            [x for s in both for x in sweep(s, FIELD, {p: OTHER if p in CURRENT  # 0.5: 1b, 2b
-                                                                       else (0.5, *OTHER) for p in FIELD})]),
+                            "budgets together: share_prompt; policy by policy, each question-aware then "
+                            "query-agnostic, so each policy is read once in both settings)",
+                            [x for p in FIELD for s in both  # ratio 0.5 of the 2025 methods: tiers 1b, 2b
+                             for x in sweep(s, [p], {p: OTHER if p in CURRENT else (0.5, *OTHER)})]),
     }
 
 
