@@ -32,8 +32,10 @@ def test_overlap_by_hand() -> None:
 
 
 def _kept_sets(model, n_ctx: int, k: int, seed: int) -> dict[int, torch.Tensor]:
-    """Per cut layer, a head-adaptive kept set: the 4 sinks in every head and ``H * k - 4 H`` other (head,
-    position) pairs drawn at random, so heads hold different counts."""
+    """Per cut layer, a head-adaptive kept set: the 4 sinks in every head and ``H * k - 4 H + d`` other (head,
+    position) pairs drawn at random (``d`` in -1, 0, 1 by layer), so heads hold different counts and a
+    layer's total need not be a multiple of ``H`` (a question-aware cut's context positions: it may drop
+    question positions)."""
     g = torch.Generator().manual_seed(seed)
     H = model.config.num_key_value_heads
     out = {}
@@ -43,7 +45,7 @@ def _kept_sets(model, n_ctx: int, k: int, seed: int) -> dict[int, torch.Tensor]:
         m = torch.zeros(H, n_ctx)
         m[:, :4] = 1
         free = torch.nonzero(m == 0)
-        pick = free[torch.randperm(len(free), generator=g)[: H * k - 4 * H]]
+        pick = free[torch.randperm(len(free), generator=g)[: H * k - 4 * H + li % 3 - 1]]
         m[pick[:, 0], pick[:, 1]] = 1
         out[li] = m
     return out
@@ -61,7 +63,7 @@ def test_fixed_keep_keeps_exactly_the_given_context_and_the_question(arch, n_q, 
     ids = torch.randint(3, 256, (1, n_ctx + n_q), generator=torch.Generator().manual_seed(1))
     pol = READING["fixed_keep"](make_policy("kvzip", budget=0.5, repeat_ids=[7]), kept,
                                 model.config.num_hidden_layers, n_ctx, n_q)
-    assert pol.budget == k + n_q
+    assert pol.budget == max(int(m.sum(1).max()) for m in kept.values()) + n_q
     for li, want in kept.items():  # the question outranks every context position, not by a tie-break
         sc = pol.prepare(model, ids, torch.ones_like(ids))["scores"][li][0]
         assert sc.shape[-1] == n_ctx + n_q and torch.equal(sc[:, :n_ctx] > 0, want > 0)
@@ -72,12 +74,3 @@ def test_fixed_keep_keeps_exactly_the_given_context_and_the_question(arch, n_q, 
         assert torch.equal(READING["held"](pos, n_ctx), want), f"layer {li}"
         q_held = READING["held"](pos, n_ctx + n_q)[:, n_ctx:]
         assert bool((q_held == 1).all()), f"layer {li}: a question position was cut"
-
-
-def test_fixed_keep_refuses_unequal_layer_counts() -> None:
-    model = tiny_model("llama", seed=0)
-    kept = _kept_sets(model, 24, 12, seed=3)
-    first = next(iter(kept))
-    kept[first][0, 10] = 1 - kept[first][0, 10]
-    with pytest.raises(ValueError, match="pairs a layer; valid: one multiple of the"):
-        READING["fixed_keep"](make_policy("kvzip", budget=0.5), kept, model.config.num_hidden_layers, 24, 5)
