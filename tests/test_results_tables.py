@@ -949,6 +949,9 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     assert "rerun with `<bos>` at ratio 0.5, complete (the core five and the four 2025 methods, both " \
            "settings, 99 points each)" in res_readme
     assert "tiers 1, 1b, 2 and 2b complete (99 points a setting;" in doc
+    index = (ROOT / "experiments" / "README.md").read_text()
+    assert "the same on Gemma 3 at ratio 0.5 (rerun with `<bos>`, complete: the core five and the 2025 " \
+           "methods, both settings)" in index and "the rest running)" not in index
     assert f"* Gemma 3's `<bos>` rerun: tiers 1 and 2 from a clean worktree at `{commit}` (Intel Xeon" in doc
     assert "tier 1b from the same worktree" in doc
     # tier 4's query-agnostic 2025 methods (Expected Attention, KeyDiff, R-KV), run after Gemma's rerun
