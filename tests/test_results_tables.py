@@ -925,8 +925,11 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     for setting in ("aware", "agnostic"):
         p = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv")
         p = p[p["complete"] & ((p["budget"] == 0.5) | (p["policy"] == "full"))]
-        assert p.groupby("policy").size().to_dict() == {k: 11 for k in (
-            "full", "keyformer", "h2o", "snapkv", "window", "expected_attention", "keydiff", "kvzip", "rkv")}
+        got = p.groupby("policy").size().to_dict()
+        if setting == "agnostic":  # tier 4's TOVA: question-aware complete, query-agnostic running
+            assert got.pop("tova", 0) < 11
+        assert got == {k: 11 for k in ("full", "keyformer", "h2o", "snapkv", "window", "expected_attention",
+                                       "keydiff", "kvzip", "rkv", *(["tova"] if setting == "aware" else []))}
     # Gemma 3's <bos> rerun: tiers 1 and 2 (the core five, both settings) complete from one commit; tiers 1b
     # and 2b (the 2025 methods) collected as they run, from the same commit
     core = ("full", "keyformer", "h2o", "snapkv", "window")
@@ -962,6 +965,11 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     done = ta[ta["complete"]].groupby("policy").size().to_dict()
     assert done == {"expected_attention": 33, "keydiff": 33, "rkv": 33}
     assert "Expected Attention's, KeyDiff's and R-KV's 33 each complete)" in doc
+    tova = pd.read_csv(RES / "exp10_ruler" / "aware" / "points.csv").query("policy == 'tova'")
+    assert len(tova) == 44 and tova["complete"].all() and set(tova["git_commit"].str[:7]) == set(
+        ta["git_commit"].str[:7])  # "then the 2024 policies from the same worktree"
+    assert "then the 2024 policies from the same worktree, policy by policy: TOVA question-aware at the " \
+           "four ratios (44 points, complete), its query-agnostic points running" in doc
     added = pd.read_csv(RES / "exp10_ruler_gemma" / "agnostic" / "replaced.csv")
     added = added[(added["action"] == "added") & added["point"].str.contains("|".join(core))]
     late = int((added["when"] > "2026-12-05T09:32").sum())  # collected after session 52 ended
@@ -1049,6 +1057,16 @@ def test_exp10_prose_per_task_counts_are_the_generated_cells() -> None:
     assert f"on cwe and fwe ({kz['cwe']} vs {full['cwe']}, {kz['fwe']} vs {full['fwe']})" in prose
     rg, ra = t[("query-agnostic", "rkv", "0.5")], t[("question-aware", "rkv", "0.5")]
     assert f"niah_single_1: {rg['niah_single_1']} against {ra['niah_single_1']})" in prose
+    tv, kf = t[("question-aware", "tova", "0.5")], t[("question-aware", "keyformer", "0.5")]  # TOVA's lead
+    assert (f"(niah_single_1 {tv['niah_single_1']}, niah_single_2 {tv['niah_single_2']}, niah_multivalue "
+            f"{tv['niah_multivalue']} against Keyformer's {kf['niah_single_1']}, {kf['niah_single_2']} and "
+            f"{kf['niah_multivalue']}); on fwe it scores {tv['fwe']} against {kf['fwe']}.") in prose
+    lead = [k for k in tv if float(tv[k]) > float(kf[k])]
+    assert {"niah_single_1", "niah_single_2", "niah_multivalue"} <= set(lead)
+    assert float(tv["fwe"]) < float(kf["fwe"])
+    avg = next(r for r in _exp10_rows(smol[smol.index("<!-- keyformer-report:exp10_ruler -->"):],
+                                      "question-aware") if r[0] == "tova" and r[1] == "0.5")
+    assert f"**TOVA** ({avg[3].split()[0]}; {avg[4]};" in prose
     g = region(gem, "exp10_ruler_gemma")
     fa = g[("question-aware", "full", "0")]
     sn, kf = g[("question-aware", "snapkv", "0.5")], g[("question-aware", "keyformer", "0.5")]
@@ -1118,8 +1136,11 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     # the 2025 methods (tier 1b): Keyformer's rank among the eight, who is ahead / tied / behind after Holm
     comp = {p: r for p, r in every.items() if p != "full"}
     assert ORDINALS[int(comp["keyformer"][7]) - 1] == "seventh" and CARDINALS[len(comp) - 1] == "eight"
-    smol_kf = next(r for r in _exp10_rows(smol, "question-aware") if r[0] == "keyformer" and r[1] == "0.5")
-    assert smol_kf[7] == comp["keyformer"][7]  # "as on SmolLM2"
+    smol_at = [r for r in _exp10_rows(smol, "question-aware") if r[1] == "0.5" and r[0] in comp]
+    assert {r[0] for r in smol_at} == set(comp)  # "the same eight on SmolLM2" (its TOVA left out)
+    kf_avg = next(float(x[3].split()[0]) for x in smol_at if x[0] == "keyformer")
+    smol_rank = 1 + sum(float(r[3].split()[0]) > kf_avg for r in smol_at)
+    assert smol_rank == int(comp["keyformer"][7])  # "as among the same eight on SmolLM2"
 
     def side(p: str, rows: dict[str, list[str]] = comp) -> str:
         d, hp = float(rows[p][4].split()[0]), float(rows[p][5].replace("< ", ""))
@@ -1128,7 +1149,8 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     assert sides == {"rkv": "ahead", "keydiff": "ahead", "snapkv": "ahead", "window": "ahead",
                      "kvzip": "tied", "h2o": "tied", "expected_attention": "behind"}
     rk, kd, kz, ea = comp["rkv"], comp["keydiff"], comp["kvzip"], comp["expected_attention"]
-    assert (f"policies, as on SmolLM2. R-KV ({rk[4]}), KeyDiff ({kd[4]}), SnapKV and the window are ahead of "
+    assert (f"policies, as among the same eight on SmolLM2. R-KV ({rk[4]}), KeyDiff ({kd[4]}), SnapKV and "
+            "the window are ahead of "
             f"it after Holm's correction; KVzip ({kz[4]}, Holm p {kz[5]}) and H2O are tied; Expected "
             f"Attention is behind ({ea[4]}).") in prose
     assert f"comes within {rk[6]} of the full cache" in prose and rk[7] == "1"
@@ -1161,8 +1183,9 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     assert (f"is tied with Keyformer here ({akz[4]}) and far from the full cache ({akz[6]}); it also scores "
             f"lower than with the question in the prompt ({gap['kvzip']}, agnostic - aware). R-KV keeps "
             f"second place by its point estimate but loses {gap['rkv']} without the question") in prose
-    assert (f"it ranks seventh of eight compressed policies, as on SmolLM2: R-KV ({rk[4]}), KeyDiff, SnapKV "
-            "and the window are ahead, KVzip and H2O tied, Expected Attention behind; query-agnostic it "
+    assert (f"it ranks seventh of eight compressed policies, as among the same eight on SmolLM2: R-KV "
+            f"({rk[4]}), KeyDiff, SnapKV and the window are ahead, KVzip and H2O tied, Expected Attention "
+            "behind; query-agnostic it "
             f"ranks {arank} of eight, behind only the window ({awi[4]}) after Holm's correction and ahead of "
             f"Expected Attention; KVzip, first on SmolLM2 there, is tied with it ({akz[4]}).") in whole
     # where the prompt cuts leave niah_single_1's needle, and each policy's score on the task
@@ -1250,7 +1273,7 @@ def test_exp10_prose_ranks_are_the_generated_ranks() -> None:
     assert f"(experiment 10, ratio 0.5, question-aware) Keyformer ranks {rank} of {n} compressed" in whole
     rank, n = got["query-agnostic"]
     assert f"**Query-agnostic, Keyformer ranks {rank} of the {n} compressed policies**" in whole
-    assert f"query-agnostic it ranks {rank} of {n}, behind KVzip" in whole
+    assert f"query-agnostic (TOVA not yet run) it ranks {rank} of {n}, behind KVzip" in whole
 
 
 def _md_rows(block: str) -> dict[str, list[str]]:
@@ -1301,22 +1324,34 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     ea = {r[1]: int(r[7]) for r in _exp10_rows(region, "question-aware") if r[0] == "expected_attention"}
     assert ea["0.75"] == ea["0.875"] == n["question-aware"]  # "last of the five at 0.75 and 0.875"
     kd = {r[1]: r for r in _exp10_rows(region, "question-aware") if r[0] == "keydiff"}
-    assert kd["0.875"][7] == "3" and kd["0.875"][5] == "< 0.001"  # "third of the eight", ahead after Holm
+    assert kd["0.875"][7] == "4" and kd["0.875"][5] == "< 0.001"  # "fourth of the nine", ahead after Holm
+    assert [r[0] for r in _exp10_rows(region, "question-aware") if r[1] == "0.875" and int(r[7]) < 4] == [
+        "kvzip", "tova", "rkv"]  # "behind KVzip, TOVA and R-KV"
     assert float(kd["0.25"][5]) >= 0.05 and float(kd["0.75"][5]) >= 0.05  # "tied"
     assert (f"KeyDiff, question-aware, is tied with Keyformer at ratios 0.25 and 0.75 ({kd['0.25'][4]}, "
-            f"Holm p {kd['0.25'][5]}; {kd['0.75'][4]}, Holm p {kd['0.75'][5]}) and third of the {aware} at "
-            f"0.875, behind KVzip and R-KV, ahead of Keyformer after the correction ({kd['0.875'][4]}, "
+            f"Holm p {kd['0.25'][5]}; {kd['0.75'][4]}, Holm p {kd['0.75'][5]}) and fourth of the {aware} at "
+            f"0.875, behind KVzip, TOVA and R-KV, ahead of Keyformer after the correction ({kd['0.875'][4]}, "
             "Holm p < 0.001)") in prose
     rk = {r[1]: r for r in _exp10_rows(region, "question-aware") if r[0] == "rkv"}
     ahead = {r: {x[0]: int(x[7]) for x in _exp10_rows(region, "question-aware") if x[1] == r}
              for r in ratios}
-    assert [rk[r][7] for r in ratios] == ["3", "2", "2"]  # "third, second and second"
-    assert [p for p, k in ahead["0.25"].items() if k < 3] == ["kvzip", "window"]  # "(and the window at 0.25)"
+    assert [rk[r][7] for r in ratios] == ["4", "3", "3"]  # "fourth, third and third"
+    assert all({p for p, k in ahead[r].items() if k < int(rk[r][7])} == {"kvzip", "tova"} | (
+        {"window"} if r == "0.25" else set()) for r in ratios)  # "behind KVzip and TOVA ... (and the window"
     assert rk["0.25"][5] == rk["0.875"][5] == "< 0.001" and float(rk["0.75"][5]) >= 0.05
     assert (f"**R-KV, question-aware, is ahead of Keyformer at ratios 0.25 and 0.875 after the correction** "
             f"({rk['0.25'][4]} and {rk['0.875'][4]}, Holm p < 0.001) and tied at 0.75 ({rk['0.75'][4]}, "
-            f"Holm p {rk['0.75'][5]}): third, second and second of the {aware}, behind KVzip at every "
-            "ratio") in prose
+            f"Holm p {rk['0.75'][5]}): fourth, third and third of the {aware}, behind KVzip and TOVA at "
+            "every ratio (and the window at 0.25).") in prose
+    tv = {r[1]: r for r in _exp10_rows(region, "question-aware") if r[0] == "tova"}  # TOVA, tier 4
+    assert all(tv[r][5] == "< 0.001" for r in (*ratios, "0.5"))
+    assert [tv[r][7] for r in ratios] == ["3", "2", "2"]
+    assert all({p for p, k in ahead[r].items() if k < int(tv[r][7])} == {"kvzip"} | (
+        {"window"} if r == "0.25" else set()) for r in ratios)
+    assert (f"**TOVA, question-aware, is ahead of Keyformer at every ratio after the correction** "
+            f"({tv['0.25'][4]}, {tv['0.75'][4]} and {tv['0.875'][4]} at 0.25, 0.75 and 0.875, Holm p < "
+            f"0.001, as at 0.5): third, second and second of the {aware}, behind KVzip at every ratio (and "
+            "the window at 0.25).") in prose
     kz = {r[1]: r for r in _exp10_rows(region, "question-aware") if r[0] == "kvzip"}
     assert all(kz[r][7] == "1" and kz[r][5] == "< 0.001" for r in ratios)  # first, ahead after Holm, each
     assert (f"**KVzip, question-aware, is first of the {aware} at every ratio**, ahead of Keyformer after "
@@ -1380,8 +1415,12 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     (c,) = set(t4["git_commit"].str[:7])
     assert t4.groupby("policy").size().to_dict() == {"expected_attention": 33, "keydiff": 33, "rkv": 33}
     assert t4["complete"].all()
+    tv4 = pd.read_csv(RES / "exp10_ruler" / "aware" / "points.csv").query("policy == 'tova'")
+    assert set(tv4["git_commit"].str[:7]) == {c} and len(tv4) == 44 and set(tv4["budget"]) == {
+        0.75, 0.5, 0.25, 0.125}  # "TOVA question-aware at the four ratios, 44 points, from the same worktree"
     assert (f"Expected Attention, KeyDiff and R-KV query-agnostic at the three ratios, 33 points each, from "
-            f"a clean worktree at `{c}`, Intel Xeon, 2026-12-05)") in prose
+            f"a clean worktree at `{c}`, Intel Xeon, 2026-12-05; TOVA question-aware at the four ratios, 44 "
+            "points, from the same worktree)") in prose
     both = region[region.index("Question-aware vs query-agnostic"):]
     pair = {c[1]: c[4] for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in both.splitlines()
                                  if ln.startswith("| kvzip |"))}
@@ -1729,6 +1768,6 @@ def test_exp10_status_names_tier4_policies_with_averages() -> None:
             ["keyformer", "h2o", "snapkv", "window"])]  # tier 3's four are not tier 4
         n = p.groupby(["policy", "budget"]).size().unstack()
         have[setting] = sorted(n.index[(n == 11).all(axis=1) & (n.shape[1] == 3)])
-    assert have == {"aware": ["expected_attention", "keydiff", "kvzip", "rkv"],
+    assert have == {"aware": ["expected_attention", "keydiff", "kvzip", "rkv", "tova"],
                     "agnostic": ["expected_attention", "keydiff", "kvzip", "rkv"]}
-    assert "so far the four 2025 methods, question-aware and query-agnostic)" in status
+    assert "so far the four 2025 methods in both settings and TOVA question-aware)" in status
