@@ -1771,3 +1771,55 @@ def test_exp10_status_names_tier4_policies_with_averages() -> None:
     assert have == {"aware": ["expected_attention", "keydiff", "kvzip", "rkv", "tova"],
                     "agnostic": ["expected_attention", "keydiff", "kvzip", "rkv"]}
     assert "so far the four 2025 methods in both settings and TOVA question-aware)" in status
+
+
+def test_exp10_gemma_kvzip_question_reading_prose_is_the_committed_csvs() -> None:
+    """The KVzip paragraph of results/README.md's Gemma 3 section: the kept-set overlaps are
+    cut_overlap_cwe.csv's means; question_reading.csv reproduces the committed answers of both settings, its
+    crossed runs kept exactly the sets they were given, and the answers follow the kept set as the prose says;
+    cwe's two scores are the generated per-task cells."""
+    gem = RES / "exp10_ruler_gemma"
+    prose = " ".join((RES / "README.md").read_text().split("### The same table on Gemma 3 270M")[1].split())
+    ov = pd.read_csv(gem / "cut_overlap_cwe.csv", comment="#")
+    assert ov.groupby("policy")["record"].nunique().eq(5).all()
+    jac = ov.groupby("policy")["jaccard"].mean()
+    assert (f"agree by a Jaccard index of {jac['kvzip']:.3f} (mean over records, global layers and KV heads; "
+            f"Keyformer's cuts {jac['keyformer']:.3f}, SnapKV's {jac['snapkv']:.3f};") in prose
+    q = pd.read_csv(gem / "question_reading.csv", comment="#", keep_default_na=False)
+    q = q.assign(kept_equal=q["kept_equal"].astype(str))
+    committed = {}
+    for setting in ("aware", "agnostic"):
+        d = pd.read_csv(gem / setting / "samples.csv", keep_default_na=False)
+        d = d[d["point"].str.contains(",budget=0.5,policy=kvzip")]
+        committed.update({(setting, r["id"]): r["prediction"] for _, r in d.iterrows()})
+    cwe = q[q["task"] == "cwe"]
+    rows = {(r["mode"], r["record"]): r for _, r in cwe.iterrows()}
+    recs = sorted(cwe["record"].unique())
+    assert len(recs) == 5
+    for m in ("aware", "agnostic"):  # "reproduces both settings' committed cwe answers word for word"
+        assert all(rows[(m, r)]["prediction"] == committed[(m, r)] for r in recs)
+    assert (q.loc[q["mode"].isin(["agnostic_cut", "aware_cut"]), "kept_equal"] == "True").all()
+    assert all(rows[("agnostic_cut", r)]["prediction"] == committed[("agnostic", r)] for r in recs)
+    assert all(rows[("aware_cut", r)]["string_match_all"] == rows[("aware", r)]["string_match_all"]
+               for r in recs)
+    same = sum(rows[("aware_cut", r)]["prediction"] == rows[("aware", r)]["prediction"] for r in recs)
+
+    def items(text: str) -> list[str]:
+        return [w for w in re.split(r"\s*\d+\.\s*", text) if w]
+
+    common = []
+    for r in recs:
+        a, b = items(rows[("aware", r)]["prediction"]), items(rows[("aware_cut", r)]["prediction"])
+        if a != b:
+            common.append(next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y))
+    assert same == 2 and len(common) == 3 and min(common) == 13
+    assert ("gives the question-aware scores on all five (the same text on two, the same first 13 or more "
+            "listed words on the others)") in prose
+    held = cwe.loc[cwe["mode"] == "aware", "question_held"]
+    assert round(100 * (1 - held.max())) == 2 and round(100 * (1 - held.min())) == 4  # "drops 2-4 %"
+    assert "its question-aware cut also drops 2-4 % of the question's own (layer, head, position)" in prose
+    text = (RES / "README.md").read_text()
+    t = _ruler_per_task(text[text.index("<!-- keyformer-report:exp10_ruler_gemma -->"):
+                             text.index("<!-- /keyformer-report:exp10_ruler_gemma -->")])
+    a, g = t[("question-aware", "kvzip", "0.5")]["cwe"], t[("query-agnostic", "kvzip", "0.5")]["cwe"]
+    assert f"(on cwe, most of the loss: {a} against {g})" in prose
