@@ -21,13 +21,12 @@ script checks that the kept context sets are those given):
 
 If the answers follow the kept set (``agnostic_cut`` answers as ``agnostic`` does, ``aware_cut`` as
 ``aware``), the loss is which keys the cut keeps; if they follow the reading, it is how the question is
-read. One row per
-(task, record, mode) with the mode's answer and its RULER score; ``--reproduce`` also writes the
-question-aware and query-agnostic answers of its tasks (the committed ones are in the experiment's
+read. One row per (task, record, mode) with the mode's answer and its RULER score; ``--reproduce`` also writes
+the question-aware and query-agnostic answers of its tasks (the committed ones are in the experiment's
 ``samples.csv``; a test compares them).
 
     python scripts/ruler_question_reading.py results/exp10_ruler_gemma/question_reading.csv \
-        --experiment exp10_ruler_gemma --tasks cwe,niah_single_2 --reproduce cwe
+        --experiment exp10_ruler_gemma --tasks cwe,niah_multivalue --reproduce cwe
 
 Needs ``KEYFORMER_DATA_DIR`` for the essay tasks. The CSV's first line (``#``) gives the commit, model,
 device, dtype and batch.
