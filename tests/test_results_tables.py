@@ -1815,6 +1815,23 @@ def test_exp10_gemma_kvzip_question_reading_prose_is_the_committed_csvs() -> Non
     assert same == 2 and len(common) == 3 and min(common) == 13
     assert ("gives the question-aware scores on all five (the same text on two, the same first 13 or more "
             "listed words on the others)") in prose
+    mv = q[q["task"] == "niah_multivalue"]  # the hybrid runs alone; the committed answers are samples.csv's
+    mrows = {(r["mode"], r["record"]): r for _, r in mv.iterrows()}
+    aw = pd.read_csv(gem / "aware" / "samples.csv", keep_default_na=False)
+    aw = aw[aw["point"].str.contains("task=niah_multivalue,budget=0.5,policy=kvzip")].set_index("id")
+    ag = pd.read_csv(gem / "agnostic" / "samples.csv", keep_default_na=False)
+    ag = ag[ag["point"].str.contains("task=niah_multivalue,budget=0.5,policy=kvzip")].set_index("id")
+    scored = sorted(aw.index[aw["string_match_all"] > 0])
+    assert len(aw) == 5 and (ag["string_match_all"] == 0).all() and len(scored) == 3  # "three records"
+    assert set(aw.loc[scored, "string_match_all"]) == {25.0}
+    for r in scored:  # "a run of near-consecutive numbers that holds one of the four values" (25: 1 of 4)
+        nums = [int(x) for x in re.findall(r"\d+", aw.loc[r, "prediction"])]
+        assert all(abs(b - a) <= 10 for a, b in zip(nums, nums[1:], strict=False)) and len(nums) > 5
+    back = [r for r in scored if float(mrows[("agnostic_cut", r)]["string_match_all"]) > 0]
+    assert len(back) == 1 and float(mrows[("agnostic_cut", back[0])]["string_match_all"]) == 25.0
+    assert mrows[("aware_cut", back[0])]["prediction"] == ag.loc[back[0], "prediction"]
+    assert all(float(mrows[(m, r)]["string_match_all"]) == 0 for m in ("agnostic_cut", "aware_cut")
+               for r in scored if r != back[0])  # "neither crossed run recovers the other two"
     held = cwe.loc[cwe["mode"] == "aware", "question_held"]
     assert round(100 * (1 - held.max())) == 2 and round(100 * (1 - held.min())) == 4  # "drops 2-4 %"
     assert "its question-aware cut also drops 2-4 % of the question's own (layer, head, position)" in prose
@@ -1823,6 +1840,9 @@ def test_exp10_gemma_kvzip_question_reading_prose_is_the_committed_csvs() -> Non
                              text.index("<!-- /keyformer-report:exp10_ruler_gemma -->")])
     a, g = t[("question-aware", "kvzip", "0.5")]["cwe"], t[("query-agnostic", "kvzip", "0.5")]["cwe"]
     assert f"(on cwe, one of its two largest losses: {a} against {g})" in prose
+    a, g = t[("question-aware", "kvzip", "0.5")]["niah_multivalue"], t[("query-agnostic", "kvzip", "0.5")][
+        "niah_multivalue"]
+    assert f"On niah_multivalue ({a} against {g}: three records score 25" in prose
     drop = {k: float(t[("query-agnostic", "kvzip", "0.5")][k]) - float(v)
             for k, v in t[("question-aware", "kvzip", "0.5")].items()}
     assert sorted(drop.values())[1] == drop["cwe"] < sorted(drop.values())[2]  # tied for the largest
