@@ -1375,8 +1375,9 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     loss = {}
     for ln in region[region.index("Question-aware vs query-agnostic"):].splitlines():
         c = [x.strip() for x in ln.strip("|").split("|")]
-        if ln.startswith("| ") and len(c) == 6 and c[1] in ratios:
+        if ln.startswith("| ") and len(c) == 6 and c[1] in (*ratios, "0.5"):
             loss[(c[0], c[1])] = c[4]
+    assert f"({loss[('rkv', '0.5')].split()[0]} at 0.5)" in prose
     assert rg["0.75"][7] == "8" and (f"it loses {loss[('rkv', '0.25')]}, {loss[('rkv', '0.75')]} and "
                                      f"{loss[('rkv', '0.875')]} at 0.25, 0.75 and 0.875") in prose
     for r in ("0.75", "0.875"):  # "the most of any policy at 0.75 and 0.875"
