@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import runpy
 import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ruler_kept_depth import held, point_overrides  # noqa: E402
+_KEPT_DEPTH = runpy.run_path(str(Path(__file__).with_name("ruler_kept_depth.py")))  # its helpers, shared
+held, point_overrides = _KEPT_DEPTH["held"], _KEPT_DEPTH["point_overrides"]
 
 
 def fixed_keep(base, kept: dict, n_layers: int, n_ctx: int, n_q: int):
