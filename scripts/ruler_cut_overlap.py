@@ -27,12 +27,12 @@ from __future__ import annotations
 import argparse
 import csv
 import runpy
-import subprocess
 import sys
 from pathlib import Path
 
 _KEPT_DEPTH = runpy.run_path(str(Path(__file__).with_name("ruler_kept_depth.py")))  # its helpers, shared
 held, point_overrides = _KEPT_DEPTH["held"], _KEPT_DEPTH["point_overrides"]
+code_at, load_point = _KEPT_DEPTH["code_at"], _KEPT_DEPTH["load_point"]
 
 
 def overlap(a, b) -> tuple[float, float]:
@@ -58,28 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     from keyformer.core.models import layer_windows
     from keyformer.core.noise import sample_seed
     from keyformer.core.policies import build_policy
-    from keyformer.run.data import load_records
-    from keyformer.run.loading import load_model
-    from keyformer.run.paths import ROOT, compose
-    from keyformer.run.tasks.generate import prompt_limit, record_queries, split_question
+    from keyformer.run.paths import compose
+    from keyformer.run.tasks.generate import record_queries, split_question
 
     torch.set_num_threads(1)
     base = point_overrides(args.experiment, args.task, args.n)
-    cfg = compose([*base, "policy=full"])
-    model, tok = load_model(cfg)
+    cfg, model, tok, records, chat, limit = load_point(args.experiment, args.task, args.n)
     ds = cfg["dataset"]
-    records = load_records(ds, args.n, int(cfg["seed"]), cfg["model"])[: args.n]
-    chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
-    limit = prompt_limit(cfg, model)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "keyformer"],
-                           capture_output=True, text=True).stdout.strip()
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     cut_layers = [i for i, w in enumerate(layer_windows(model.config)) if w is None]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:
-        f.write(f"# scripts/ruler_cut_overlap.py at {commit}{' (keyformer/ modified)' if dirty else ''}; "
+        f.write(f"# scripts/ruler_cut_overlap.py at {code_at()}; "
                 f"{cfg['model']['name']}, cpu, {dtype}, batch 1, 1 thread; RULER {args.task} 4k, budget "
                 f"{args.budget}; the prompt cut question-aware (context + question) against query-agnostic "
                 f"(context alone), context positions only; cut layers {cut_layers}\n")

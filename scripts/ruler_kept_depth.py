@@ -54,6 +54,33 @@ def point_overrides(experiment: str, task: str, n: int) -> list[str]:
             f"generation.max_new_tokens={tokens_to_generate(task)}"]
 
 
+def code_at() -> str:
+    """The provenance a diagnostic's CSV header starts with: this checkout's HEAD commit, and `` (keyformer/
+    modified)`` when the library has uncommitted changes."""
+    from keyformer.run.paths import ROOT
+
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "keyformer"], capture_output=True,
+                           text=True).stdout.strip()
+    return commit + (" (keyformer/ modified)" if dirty else "")
+
+
+def load_point(experiment: str, task: str, n: int) -> tuple:
+    """(cfg, model, tokenizer, records, chat, prompt limit) of an experiment-10 point of ``task`` with policy
+    full: its first ``n`` records, read as the experiment read them."""
+    from keyformer.run.data import load_records
+    from keyformer.run.loading import load_model
+    from keyformer.run.paths import compose
+    from keyformer.run.tasks.generate import prompt_limit
+
+    cfg = compose([*point_overrides(experiment, task, n), "policy=full"])
+    model, tok = load_model(cfg)
+    records = load_records(cfg["dataset"], n, int(cfg["seed"]), cfg["model"])[:n]
+    chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
+    return cfg, model, tok, records, chat, prompt_limit(cfg, model)
+
+
 def held(pos, n: int):
     """[H, n] float: 1 where KV head ``h`` holds prompt position ``p``, from a cache layer's slot positions
     ``pos`` [H, S] (-1 for an empty slot; a position >= ``n``, a generated token's, is not a prompt
@@ -82,30 +109,21 @@ def main(argv: list[str] | None = None) -> int:
     from keyformer.core.generate import generate
     from keyformer.core.models import layer_windows
     from keyformer.core.policies import build_policy
-    from keyformer.run.data import encode_prompt, load_records
-    from keyformer.run.loading import load_model
-    from keyformer.run.paths import ROOT, compose
-    from keyformer.run.tasks.generate import _with_prefix, prompt_limit
+    from keyformer.run.data import encode_prompt
+    from keyformer.run.paths import compose
+    from keyformer.run.tasks.generate import _with_prefix
 
     torch.set_num_threads(1)
     base = point_overrides(args.experiment, args.task, args.n)
-    cfg = compose([*base, "policy=full"])
-    model, tok = load_model(cfg)
+    cfg, model, tok, records, chat, limit = load_point(args.experiment, args.task, args.n)
     ds = cfg["dataset"]
-    records = load_records(ds, args.n, int(cfg["seed"]), cfg["model"])[: args.n]
-    chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
-    limit = prompt_limit(cfg, model)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "keyformer"],
-                           capture_output=True, text=True).stdout.strip()
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     wins = layer_windows(model.config)
     hybrid = ("" if all(w is None for w in wins) else "; the policy acts on the global layers "
               f"{[i for i, w in enumerate(wins) if w is None]}, the others keep their sliding window")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:
-        f.write(f"# scripts/ruler_kept_depth.py at {commit}{' (keyformer/ modified)' if dirty else ''}; "
+        f.write(f"# scripts/ruler_kept_depth.py at {code_at()}; "
                 f"{cfg['model']['name']}, cpu, {dtype}, batch 1, 1 thread; RULER {args.task} 4k, "
                 f"budget {args.budget}, the prompt cut after one greedy step{hybrid}\n")
         w = csv.writer(f, lineterminator="\n")

@@ -37,12 +37,11 @@ from __future__ import annotations
 import argparse
 import csv
 import runpy
-import subprocess
 import sys
 from pathlib import Path
 
 _KEPT_DEPTH = runpy.run_path(str(Path(__file__).with_name("ruler_kept_depth.py")))  # its helpers, shared
-held, point_overrides = _KEPT_DEPTH["held"], _KEPT_DEPTH["point_overrides"]
+held, point_overrides, code_at = _KEPT_DEPTH["held"], _KEPT_DEPTH["point_overrides"], _KEPT_DEPTH["code_at"]
 
 
 def fixed_keep(base, kept: dict, n_layers: int, n_ctx: int, n_q: int):
@@ -166,13 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     from keyformer.core.models import layer_windows
     from keyformer.run.data import load_records
     from keyformer.run.loading import load_model
-    from keyformer.run.paths import ROOT, compose
+    from keyformer.run.paths import compose
 
     torch.set_num_threads(1)
-    git = ["git", "-C", str(ROOT)]
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "--", "keyformer"], capture_output=True,
-                           text=True).stdout.strip()
     tasks = args.tasks.split(",")
     cfgs = {t: compose([*point_overrides(args.experiment, t, args.n), "policy=kvzip",
                         f"budget={args.budget}"]) for t in tasks}
@@ -181,9 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:
-        mod = " (keyformer/ modified)" if dirty else ""
-        mod = " (keyformer/ modified)" if dirty else ""
-        f.write(f"# scripts/ruler_question_reading.py at {commit}{mod}; "
+        f.write(f"# scripts/ruler_question_reading.py at {code_at()}; "
                 f"{cfgs[tasks[0]]['model']['name']}, cpu, {dtype}, batch 1, 1 thread; RULER 4k, kvzip at "
                 f"budget {args.budget}; cut layers {cut_layers}\n")
         w = csv.writer(f, lineterminator="\n")
