@@ -926,10 +926,8 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
         p = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv")
         p = p[p["complete"] & ((p["budget"] == 0.5) | (p["policy"] == "full"))]
         got = p.groupby("policy").size().to_dict()
-        if setting == "agnostic":  # tier 4's TOVA: question-aware complete, query-agnostic running
-            assert got.pop("tova", 0) < 11
         assert got == {k: 11 for k in ("full", "keyformer", "h2o", "snapkv", "window", "expected_attention",
-                                       "keydiff", "kvzip", "rkv", *(["tova"] if setting == "aware" else []))}
+                                       "keydiff", "kvzip", "rkv", "tova")}
     # Gemma 3's <bos> rerun: tiers 1 and 2 (the core five, both settings) complete from one commit; tiers 1b
     # and 2b (the 2025 methods) collected as they run, from the same commit
     core = ("full", "keyformer", "h2o", "snapkv", "window")
@@ -965,11 +963,12 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     done = ta[ta["complete"]].groupby("policy").size().to_dict()
     assert done == {"expected_attention": 33, "keydiff": 33, "rkv": 33}
     assert "Expected Attention's, KeyDiff's and R-KV's 33 each complete)" in doc
-    tova = pd.read_csv(RES / "exp10_ruler" / "aware" / "points.csv").query("policy == 'tova'")
-    assert len(tova) == 44 and tova["complete"].all() and set(tova["git_commit"].str[:7]) == set(
-        ta["git_commit"].str[:7])  # "then the 2024 policies from the same worktree"
-    assert "then the 2024 policies from the same worktree, policy by policy: TOVA question-aware at the " \
-           "four ratios (44 points, complete), its query-agnostic points running" in doc
+    for setting in ("aware", "agnostic"):  # "then the 2024 policies from the same worktree"
+        tova = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv").query("policy == 'tova'")
+        assert len(tova) == 44 and tova["complete"].all() and set(tova["git_commit"].str[:7]) == set(
+            ta["git_commit"].str[:7])
+    assert "then the 2024 policies from the same worktree, policy by policy: TOVA at the four ratios, " \
+           "question-aware then query-agnostic (44 points each, complete), then PyramidKV (running)" in doc
     added = pd.read_csv(RES / "exp10_ruler_gemma" / "agnostic" / "replaced.csv")
     added = added[(added["action"] == "added") & added["point"].str.contains("|".join(core))]
     late = int((added["when"] > "2026-12-05T09:32").sum())  # collected after session 52 ended
@@ -1067,6 +1066,25 @@ def test_exp10_prose_per_task_counts_are_the_generated_cells() -> None:
     avg = next(r for r in _exp10_rows(smol[smol.index("<!-- keyformer-report:exp10_ruler -->"):],
                                       "question-aware") if r[0] == "tova" and r[1] == "0.5")
     assert f"**TOVA** ({avg[3].split()[0]}; {avg[4]};" in prose
+    # TOVA query-agnostic at 0.5: what it loses, how much of its lead is niah_single_1 (exact, from points)
+    tg, kg = t[("query-agnostic", "tova", "0.5")], t[("query-agnostic", "keyformer", "0.5")]
+    assert (f"(niah_single_2: {tg['niah_single_2']} against {tv['niah_single_2']}, niah_multivalue: "
+            f"{tg['niah_multivalue']} against {tv['niah_multivalue']}). It keeps niah_single_1 "
+            f"({tg['niah_single_1']}; Keyformer {kg['niah_single_1']})") in prose
+    pts = pd.read_csv(RES / "exp10_ruler" / "agnostic" / "points.csv")
+    pts = pts[(pts["budget"] == 0.5) & pts["policy"].isin(["tova", "keyformer"])]
+    d = pts.assign(task=pts["point"].str.extract(r"task=([^,]+)")[0]).pivot(
+        index="task", columns="policy", values="string_match_all")
+    d = d["tova"] - d["keyformer"]
+    assert len(d) == 11
+    one, rest = d["niah_single_1"] / 11, d.drop("niah_single_1").sum() / 11
+    lead = next(r for r in _exp10_rows(smol[smol.index("<!-- keyformer-report:exp10_ruler -->"):],
+                                       "query-agnostic") if r[0] == "tova" and r[1] == "0.5")[4]
+    assert one > float(lead.split()[0]) > 0 > rest  # "more than its whole lead ... behind Keyformer"
+    assert (f"that one task is worth {one:+.2f} points of the average ({d['niah_single_1']:.0f} / 11), more "
+            f"than its whole lead over Keyformer: on the other ten tasks together it is behind Keyformer "
+            f"({rest:+.2f} points of the average; fwe {tg['fwe']} against {kg['fwe']})") in prose
+    assert f"after Holm's correction ({lead}, Holm p" in prose
     g = region(gem, "exp10_ruler_gemma")
     fa = g[("question-aware", "full", "0")]
     sn, kf = g[("question-aware", "snapkv", "0.5")], g[("question-aware", "keyformer", "0.5")]
@@ -1166,7 +1184,10 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     acomp = {r[0]: r for r in _exp10_rows(region, "query-agnostic") if r[0] != "full"}
     assert len(acomp) == len(comp) and CARDINALS[len(acomp) - 1] == "eight"  # the Holm family: "the eight"
     arank = ORDINALS[int(acomp["keyformer"][7]) - 1]
-    smol_akf = next(r for r in _exp10_rows(smol, "query-agnostic") if r[0] == "keyformer" and r[1] == "0.5")
+    smol_aat = [r for r in _exp10_rows(smol, "query-agnostic") if r[1] == "0.5" and r[0] in acomp]
+    assert {r[0] for r in smol_aat} == set(acomp)  # "the same eight on SmolLM2" (its TOVA left out)
+    akf_avg = next(float(x[3].split()[0]) for x in smol_aat if x[0] == "keyformer")
+    smol_arank = 1 + sum(float(r[3].split()[0]) > akf_avg for r in smol_aat)
     asides = {p: side(p, acomp) for p in acomp if p != "keyformer"}
     assert asides == {"window": "ahead", "rkv": "tied", "keydiff": "tied", "kvzip": "tied", "h2o": "tied",
                       "snapkv": "tied", "expected_attention": "behind"}
@@ -1176,10 +1197,10 @@ def test_exp10_gemma_prose_is_the_generated_table() -> None:
     assert smol_akz[7] == "1" and lo <= 0 <= hi  # "first of eight on SmolLM2 and level with its full cache"
     assert ark[7] == "2" and acomp["window"][7] == "1"  # "R-KV keeps second place by its point estimate"
     assert float(gap["kvzip"].split()[0]) < 0 and float(_cis(gap["kvzip"])[0][2]) < 0
-    assert (f"Keyformer ranks {arank} of the eight compressed policies ({ORDINALS[int(smol_akf[7]) - 1]} on "
-            f"SmolLM2). Only the window is ahead of it after Holm's correction; R-KV ({ark[4]}, Holm p "
-            f"{ark[5]}), KeyDiff, KVzip, H2O and SnapKV are tied with it, and Expected Attention is behind "
-            f"({aea[4]}).") in prose
+    assert (f"Keyformer ranks {arank} of the eight compressed policies ({ORDINALS[smol_arank - 1]} of "
+            "the same eight on SmolLM2). Only the window is ahead of it after Holm's correction; R-KV "
+            f"({ark[4]}, Holm p {ark[5]}), KeyDiff, KVzip, H2O and SnapKV are tied with it, and Expected "
+            f"Attention is behind ({aea[4]}).") in prose
     assert (f"is tied with Keyformer here ({akz[4]}) and far from the full cache ({akz[6]}); it also scores "
             f"lower than with the question in the prompt ({gap['kvzip']}, agnostic - aware). R-KV keeps "
             f"second place by its point estimate but loses {gap['rkv']} without the question") in prose
@@ -1273,7 +1294,7 @@ def test_exp10_prose_ranks_are_the_generated_ranks() -> None:
     assert f"(experiment 10, ratio 0.5, question-aware) Keyformer ranks {rank} of {n} compressed" in whole
     rank, n = got["query-agnostic"]
     assert f"**Query-agnostic, Keyformer ranks {rank} of the {n} compressed policies**" in whole
-    assert f"query-agnostic (TOVA not yet run) it ranks {rank} of {n}, behind KVzip" in whole
+    assert f"query-agnostic it ranks {rank} of {n}, behind KVzip" in whole
 
 
 def _md_rows(block: str) -> dict[str, list[str]]:
@@ -1368,60 +1389,79 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     assert float(rg["0.25"][5]) >= 0.05 and float(rg["0.875"][5]) >= 0.05 and float(rg["0.75"][5]) < 0.05
     assert float(rg["0.75"][4].split()[0]) < 0
     assert (f"query-agnostic it is tied with Keyformer at 0.25 and 0.875 ({rg['0.25'][4]}, Holm p "
-            f"{rg['0.25'][5]}; {rg['0.875'][4]}, Holm p {rg['0.875'][5]}) and last of the eight at 0.75, "
-            f"behind it after the correction ({rg['0.75'][4]}, Holm p {rg['0.75'][5]}): "
+            f"{rg['0.25'][5]}; {rg['0.875'][4]}, Holm p {rg['0.875'][5]}) and last of the {agnostic} at "
+            f"0.75, behind it after the correction ({rg['0.75'][4]}, Holm p {rg['0.75'][5]}): "
             f"{ORDINALS[int(rg['0.25'][7]) - 1]}, last and {ORDINALS[int(rg['0.875'][7]) - 1]} of the "
-            f"eight.") in prose
+            f"{agnostic}.") in prose
     loss = {}
     for ln in region[region.index("Question-aware vs query-agnostic"):].splitlines():
         c = [x.strip() for x in ln.strip("|").split("|")]
         if ln.startswith("| ") and len(c) == 6 and c[1] in (*ratios, "0.5"):
             loss[(c[0], c[1])] = c[4]
     assert f"({loss[('rkv', '0.5')].split()[0]} at 0.5)" in prose
-    assert rg["0.75"][7] == "8" and (f"it loses {loss[('rkv', '0.25')]}, {loss[('rkv', '0.75')]} and "
-                                     f"{loss[('rkv', '0.875')]} at 0.25, 0.75 and 0.875") in prose
-    for r in ("0.75", "0.875"):  # "the most of any policy at 0.75 and 0.875"
-        assert min(loss, key=lambda k: float(loss[k].split()[0]) if k[1] == r else 0.0) == ("rkv", r)
+    assert rg["0.75"][7] == str(n["query-agnostic"])
+    assert (f"it loses {loss[('rkv', '0.25')]}, {loss[('rkv', '0.75')]} and {loss[('rkv', '0.875')]} at "
+            "0.25, 0.75 and 0.875") in prose
+    most = {r: min(loss, key=lambda k: float(loss[k].split()[0]) if k[1] == r else 0.0)[0]
+            for r in (*ratios, "0.5")}  # who loses the most without the question, per ratio
+    assert most["0.75"] == "rkv" and most["0.5"] == most["0.875"] == "tova"
+    assert "the most of any policy at 0.75 (TOVA loses more at 0.5 and 0.875)" in prose
     assert min(loss, key=lambda k: float(loss[k].split()[0]) if k[1] == "0.25" else 0.0) != ("rkv", "0.25")
     cg = _ruler_per_task(region)
     assert [cg[("query-agnostic", "rkv", r)]["niah_single_1"] for r in ratios] == ["100", "0", "0"]
     kg = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "kvzip"}  # KVzip, its own setting
     n_agn = len([r for r in _exp10_rows(region, "query-agnostic") if r[1] == "0.25"])
-    assert all(kg[r][7] == "1" and kg[r][5] == "< 0.001" for r in ratios) and n_agn == 8
-    assert (f"**Query-agnostic, its own setting, KVzip is first of the eight at every ratio too**, ahead of "
-            f"Keyformer after the correction ({kg['0.25'][4]}, {kg['0.75'][4]} and {kg['0.875'][4]} at 0.25, "
-            f"0.75 and 0.875, Holm p < 0.001) and within the full cache's reach at 0.25 and 0.75 "
+    assert all(kg[r][7] == "1" and kg[r][5] == "< 0.001" for r in ratios) and n_agn == 9
+    assert (f"**Query-agnostic, its own setting, KVzip is first of the {agnostic} at every ratio too**, "
+            f"ahead of Keyformer after the correction ({kg['0.25'][4]}, {kg['0.75'][4]} and {kg['0.875'][4]} "
+            f"at 0.25, 0.75 and 0.875, Holm p < 0.001) and within the full cache's reach at 0.25 and 0.75 "
             f"({kg['0.25'][6]} and {kg['0.75'][6]} vs full)") in prose
     assert all(lo_hi(kg[r][6])[0] <= 0 <= lo_hi(kg[r][6])[1] for r in ("0.25", "0.75"))
     assert not lo_hi(kg["0.875"][6])[0] <= 0 <= lo_hi(kg["0.875"][6])[1]
     eg = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "expected_attention"}
     eqa = {r[1]: r[7] for r in _exp10_rows(region, "question-aware") if r[0] == "expected_attention"}
     assert all(float(eg[r][5]) >= 0.05 for r in ratios)  # "tied ... at every ratio after the correction"
-    assert [eg[r][7] for r in ratios] == ["5", "7", str(n_agn)]  # "fifth ..., seventh at 0.75, last at 0.875"
-    below = [r[0] for r in _exp10_rows(region, "query-agnostic") if r[1] == "0.75" and int(r[7]) > 7]
+    assert [eg[r][7] for r in ratios] == ["6", "8", str(n_agn)]  # "sixth ..., eighth at 0.75, last at 0.875"
+    below = [r[0] for r in _exp10_rows(region, "query-agnostic") if r[1] == "0.75" and int(r[7]) > 8]
     assert below == ["rkv"]  # "(above R-KV only)"
     assert eqa["0.75"] == eqa["0.875"] == str(n["question-aware"])  # "question-aware it is last at both"
     assert (f"Expected Attention, query-agnostic, is tied with Keyformer at every ratio after the correction "
             f"({eg['0.25'][4]}, {eg['0.75'][4]} and {eg['0.875'][4]} at 0.25, 0.75 and 0.875, Holm p "
-            f"{eg['0.25'][5]}, {eg['0.75'][5]} and {eg['0.875'][5]}): fifth of the eight at 0.25, seventh at "
-            "0.75 (above R-KV only) and last at 0.875; question-aware it is last at both.") in prose
+            f"{eg['0.25'][5]}, {eg['0.75'][5]} and {eg['0.875'][5]}): sixth of the {agnostic} at 0.25, "
+            "eighth at 0.75 (above R-KV only) and last at 0.875; question-aware it is last at both.") in prose
     kg2 = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "keydiff"}
     assert float(kg2["0.25"][5]) >= 0.05 and float(kg2["0.75"][5]) >= 0.05 and float(kg2["0.875"][5]) < 0.05
     assert kg2["0.875"][7] == "2" and float(kg2["0.875"][4].split()[0]) > 0 and kd["0.875"][5] == "< 0.001"
     assert (f"KeyDiff, query-agnostic, is tied with Keyformer at ratios 0.25 and 0.75 ({kg2['0.25'][4]}, "
-            f"Holm p {kg2['0.25'][5]}; {kg2['0.75'][4]}, Holm p {kg2['0.75'][5]}) and second of the eight at "
-            f"0.875, ahead of it after the correction ({kg2['0.875'][4]}, Holm p {kg2['0.875'][5]}), as it "
-            "is with the question in the prompt.") in prose
+            f"Holm p {kg2['0.25'][5]}; {kg2['0.75'][4]}, Holm p {kg2['0.75'][5]}) and second of the "
+            f"{agnostic} at 0.875, ahead of it after the correction ({kg2['0.875'][4]}, Holm p "
+            f"{kg2['0.875'][5]}), as it is with the question in the prompt.") in prose
     t4 = agn[agn["policy"].isin(["expected_attention", "keydiff", "rkv"]) & (agn["budget"] != 0.5)]
     (c,) = set(t4["git_commit"].str[:7])
     assert t4.groupby("policy").size().to_dict() == {"expected_attention": 33, "keydiff": 33, "rkv": 33}
     assert t4["complete"].all()
-    tv4 = pd.read_csv(RES / "exp10_ruler" / "aware" / "points.csv").query("policy == 'tova'")
-    assert set(tv4["git_commit"].str[:7]) == {c} and len(tv4) == 44 and set(tv4["budget"]) == {
-        0.75, 0.5, 0.25, 0.125}  # "TOVA question-aware at the four ratios, 44 points, from the same worktree"
+    for setting in ("aware", "agnostic"):  # "TOVA at the four ratios, 44 points a setting, the same worktree"
+        tv4 = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv").query("policy == 'tova'")
+        assert set(tv4["git_commit"].str[:7]) == {c} and len(tv4) == 44 and tv4["complete"].all() and set(
+            tv4["budget"]) == {0.75, 0.5, 0.25, 0.125}
     assert (f"Expected Attention, KeyDiff and R-KV query-agnostic at the three ratios, 33 points each, from "
-            f"a clean worktree at `{c}`, Intel Xeon, 2026-12-05; TOVA question-aware at the four ratios, 44 "
-            "points, from the same worktree)") in prose
+            f"a clean worktree at `{c}`, Intel Xeon, 2026-12-05; TOVA at the four ratios, 44 points a "
+            "setting, from the same worktree)") in prose
+    tg = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "tova"}  # no question
+    assert float(tg["0.25"][5]) < 0.05 < float(tg["0.75"][5]) and float(tg["0.875"][5]) >= 0.05
+    assert float(tg["0.5"][5]) < 0.05 and float(tg["0.5"][4].split()[0]) > 0  # "holds only at 0.25 and 0.5"
+    tr = [ORDINALS[int(tg[r][7]) - 1] for r in ratios]
+    assert (f"query-agnostic it is ahead of Keyformer after the correction at 0.25 ({tg['0.25'][4]}, Holm p "
+            f"{tg['0.25'][5]}) and tied at 0.75 and 0.875 ({tg['0.75'][4]}, Holm p {tg['0.75'][5]}; "
+            f"{tg['0.875'][4]}, Holm p {tg['0.875'][5]}): {tr[0]}, {tr[1]} and {tr[2]} of the "
+            f"{agnostic}.") in prose
+    assert all(not lo_hi(loss[("tova", r)])[0] <= 0 <= lo_hi(loss[("tova", r)])[1] for r in (*ratios, "0.5"))
+    assert (f"it loses {loss[('tova', '0.25')]}, {loss[('tova', '0.75')]} and {loss[('tova', '0.875')]} at "
+            f"0.25, 0.75 and 0.875 ({loss[('tova', '0.5')].split()[0]} at 0.5), every interval "
+            "excluding 0") in prose
+    s1 = [cg[(s, "tova", r)]["niah_single_1"] for s in ("question-aware", "query-agnostic") for r in ratios]
+    assert s1[:3] == ["100"] * 3 and cg[("question-aware", "tova", "0.5")]["niah_single_1"] == "100"
+    assert f"falls to {s1[4]} and {s1[5]} at 0.75 and 0.875" in prose
     both = region[region.index("Question-aware vs query-agnostic"):]
     pair = {c[1]: c[4] for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in both.splitlines()
                                  if ln.startswith("| kvzip |"))}
@@ -1770,8 +1810,9 @@ def test_exp10_status_names_tier4_policies_with_averages() -> None:
         n = p.groupby(["policy", "budget"]).size().unstack()
         have[setting] = sorted(n.index[(n == 11).all(axis=1) & (n.shape[1] == 3)])
     assert have == {"aware": ["expected_attention", "keydiff", "kvzip", "rkv", "tova"],
-                    "agnostic": ["expected_attention", "keydiff", "kvzip", "rkv"]}
-    assert "so far the four 2025 methods in both settings and TOVA question-aware)" in status
+                    "agnostic": ["expected_attention", "keydiff", "kvzip", "rkv", "tova"]}
+    assert "so far the four 2025 methods and TOVA, in both settings)" in status
+    assert "(the 2025 methods and TOVA complete in both settings; PyramidKV next)" in status
 
 
 def test_exp10_gemma_kvzip_question_reading_prose_is_the_committed_csvs() -> None:
