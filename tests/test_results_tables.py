@@ -1888,3 +1888,33 @@ def test_exp10_gemma_kvzip_question_reading_prose_is_the_committed_csvs() -> Non
     drop = {k: float(t[("query-agnostic", "kvzip", "0.5")][k]) - float(v)
             for k, v in t[("question-aware", "kvzip", "0.5")].items()}
     assert sorted(drop.values())[1] == drop["cwe"] < sorted(drop.values())[2]  # tied for the largest
+
+
+def test_exp10_tova_prose_cites_its_exp7_standing_from_the_generated_tables() -> None:
+    """The sentence tying TOVA's RULER lead to experiment 7 quotes the generated exp7 tables: its needle ranks
+    at each budget and pooled difference from Keyformer, and its pooled differences on CNN/DM, L-Eval and
+    multi_news, with the separability the prose claims (CI excluding 0 or not)."""
+    text = (RES / "README.md").read_text()
+    prose = " ".join(text[text.index("## Experiment 10"):text.index("**Query-agnostic (tier 2")].split())
+    cell, rows = {}, {}
+    for task in ("needle", "cnndm", "leval_sqa", "multi_news"):
+        name = f"keyformer-report:exp7_field/{task} -->"
+        region = text[text.index(f"<!-- {name}"):text.index(f"<!-- /{name}")]
+        head = next(ln for ln in region.splitlines() if ln.startswith("| policy"))
+        cols = [c.strip() for c in head.strip("|").split("|")]
+        rows[task] = _md_rows(region.split("| quantized point")[0])
+        cell[task] = dict(zip(cols, rows[task]["tova"], strict=True))
+    ranks = [int(cell["needle"][b].split("(")[1].rstrip(")")) for b in ("0.1", "0.2", "0.3", "0.5")]
+    needle = rows["needle"]
+    assert ranks == [1, 1, 2, 2] and int(needle["window"][3].split("(")[1].rstrip(")")) == 1
+    tied = [p for p, r in needle.items() if p != "tova" and r[1].endswith("(1)") and r[2].endswith("(1)")]
+    assert tied  # "tied first at 10 and 20 %"
+    diff = {t: c["pooled - Keyformer [95 % CI]"] for t, c in cell.items()}
+    lo_hi = {t: [float(v) for v in d.split("[")[1].rstrip("]").split(",")] for t, d in diff.items()}
+    assert lo_hi["needle"][0] <= 0 <= lo_hi["needle"][1]  # "not separable"
+    assert lo_hi["cnndm"][1] < 0  # "below Keyformer"
+    assert all(lo_hi[t][0] <= 0 <= lo_hi[t][1] for t in ("leval_sqa", "multi_news"))  # "tied with it"
+    assert (f"on the needle it is tied first at 10 and 20 % and second at 30 and 50 % (behind the window; "
+            f"{diff['needle']} pooled over Keyformer, {cell['needle']['n']} contexts, not separable), while "
+            f"on CNN/DM it is below Keyformer ({diff['cnndm']}) and on L-Eval and multi_news tied with it "
+            f"({diff['leval_sqa']}, {diff['multi_news']})") in prose
