@@ -1918,3 +1918,38 @@ def test_exp10_tova_prose_cites_its_exp7_standing_from_the_generated_tables() ->
             f"{diff['needle']} pooled over Keyformer, {cell['needle']['n']} contexts, not separable), while "
             f"on CNN/DM it is below Keyformer ({diff['cnndm']}) and on L-Eval and multi_news tied with it "
             f"({diff['leval_sqa']}, {diff['multi_news']})") in prose
+
+
+def test_exp10_equal_bytes_caveat_is_the_generated_kv_held_cells() -> None:
+    """"Equal budget, not equal bytes": the policies that hold more K/V than Keyformer at the end of an answer
+    are exactly SnapKV, KVzip and R-KV at every ratio and setting, and the ranges and ratios the paragraph
+    quotes are the generated `K/V held` cells (over both settings)."""
+    text = (RES / "README.md").read_text()
+    region = text[text.index("<!-- keyformer-report:exp10_ruler -->"):
+                  text.index("<!-- /keyformer-report:exp10_ruler -->")]
+    prose = " ".join(text[text.index("**Equal budget, not equal bytes.**"):
+                          text.index("**Why the window wins at ratio 0.25**")].split())
+    held: dict[str, dict[str, list[float]]] = {}
+    for label in ("question-aware", "query-agnostic"):
+        for r in _exp10_rows(region, label):
+            if r[0] != "full":
+                held.setdefault(r[1], {}).setdefault(r[0], []).append(float(r[9]))
+    more = {"snapkv", "kvzip", "rkv"}
+    for ratio, by in held.items():  # per setting: above Keyformer's bytes (past rounding) <=> the three
+        for i in range(2):
+            assert {p for p, v in by.items() if v[i] > by["keyformer"][i] + 0.005} == more, (ratio, i)
+    def span(ratio: str, group: bool) -> tuple[float, float]:
+        v = [x for p, xs in held[ratio].items() if (p in more) == group for x in xs]
+        return min(v), max(v)
+    (a_lo, a_hi), (b_lo, b_hi) = span("0.5", True), span("0.5", False)
+    assert (f"{a_lo:.3f}-{a_hi:.3f} of the full cache against {b_lo:.3f}-{b_hi:.3f} at ratio 0.5") in prose
+    (a_lo, a_hi), (b_lo, b_hi) = span("0.875", True), span("0.875", False)
+    assert f"and {a_lo:.3f}-{a_hi:.3f} against {b_lo:.3f}-{b_hi:.3f} at 0.875 (both settings)" in prose
+    assert f"up to {a_hi / b_lo:.1f}x the bytes" in prose
+    kf = held["0.875"]["keyformer"]
+    r = [held["0.875"][p][i] / kf[i] for p in ("rkv", "snapkv") for i in range(2)]
+    assert f"{min(r):.1f}-{max(r):.1f}x Keyformer's bytes there" in prose
+    rkv = next(x for x in _exp10_rows(region, "question-aware") if x[0] == "rkv" and x[1] == "0.875")
+    assert f"R-KV's question-aware lead at 0.875 ({rkv[4].split()[0]})" in prose
+    rkv_yaml = yaml.safe_load((ROOT / "conf" / "policy" / "rkv.yaml").read_text())
+    assert f"R-KV holds up to {rkv_yaml['buffer']} decode tokens beyond the budget" in prose
