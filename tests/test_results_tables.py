@@ -874,6 +874,9 @@ def test_exp10_prose_numbers_are_the_generated_tables() -> None:
     sec = text[text.index("## Experiment 10"):text.index("## Overall")]
     ci_re = r"[+-]\d+\.\d\d \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\]|\b\d+\.\d \[\d+\.\d, \d+\.\d\]"
     gemma = "### The same table on Gemma 3 270M"
+    exp7 = "".join(text[text.index(f"<!-- keyformer-report:exp7_field/{t} -->"):
+                        text.index(f"<!-- /keyformer-report:exp7_field/{t} -->")]
+                   for t in ("cnndm", "needle", "leval_sqa", "multi_news"))
     parts = [("exp10_ruler", sec.split(gemma)[0], 10)]
     if (RES / "exp10_ruler_gemma").is_dir():
         assert gemma in sec
@@ -883,8 +886,8 @@ def test_exp10_prose_numbers_are_the_generated_tables() -> None:
         region = part[part.index(start):part.index(end)]
         cis = re.findall(ci_re, " ".join(part[:part.index(start)].split()))
         assert len(cis) >= least, name  # SmolLM2: the KVzip, window, R-KV, tier-2 and gap numbers
-        for ci in cis:
-            assert ci in region, (name, ci)
+        for ci in cis:  # or, for TOVA's experiment-7 standing, a cell of exp7's generated tables
+            assert ci in region or (name == "exp10_ruler" and ci in exp7), (name, ci)
     prose = " ".join(sec[:sec.index("<!-- keyformer-report:exp10_ruler -->")].split())
     p = pd.read_csv(RES / "exp10_ruler" / "aware" / "points.csv")
     s = p.loc[(p["policy"] == "kvzip") & (p["budget"] == 0.5), "prefill_ms"] / 1000  # ratio 0.5, as read
