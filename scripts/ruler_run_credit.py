@@ -13,7 +13,10 @@ answer and classes the value by its best occurrence:
 
 A counting run is three or more numbers in a row, each 1 or 2 from the one before (up or down). One row per
 credited value: experiment, setting, point, policy, budget, task, record, value, class, and the value's
-share of the record's score (``100 / len(answers)``, the points ``string_match_all`` gave it).
+share of the record's score (``100 / len(answers)``, the points ``string_match_all`` gave it). One caveat:
+query-agnostic niah_multiquery asks its keys one question at a time and scores each answer against its own
+value, but ``samples.csv`` stores the answers joined, so there a value named in another question's answer is
+listed too (its points then add up to more than the record's score).
 
     python scripts/ruler_run_credit.py results/exp10_ruler/run_credit.csv
 
