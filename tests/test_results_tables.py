@@ -1869,9 +1869,14 @@ def test_exp10_gemma_kvzip_question_reading_prose_is_the_committed_csvs() -> Non
     scored = sorted(aw.index[aw["string_match_all"] > 0])
     assert len(aw) == 5 and (ag["string_match_all"] == 0).all() and len(scored) == 3  # "three records"
     assert set(aw.loc[scored, "string_match_all"]) == {25.0}
-    for r in scored:  # "a run of near-consecutive numbers that holds one of the four values" (25: 1 of 4)
-        nums = [int(x) for x in re.findall(r"\d+", aw.loc[r, "prediction"])]
-        assert all(abs(b - a) <= 10 for a, b in zip(nums, nums[1:], strict=False)) and len(nums) > 5
+    credit = pd.read_csv(RES / "exp10_ruler" / "run_credit.csv", comment="#", dtype={"value": str})
+    credit = credit[(credit["experiment"] == "exp10_ruler_gemma") & (credit["setting"] == "aware")]
+    for r in scored:  # "a run of near-consecutive numbers that starts at one of the four values" (25: 1 of 4)
+        nums = re.findall(r"\d+", aw.loc[r, "prediction"])
+        assert all(abs(int(b) - int(a)) <= 10 for a, b in zip(nums, nums[1:], strict=False)) and len(nums) > 5
+        (value,) = credit.loc[credit["point"].str.contains("task=niah_multivalue,budget=0.5,policy=kvzip")
+                              & (credit["record"] == r), "value"]
+        assert nums[0] == value
     back = [r for r in scored if float(mrows[("agnostic_cut", r)]["string_match_all"]) > 0]
     assert len(back) == 1 and float(mrows[("agnostic_cut", back[0])]["string_match_all"]) == 25.0
     assert mrows[("aware_cut", back[0])]["prediction"] == ag.loc[back[0], "prediction"]
