@@ -930,7 +930,7 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
         p = p[p["complete"] & ((p["budget"] == 0.5) | (p["policy"] == "full"))]
         got = p.groupby("policy").size().to_dict()
         assert got == {k: 11 for k in ("full", "keyformer", "h2o", "snapkv", "window", "expected_attention",
-                                       "keydiff", "kvzip", "rkv", "tova")}
+                                       "keydiff", "kvzip", "rkv", "tova", "pyramidkv")}
     # Gemma 3's <bos> rerun: tiers 1 and 2 (the core five, both settings) complete from one commit; tiers 1b
     # and 2b (the 2025 methods) collected as they run, from the same commit
     core = ("full", "keyformer", "h2o", "snapkv", "window")
@@ -967,11 +967,14 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     assert done == {"expected_attention": 33, "keydiff": 33, "rkv": 33}
     assert "Expected Attention's, KeyDiff's and R-KV's 33 each complete)" in doc
     for setting in ("aware", "agnostic"):  # "then the 2024 policies from the same worktree"
-        tova = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv").query("policy == 'tova'")
-        assert len(tova) == 44 and tova["complete"].all() and set(tova["git_commit"].str[:7]) == set(
-            ta["git_commit"].str[:7])
-    assert "then the 2024 policies from the same worktree, policy by policy: TOVA at the four ratios, " \
-           "question-aware then query-agnostic (44 points each, complete), then PyramidKV (running)" in doc
+        pts = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv")
+        for policy in ("tova", "pyramidkv"):
+            one = pts[pts["policy"] == policy]
+            assert len(one) == 44 and one["complete"].all() and set(one["git_commit"].str[:7]) == set(
+                ta["git_commit"].str[:7])
+    assert ("then the 2024 policies from the same worktree, policy by policy: TOVA and then PyramidKV at "
+            "the four ratios, each question-aware then query-agnostic (44 points a setting each, complete), "
+            "then Ada-KV (running)") in doc
     added = pd.read_csv(RES / "exp10_ruler_gemma" / "agnostic" / "replaced.csv")
     added = added[(added["action"] == "added") & added["point"].str.contains("|".join(core))]
     late = int((added["when"] > "2026-12-05T09:32").sum())  # collected after session 52 ended
@@ -1335,7 +1338,7 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
             words.append(ORDINALS[rank - 1] + (f" (tied with {'H2O' if tied == ['h2o'] else tied})"
                                                if tied else ""))
             smallest += [(float(r[5]), r[0], ratio, setting, r[4]) for r in at if r[0] in ("h2o", "snapkv")]
-    words_for = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+    words_for = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
     count = {k: words_for[v] for k, v in n.items()}  # a count outside the table is a KeyError, not a word
     aware, agnostic = count["question-aware"], count["query-agnostic"]
     assert (f"ranks {words[0]}, {words[1]} and {words[2]} of the {aware} at ratios 0.25, 0.75 and 0.875 with "
@@ -1428,13 +1431,14 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     (c,) = set(t4["git_commit"].str[:7])
     assert t4.groupby("policy").size().to_dict() == {"expected_attention": 33, "keydiff": 33, "rkv": 33}
     assert t4["complete"].all()
-    for setting in ("aware", "agnostic"):  # "TOVA at the four ratios, 44 points a setting, the same worktree"
-        tv4 = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv").query("policy == 'tova'")
-        assert set(tv4["git_commit"].str[:7]) == {c} and len(tv4) == 44 and tv4["complete"].all() and set(
-            tv4["budget"]) == {0.75, 0.5, 0.25, 0.125}
+    for setting in ("aware", "agnostic"):  # "TOVA and then PyramidKV ..., 44 points a setting each"
+        for policy in ("tova", "pyramidkv"):
+            tv4 = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv").query(f"policy == '{policy}'")
+            assert set(tv4["git_commit"].str[:7]) == {c} and len(tv4) == 44 and tv4["complete"].all() and set(
+                tv4["budget"]) == {0.75, 0.5, 0.25, 0.125}
     assert (f"Expected Attention, KeyDiff and R-KV query-agnostic at the three ratios, 33 points each, from "
-            f"a clean worktree at `{c}`, Intel Xeon, 2026-12-05; TOVA at the four ratios, 44 points a "
-            "setting, from the same worktree)") in prose
+            f"a clean worktree at `{c}`, Intel Xeon, 2026-12-05; TOVA and then PyramidKV at the four ratios, "
+            "44 points a setting each, from the same worktree)") in prose
     tg = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "tova"}  # no question
     assert float(tg["0.25"][5]) < 0.05 < float(tg["0.75"][5]) and float(tg["0.875"][5]) >= 0.05
     assert float(tg["0.5"][5]) < 0.05 and float(tg["0.5"][4].split()[0]) > 0  # "holds only at 0.25 and 0.5"
@@ -1795,10 +1799,10 @@ def test_exp10_status_names_tier4_policies_with_averages() -> None:
             ["keyformer", "h2o", "snapkv", "window"])]  # tier 3's four are not tier 4
         n = p.groupby(["policy", "budget"]).size().unstack()
         have[setting] = sorted(n.index[(n == 11).all(axis=1) & (n.shape[1] == 3)])
-    assert have == {"aware": ["expected_attention", "keydiff", "kvzip", "rkv", "tova"],
-                    "agnostic": ["expected_attention", "keydiff", "kvzip", "rkv", "tova"]}
-    assert "so far the four 2025 methods and TOVA, in both settings)" in status
-    assert "(the 2025 methods and TOVA complete in both settings; PyramidKV next)" in status
+    four = ["expected_attention", "keydiff", "kvzip", "pyramidkv", "rkv", "tova"]
+    assert have == {"aware": four, "agnostic": four}
+    assert "so far the four 2025 methods, TOVA and PyramidKV, in both settings)" in status
+    assert "(the 2025 methods, TOVA and PyramidKV complete in both settings; Ada-KV next)" in status
 
 
 def test_exp10_gemma_kvzip_question_reading_prose_is_the_committed_csvs() -> None:
@@ -1925,10 +1929,11 @@ def test_exp10_equal_bytes_caveat_is_the_generated_kv_held_cells() -> None:
         for r in _exp10_rows(region, label):
             if r[0] != "full":
                 held.setdefault(r[1], {}).setdefault(r[0], []).append(float(r[9]))
-    more = {"snapkv", "kvzip", "rkv"}
+    more = {"snapkv", "pyramidkv", "kvzip", "rkv"}
     for ratio, by in held.items():  # per setting: above Keyformer's bytes (past rounding) <=> the three
         for i in range(2):
             assert {p for p, v in by.items() if v[i] > by["keyformer"][i] + 0.005} == more, (ratio, i)
+    assert "SnapKV, PyramidKV and KVzip cut the prompt once" in prose and "these four hold more" in prose
     def span(ratio: str, group: bool) -> tuple[float, float]:
         v = [x for p, xs in held[ratio].items() if (p in more) == group for x in xs]
         return min(v), max(v)
@@ -1938,9 +1943,103 @@ def test_exp10_equal_bytes_caveat_is_the_generated_kv_held_cells() -> None:
     assert f"and {a_lo:.3f}-{a_hi:.3f} against {b_lo:.3f}-{b_hi:.3f} at 0.875 (both settings)" in prose
     assert f"up to {a_hi / b_lo:.1f}x the bytes" in prose
     kf = held["0.875"]["keyformer"]
-    r = [held["0.875"][p][i] / kf[i] for p in ("rkv", "snapkv") for i in range(2)]
+    r = [held["0.875"][p][i] / kf[i] for p in ("rkv", "snapkv") for i in range(2)]  # the two it names
     assert f"{min(r):.1f}-{max(r):.1f}x Keyformer's bytes there" in prose
     rkv = next(x for x in _exp10_rows(region, "question-aware") if x[0] == "rkv" and x[1] == "0.875")
     assert f"R-KV's question-aware lead at 0.875 ({rkv[4].split()[0]})" in prose
     rkv_yaml = yaml.safe_load((ROOT / "conf" / "policy" / "rkv.yaml").read_text())
     assert f"R-KV holds up to {rkv_yaml['buffer']} decode tokens beyond the budget" in prose
+
+
+def test_exp10_pyramidkv_prose_is_the_generated_cells_and_kept_depth() -> None:
+    """The PyramidKV paragraph (tier 4): its differences from Keyformer and Holm p in both settings, the side
+    of Keyformer each falls on, its averages against SnapKV's, its loss without the question, and the
+    layer-by-layer reading of ``kept_depth_niah_single_2.csv``, all read from the generated tables and the
+    committed CSV."""
+    text = (RES / "README.md").read_text()
+    region = text[text.index("<!-- keyformer-report:exp10_ruler -->"):
+                  text.index("<!-- /keyformer-report:exp10_ruler -->")]
+    prose = " ".join(text[text.index("**PyramidKV, SnapKV's scores"):text.index("**Equal budget")].split())
+    ratios = ("0.25", "0.5", "0.75", "0.875")
+    aw = {r[1]: r for r in _exp10_rows(region, "question-aware") if r[0] == "pyramidkv"}
+    ag = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "pyramidkv"}
+    p = lambda c: 0.0 if c == "< 0.001" else float(c)  # noqa: E731
+    both = (*aw.values(), *ag.values())
+    assert all(float(r[4].split()[0]) <= 0 or p(r[5]) >= 0.05 for r in both)  # never ahead
+    assert min(p(aw["0.25"][5]), p(aw["0.875"][5]), p(aw["0.5"][5])) >= 0.05 > p(aw["0.75"][5])
+    assert max(p(ag["0.25"][5]), p(ag["0.5"][5])) < 0.05 <= min(p(ag["0.75"][5]), p(ag["0.875"][5]))
+    assert all(float(x[4].split()[0]) < 0 for x in (aw["0.5"], aw["0.75"], ag["0.25"], ag["0.5"]))
+    assert (f"question-aware it is tied at 0.25 and 0.875 ({aw['0.25'][4]}, Holm p {aw['0.25'][5]}; "
+            f"{aw['0.875'][4]}, Holm p {aw['0.875'][5]}), below it by its point estimate at 0.5 "
+            f"({aw['0.5'][4]}, Holm p {aw['0.5'][5]}) and behind it after the correction at 0.75 "
+            f"({aw['0.75'][4]}, Holm p {aw['0.75'][5]}); query-agnostic it is behind after the correction at "
+            f"0.25 and 0.5 ({ag['0.25'][4]}, Holm p {ag['0.25'][5]}; {ag['0.5'][4]}, Holm p {ag['0.5'][5]}) "
+            "and tied at 0.75 and 0.875 "
+            f"({ag['0.75'][4]}, Holm p {ag['0.75'][5]}; {ag['0.875'][4]}, Holm p {ag['0.875'][5]})") in prose
+    avg = lambda rows, pol: {r[1]: r[3].split()[0] for r in rows if r[0] == pol}  # noqa: E731
+    for label in ("question-aware", "query-agnostic"):  # "below SnapKV at three of the four ratios"
+        rows = _exp10_rows(region, label)
+        py, sn = avg(rows, "pyramidkv"), avg(rows, "snapkv")
+        assert sum(float(py[r]) < float(sn[r]) for r in ratios) == 3
+    rows = _exp10_rows(region, "question-aware")
+    py, sn = avg(rows, "pyramidkv"), avg(rows, "snapkv")
+    assert (f"(question-aware {py['0.25']}, {py['0.5']}, {py['0.75']} and {py['0.875']} against SnapKV's "
+            f"{sn['0.25']}, {sn['0.5']}, {sn['0.75']} and {sn['0.875']})") in prose
+    loss = {}
+    for ln in region[region.index("Question-aware vs query-agnostic"):].splitlines():
+        c = [x.strip() for x in ln.strip("|").split("|")]
+        if ln.startswith("| ") and len(c) == 6 and c[1] in ratios:
+            loss[(c[0], c[1])] = c[4]
+    lo_hi = lambda cell: [float(v) for v in cell.split("[")[1].rstrip("]").split(",")]  # noqa: E731
+    assert min((k for k in loss if k[1] == "0.25"), key=lambda k: float(loss[k].split()[0]))[0] == "pyramidkv"
+    assert all(lo_hi(loss[("pyramidkv", r)])[0] <= 0 <= lo_hi(loss[("pyramidkv", r)])[1] for r in ratios[1:])
+    assert f"it loses {loss[('pyramidkv', '0.25')]} at 0.25, the most of any policy" in prose
+    k = pd.read_csv(RES / "exp10_ruler" / "kept_depth_niah_single_2.csv", comment="#")
+    assert k.groupby("policy")["record"].nunique().eq(5).all() and "budget 0.5" in (
+        (RES / "exp10_ruler" / "kept_depth_niah_single_2.csv").read_text().splitlines()[0])
+    share = k.assign(kept=k[[f"kept_d{i}" for i in range(10)]].mean(axis=1)).groupby(
+        ["policy", "layer"])["kept"].mean()
+    top = int(k["layer"].max())
+    assert (f"PyramidKV's first layer keeps {100 * share[('pyramidkv', 0)]:.0f} % of the prompt and its last "
+            f"{100 * share[('pyramidkv', top)]:.0f} %") in prose
+    assert share.xs("snapkv").round(2).eq(0.5).all()  # "every SnapKV layer keeps half"
+    band = pd.cut(k["layer"], [-1, 9, 19, top], labels=["low", "mid", "high"])
+    nk = k.assign(band=band).groupby(["policy", "band"], observed=True)["needle_kept"].mean()
+    s3, p3 = [f"{nk[('snapkv', b)]:.2f}" for b in ("low", "mid", "high")], [
+        f"{nk[('pyramidkv', b)]:.2f}" for b in ("low", "mid", "high")]
+    assert s3 == sorted(s3) and p3 == sorted(p3, reverse=True)  # "more ... the deeper", "less"
+    assert (f"SnapKV keeps more of the needle's value the deeper the layer ({s3[0]}, {s3[1]} and {s3[2]} "
+            f"of its slots in layers 0-9, 10-19 and 20-29), PyramidKV less ({p3[0]}, {p3[1]} and "
+            f"{p3[2]})") in prose
+    s = pd.read_csv(RES / "exp10_ruler" / "aware" / "samples.csv", keep_default_na=False)
+    score = {pol: s[s["point"] == f"task=niah_single_2,budget=0.5,policy={pol}"].set_index("id")[
+        "string_match_all"] for pol in ("snapkv", "pyramidkv")}
+    only = sorted(score["snapkv"].index[(score["snapkv"] > 0) & (score["pyramidkv"] == 0)])
+    assert len(only) == 2
+    hi = k[k["layer"] > 19].groupby(["policy", "record"])["needle_kept"].mean()
+    cells = _ruler_per_task(region)
+    assert (f"on the two records SnapKV answers and PyramidKV does not (niah_single_2: "
+            f"{cells[('question-aware', 'snapkv', '0.5')]['niah_single_2']} against "
+            f"{cells[('question-aware', 'pyramidkv', '0.5')]['niah_single_2']}) SnapKV's layers 20-29 keep "
+            f"{hi[('snapkv', only[0])]:.2f} and {hi[('snapkv', only[1])]:.2f} of the needle, PyramidKV's "
+            f"{hi[('pyramidkv', only[0])]:.2f} and {hi[('pyramidkv', only[1])]:.2f}") in prose
+
+
+def test_exp10_ratio_half_rest_of_the_field_is_the_generated_cells() -> None:
+    """Ratio 0.5, question-aware: "PyramidKV is last, below Keyformer by its point estimate but not after the
+    correction", and "apart from KVzip and TOVA, every compressed policy is far below the full cache (-19 to
+    -34 points)", from the generated leaderboard."""
+    text = (RES / "README.md").read_text()
+    region = text[text.index("<!-- keyformer-report:exp10_ruler -->"):
+                  text.index("<!-- /keyformer-report:exp10_ruler -->")]
+    whole = " ".join(text.split())
+    at = {r[0]: r for r in _exp10_rows(region, "question-aware") if r[1] == "0.5"}
+    py = at["pyramidkv"]
+    assert int(py[7]) == len(at) and float(py[4].split()[0]) < 0 and float(py[5]) >= 0.05
+    assert "PyramidKV is last, below Keyformer by its point estimate but not after the correction" in whole
+    assert "and PyramidKV is below it by its point estimate only;" in whole
+    gap = {p: float(r[6].split()[0]) for p, r in at.items() if r[6]}
+    rest = [v for p, v in gap.items() if p not in ("kvzip", "tova")]
+    assert min(gap["kvzip"], gap["tova"]) > -10 > max(rest)
+    assert (f"Apart from KVzip and TOVA, every compressed policy is far below the full cache "
+            f"({max(rest):.0f} to {min(rest):.0f} points)") in whole

@@ -105,14 +105,37 @@ def test_prose_is_the_csv_and_the_rescored_points() -> None:
     ea = [f"{drop[(st, 'expected_attention', 0.75)]:.2f}" for st in ("aware", "agnostic")]
     assert ea[0] == ea[1] and f"Expected Attention's there by {ea[0]} in both" in prose
     assert f"TOVA's by at most {drop.xs('tova', level='policy').max():.2f}" in prose
-    assert set(drop.index.get_level_values("policy")) == {"keyformer", "expected_attention", "tova"}
-    for setting in ("aware", "agnostic"):  # "changes no rank at any ratio or setting"
+    assert f"PyramidKV's at 0.875 (question-aware) by {drop[('aware', 'pyramidkv', 0.125)]:.2f}" in prose
+    assert set(drop.index.get_level_values("policy")) == {"keyformer", "expected_attention", "tova",
+                                                          "pyramidkv"}
+    moved, avgs, ranks = {}, {}, {}
+    for setting in ("aware", "agnostic"):  # which orderings of point estimates rescoring changes
         p = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv")
         p = p[p["complete"] & (p["policy"] != "full")]
         avg = p.groupby(["budget", "policy"])["string_match_all"].mean()
-        d = drop.xs(setting, level="setting") if setting in drop.index.get_level_values(0) else pd.Series()
-        d = d.swaplevel().reindex(avg.index).fillna(0.0) if len(d) else 0.0
+        d = drop.xs(setting, level="setting").swaplevel().reindex(avg.index).fillna(0.0)
         for budget, a in (avg - d).groupby(level="budget"):
             before = avg.xs(budget, level="budget").rank(ascending=False, method="min")
             after = a.droplevel("budget").rank(ascending=False, method="min")
-            assert before.equals(after), (setting, budget)
+            if not before.equals(after):
+                moved[(setting, budget)] = set(before.index[before != after])
+                avgs[(setting, budget)] = (avg.xs(budget, level="budget"), a.droplevel("budget"))
+                ranks[(setting, budget)] = (before, after)
+    assert moved == {("aware", 0.125): {"pyramidkv", "keyformer", "snapkv"},
+                     ("aware", 0.75): {"expected_attention", "pyramidkv"}}
+    text = (RES / "README.md").read_text()
+    region = text[text.index("<!-- keyformer-report:exp10_ruler -->"):
+                  text.index("<!-- /keyformer-report:exp10_ruler -->")]
+    table = region[region.index("**question-aware**"):].split("Per task")[0]
+    holm = {(r[0], r[1]): r[5] for r in ([c.strip() for c in ln.strip("|").split("|")]
+                                          for ln in table.splitlines() if ln.startswith("| "))}
+    ratio = {0.125: "0.875", 0.75: "0.25"}
+    assert all(float(holm[(q, ratio[b])]) >= 0.05 for (_, b), ps in moved.items() for q in ps - {"keyformer"})
+    (b0, a0), (b1, a1) = avgs[("aware", 0.125)], avgs[("aware", 0.75)]
+    before, after = ranks[("aware", 0.125)]
+    ordinal = {7: "seventh", 8: "eighth"}
+    assert (f"PyramidKV ({b0['pyramidkv']:.1f} to {a0['pyramidkv']:.1f}) falls below Keyformer and SnapKV, "
+            f"which would make Keyformer {ordinal[int(after['keyformer'])]} there instead of "
+            f"{ordinal[int(before['keyformer'])]}, and at 0.25 question-aware Expected Attention "
+            f"({b1['expected_attention']:.1f} to {a1['expected_attention']:.1f}) falls below "
+            "PyramidKV") in prose
