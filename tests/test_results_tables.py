@@ -2043,3 +2043,22 @@ def test_exp10_ratio_half_rest_of_the_field_is_the_generated_cells() -> None:
     assert min(gap["kvzip"], gap["tova"]) > -10 > max(rest)
     assert (f"Apart from KVzip and TOVA, every compressed policy is far below the full cache "
             f"({max(rest):.0f} to {min(rest):.0f} points)") in whole
+
+
+def test_collect_policies_collects_only_those_policies(tmp_path: Path, capsys) -> None:
+    """``--policies``: only the named policies' points (and their samples) land; a name no point has is a
+    clear error naming the policies the sweep holds, and nothing is written."""
+    sweep = _sweep(tmp_path / "s", {"a": 1.0, "b": 2.0})
+    cfg = (sweep / "b" / "config.yaml").read_text()
+    (sweep / "b" / "config.yaml").write_text(cfg.replace("name: h2o", "name: tova"))
+    out = tmp_path / "out"
+    assert collect.main([str(sweep), str(out), "--replace", "--policies", "tova"]) == 0
+    assert list(pd.read_csv(out / "points.csv")["point"]) == ["b"]
+    assert set(pd.read_csv(out / "samples.csv")["point"]) == {"b"}
+    assert collect.main([str(sweep), str(out), "--replace", "--policies", "h2o,tova"]) == 0
+    assert sorted(pd.read_csv(out / "points.csv")["point"]) == ["a", "b"]
+    before = (out / "points.csv").read_text()
+    assert collect.main([str(sweep), str(out), "--replace", "--policies", "tova,pyramid"]) == 2
+    err = capsys.readouterr().err
+    assert "--policies pyramid" in err and "h2o, tova" in err
+    assert (out / "points.csv").read_text() == before

@@ -5,6 +5,7 @@
     keyformer-collect multirun/fewshot results/fewshot                          # lm-eval runs (task=lm_eval)
     keyformer-collect multirun/exp1_rerun results/exp1_cnndm --replace          # re-run points replace theirs
     keyformer-collect multirun/exp10 results/exp10_ruler/aware --replace --complete-only  # finished runs only
+    keyformer-collect multirun/exp10 results/exp10_ruler/aware --replace --complete-only --policies tova
 
 The W&B source reads the runs of one group (``logger=wandb`` names the group after the sweep folder) with
 their config, summary metrics and per-sample table, and writes the same files, so the notebooks read either.
@@ -366,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                     "same-named points, the others stay; logged to stdout and OUT/replaced.csv")
     ap.add_argument("--complete-only", action="store_true", help="collect only the points whose runs have "
                     "finished (complete = true); the unfinished ones are named and left out")
+    ap.add_argument("--policies", metavar="P[,P...]", help="collect only the points of these policies (a "
+                    "sweep that runs policy by policy: one policy's points land while the next one's run)")
     args = ap.parse_args(argv)
     if args.wandb:
         points, samples = collect_wandb(args.wandb, args.sweep)
@@ -381,6 +384,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         points, samples = collect(sweep)
         where = str(sweep)
+    if args.policies and not points.empty:
+        wanted = [x.strip() for x in args.policies.split(",") if x.strip()]
+        have = sorted(set(points["policy"]))
+        unknown = [x for x in wanted if x not in have]
+        if unknown:
+            print(f"error: --policies {', '.join(unknown)}: no such policy among the points in {where}; they "
+                  f"hold {', '.join(have)}", file=sys.stderr)
+            return 2
+        points = points[points["policy"].isin(wanted)].reset_index(drop=True)
+        samples = samples[samples["point"].isin(points["point"])].reset_index(drop=True)
     if args.complete_only and not points.empty:
         partial = sorted(points.loc[~points["complete"].astype(bool), "point"])
         if partial:
