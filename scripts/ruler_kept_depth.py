@@ -66,17 +66,24 @@ def code_at() -> str:
     return commit + (" (keyformer/ modified)" if dirty else "")
 
 
-def load_point(experiment: str, task: str, n: int) -> tuple:
-    """(cfg, model, tokenizer, records, chat, prompt limit) of an experiment-10 point of ``task`` with policy
-    full: its first ``n`` records, read as the experiment read them."""
+def point_records(experiment: str, task: str, n: int) -> tuple:
+    """(cfg, records) of an experiment-10 point of ``task`` with policy full: its first ``n`` records,
+    generated as the experiment generated them (no model loaded)."""
     from keyformer.run.data import load_records
-    from keyformer.run.loading import load_model
     from keyformer.run.paths import compose
-    from keyformer.run.tasks.generate import prompt_limit
 
     cfg = compose([*point_overrides(experiment, task, n), "policy=full"])
+    return cfg, load_records(cfg["dataset"], n, int(cfg["seed"]), cfg["model"])[:n]
+
+
+def load_point(experiment: str, task: str, n: int) -> tuple:
+    """(cfg, model, tokenizer, records, chat, prompt limit) of an experiment-10 point of ``task`` with policy
+    full: :func:`point_records` and the model, read as the experiment read them."""
+    from keyformer.run.loading import load_model
+    from keyformer.run.tasks.generate import prompt_limit
+
+    cfg, records = point_records(experiment, task, n)
     model, tok = load_model(cfg)
-    records = load_records(cfg["dataset"], n, int(cfg["seed"]), cfg["model"])[:n]
     chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
     return cfg, model, tok, records, chat, prompt_limit(cfg, model)
 

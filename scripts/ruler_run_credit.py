@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 _KEPT_DEPTH = runpy.run_path(str(Path(__file__).with_name("ruler_kept_depth.py")))  # its helpers, shared
-point_overrides, code_at = _KEPT_DEPTH["point_overrides"], _KEPT_DEPTH["code_at"]
+point_records, code_at = _KEPT_DEPTH["point_records"], _KEPT_DEPTH["code_at"]
 
 EXPERIMENTS = ("exp10_ruler", "exp10_ruler_gemma")
 SETTINGS = ("aware", "agnostic")
@@ -71,12 +71,7 @@ def credit_class(prediction: str, value: str) -> str | None:
 
 def answers_by_record(experiment: str, task: str, n: int) -> dict[str, list[str]]:
     """{record id: reference values} of an experiment-10 point of ``task``, regenerated as it ran."""
-    from keyformer.run.data import load_records
-    from keyformer.run.paths import compose
-
-    cfg = compose([*point_overrides(experiment, task, n), "policy=full"])
-    records = load_records(cfg["dataset"], n, int(cfg["seed"]), cfg["model"])[:n]
-    return {r["id"]: list(r["answers"]) for r in records}
+    return {r["id"]: list(r["answers"]) for r in point_records(experiment, task, n)[1]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1909,6 +1909,12 @@ def test_exp10_tova_prose_cites_its_exp7_standing_from_the_generated_tables() ->
     assert lo_hi["needle"][0] <= 0 <= lo_hi["needle"][1]  # "not separable"
     assert lo_hi["cnndm"][1] < 0  # "below Keyformer"
     assert all(lo_hi[t][0] <= 0 <= lo_hi[t][1] for t in ("leval_sqa", "multi_news"))  # "tied with it"
+    budgets = [c for c in cell["needle"] if c.replace(".", "").isdigit()]  # the needle table's budget columns
+    pct = [f"{100 * float(b):.0f}" for b in budgets]
+    assert f"(CNN/DM-era tasks, {CARDINALS[len(needle) - 1]} policies, budgets {pct[0]}-{pct[-1]} %)" in prose
+    avg = next(r for r in _exp10_rows(text[text.index("<!-- keyformer-report:exp10_ruler -->"):],
+                                      "query-agnostic") if r[0] == "tova" and r[1] == "0.5")
+    assert f"TOVA scores {avg[3].split()[0]} and loses" in prose
     assert (f"on the needle it is tied first at 10 and 20 % and second at 30 and 50 % (behind the window; "
             f"{diff['needle']} pooled over Keyformer, {cell['needle']['n']} contexts, not separable), while "
             f"on CNN/DM it is below Keyformer ({diff['cnndm']}) and on L-Eval and multi_news tied with it "
