@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import runpy
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ruler_kept_depth import _value_span, code_at, held, load_point, point_overrides  # noqa: E402
+_KD = runpy.run_path(str(Path(__file__).with_name("ruler_kept_depth.py")))  # its helpers, shared
+_value_span, code_at, held, load_point, point_overrides = (
+    _KD[k] for k in ("_value_span", "code_at", "held", "load_point", "point_overrides"))
 
 POLICIES = ("snapkv", "adakv_snapkv", "keyformer", "adakv_keyformer")
 
