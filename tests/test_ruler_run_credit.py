@@ -106,8 +106,10 @@ def test_prose_is_the_csv_and_the_rescored_points() -> None:
     assert ea[0] == ea[1] and f"Expected Attention's there by {ea[0]} in both" in prose
     assert f"TOVA's by at most {drop.xs('tova', level='policy').max():.2f}" in prose
     assert f"PyramidKV's at 0.875 (question-aware) by {drop[('aware', 'pyramidkv', 0.125)]:.2f}" in prose
+    ada = drop[("aware", "adakv_snapkv", 0.25)]
+    assert f"Ada-KV over SnapKV's at 0.75 (question-aware) by {ada:.2f}" in prose
     assert set(drop.index.get_level_values("policy")) == {"keyformer", "expected_attention", "tova",
-                                                          "pyramidkv"}
+                                                          "pyramidkv", "adakv_snapkv"}
     moved, avgs, ranks = {}, {}, {}
     for setting in ("aware", "agnostic"):  # which orderings of point estimates rescoring changes
         p = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv")
@@ -122,20 +124,37 @@ def test_prose_is_the_csv_and_the_rescored_points() -> None:
                 avgs[(setting, budget)] = (avg.xs(budget, level="budget"), a.droplevel("budget"))
                 ranks[(setting, budget)] = (before, after)
     assert moved == {("aware", 0.125): {"pyramidkv", "keyformer", "snapkv"},
-                     ("aware", 0.75): {"expected_attention", "pyramidkv"}}
+                     ("aware", 0.75): {"expected_attention", "pyramidkv"},
+                     ("agnostic", 0.75): {"keyformer", "expected_attention", "adakv_snapkv"},
+                     ("aware", 0.25): {"adakv_snapkv"}}
     text = (RES / "README.md").read_text()
     region = text[text.index("<!-- keyformer-report:exp10_ruler -->"):
                   text.index("<!-- /keyformer-report:exp10_ruler -->")]
-    table = region[region.index("**question-aware**"):].split("Per task")[0]
-    holm = {(r[0], r[1]): r[5] for r in ([c.strip() for c in ln.strip("|").split("|")]
-                                          for ln in table.splitlines() if ln.startswith("| "))}
-    ratio = {0.125: "0.875", 0.75: "0.25"}
-    assert all(float(holm[(q, ratio[b])]) >= 0.05 for (_, b), ps in moved.items() for q in ps - {"keyformer"})
+    holm = {}
+    for setting, label in (("aware", "**question-aware**"), ("agnostic", "**query-agnostic**")):
+        table = region[region.index(label):].split("Per task")[0]
+        rows = ([c.strip() for c in ln.strip("|").split("|")] for ln in table.splitlines()
+                if ln.startswith("| "))
+        holm.update({(setting, r[0], r[1]): r[5] for r in rows})
+    ratio = {0.125: "0.875", 0.75: "0.25", 0.25: "0.75"}
+    assert all(float(holm[(s, q, ratio[b])]) >= 0.05
+               for (s, b), ps in moved.items() for q in ps - {"keyformer"})
+    assert "Four orderings change, all among policies tied with Keyformer after Holm's correction" in prose
+    ordinal = {7: "seventh", 8: "eighth", 9: "ninth"}
     (b0, a0), (b1, a1) = avgs[("aware", 0.125)], avgs[("aware", 0.75)]
     before, after = ranks[("aware", 0.125)]
-    ordinal = {7: "seventh", 8: "eighth"}
     assert (f"PyramidKV ({b0['pyramidkv']:.1f} to {a0['pyramidkv']:.1f}) falls below Keyformer and SnapKV, "
             f"which would make Keyformer {ordinal[int(after['keyformer'])]} there instead of "
-            f"{ordinal[int(before['keyformer'])]}, and at 0.25 question-aware Expected Attention "
+            f"{ordinal[int(before['keyformer'])]}; at 0.25 question-aware Expected Attention "
             f"({b1['expected_attention']:.1f} to {a1['expected_attention']:.1f}) falls below "
-            "PyramidKV") in prose
+            "PyramidKV;") in prose
+    (b2, a2), (rb, ra) = avgs[("agnostic", 0.75)], ranks[("agnostic", 0.75)]
+    assert a2["keyformer"] < a2["adakv_snapkv"] and a2["expected_attention"] < a2["adakv_snapkv"]
+    assert (f"at 0.25 query-agnostic Keyformer ({b2['keyformer']:.2f} to {a2['keyformer']:.2f}) and "
+            f"Expected Attention ({b2['expected_attention']:.2f} to {a2['expected_attention']:.2f}) fall "
+            f"below Ada-KV over SnapKV ({a2['adakv_snapkv']:.2f}), which would make Keyformer "
+            f"{ordinal[int(ra['keyformer'])]} there instead of {ordinal[int(rb['keyformer'])]}") in prose
+    b3, a3 = avgs[("aware", 0.25)]
+    assert a3["adakv_snapkv"] < a3["snapkv"] == b3["snapkv"] == b3["adakv_snapkv"]
+    assert (f"at 0.75 question-aware Ada-KV over SnapKV ({b3['adakv_snapkv']:.2f} to "
+            f"{a3['adakv_snapkv']:.2f}) falls below SnapKV ({a3['snapkv']:.2f})") in prose
