@@ -7,7 +7,10 @@ Keyformer at its smallest larger budget whose K/V held is at least the policy's,
 (both from the committed ``samples.csv``), and writes the difference over tasks with its stratified bootstrap
 CI and two-sided p (the leaderboard's: :func:`keyformer.lab.analysis.stratified_diff`, 2000 replicates, seed
 0), next to the same-budget difference. A lead that survives Keyformer holding at least as many bytes is not
-a bytes artifact; one that does not is not settled either (Keyformer then holds more).
+a bytes artifact; one that does not is not settled either (Keyformer then holds more). Where
+``results/exp10_ruler/equal_bytes/`` holds Keyformer at an off-grid budget whose K/V held is within 0.005 of a
+policy's (``experiments/queues/exp10_equal_bytes.txt``: budget 0.14, question-aware, for ratio 0.875), the
+``equal_*`` columns give that equal-bytes difference.
 
     python scripts/ruler_equal_bytes.py results/exp10_ruler/equal_bytes.csv
 """
@@ -31,6 +34,8 @@ from keyformer.lab.analysis import (
 from keyformer.run.paths import ROOT
 
 MARGIN = 0.005  # "holds more than Keyformer": past the rounding of the report's K/V held column
+EQUAL = "equal_bytes"  # results/exp10_ruler/equal_bytes: Keyformer at off-grid budgets
+EQUAL_TOL = 0.005  # "equal bytes": K/V held within this of the policy's
 
 
 def _diff(points: pd.DataFrame, samples: pd.DataFrame, a: tuple[str, float],
@@ -50,13 +55,20 @@ def _diff(points: pd.DataFrame, samples: pd.DataFrame, a: tuple[str, float],
 def rows(setting: str) -> list[dict]:
     """The (policy, ratio) pairs of ``setting`` (aware or agnostic) that hold more K/V than Keyformer, each
     also against Keyformer at its smallest larger budget holding at least as much (complete points)."""
-    points, samples = load_experiment(str(ROOT / "results" / "exp10_ruler"), setting, complete_only=True)
+    res = ROOT / "results" / "exp10_ruler"
+    points, samples = load_experiment(str(res), setting, complete_only=True)
     points = points[points["policy"] != "full"]
+    matched: list[float] = []  # Keyformer's budgets in results/exp10_ruler/equal_bytes (question-aware)
+    if setting == "aware" and (res / EQUAL / "points.csv").is_file():
+        p2, s2 = load_experiment(str(res), EQUAL, complete_only=True)
+        matched = sorted(set(p2["budget"].astype(float)))
+        points = pd.concat([points, p2], ignore_index=True)
+        samples = pd.concat([samples, s2], ignore_index=True)
     full = points.groupby(["policy", "budget"]).size().index  # every (policy, budget) with a point
     have = [(p, float(b)) for p, b in full
             if len(_ruler_series(points, samples, "string_match_all", p, float(b))) == len(RULER_TASKS)]
     held = {k: _kv_held(points, samples, *k) for k in have}
-    kf = {b: h for (p, b), h in held.items() if p == "keyformer"}
+    kf = {b: h for (p, b), h in held.items() if p == "keyformer" and b not in matched}
     out = []
     for (policy, budget), h in sorted(held.items()):
         if policy == "keyformer" or budget not in kf or h <= kf[budget] + MARGIN:
@@ -71,6 +83,13 @@ def rows(setting: str) -> list[dict]:
             eq = _diff(points, samples, (policy, budget), ("keyformer", b2))
             row |= {"keyformer_ratio": round(1 - b2, 3), "keyformer_more_kv_held": round(kf[b2], 4),
                     "diff": eq[0], "lo": eq[1], "hi": eq[2], "p": eq[3]}
+        near = [b for b in matched
+                if ("keyformer", b) in held and abs(held[("keyformer", b)] - h) <= EQUAL_TOL]
+        if near:  # Keyformer run at a budget whose K/V held matches this policy's
+            b3 = min(near, key=lambda b: abs(held[("keyformer", b)] - h))
+            eq = _diff(points, samples, (policy, budget), ("keyformer", b3))
+            row |= {"equal_budget": b3, "equal_kv_held": round(held[("keyformer", b3)], 4),
+                    "equal_diff": eq[0], "equal_lo": eq[1], "equal_hi": eq[2], "equal_p": eq[3]}
         out.append(row)
     return out
 
