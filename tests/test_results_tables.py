@@ -931,7 +931,7 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
         got = p.groupby("policy").size().to_dict()
         assert got == {k: 11 for k in ("full", "keyformer", "h2o", "snapkv", "window", "expected_attention",
                                        "keydiff", "kvzip", "rkv", "tova", "pyramidkv", "adakv_snapkv",
-                                       "adakv_keyformer")}
+                                       "adakv_keyformer", "streaming")}
     # Gemma 3's <bos> rerun: tiers 1 and 2 (the core five, both settings) complete from one commit; tiers 1b
     # and 2b (the 2025 methods) collected as they run, from the same commit
     core = ("full", "keyformer", "h2o", "snapkv", "window")
@@ -969,13 +969,14 @@ def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
     assert "Expected Attention's, KeyDiff's and R-KV's 33 each complete)" in doc
     for setting in ("aware", "agnostic"):  # "then the 2024 policies from the same worktree"
         pts = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv")
-        for policy in ("tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer"):
+        for policy in ("tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer", "streaming"):
             one = pts[pts["policy"] == policy]
             assert len(one) == 44 and one["complete"].all() and set(one["git_commit"].str[:7]) == set(
                 ta["git_commit"].str[:7])
     assert ("then the 2024 policies from the same worktree, policy by policy: TOVA, PyramidKV, Ada-KV over "
-            "SnapKV and Ada-KV over Keyformer, in that order, at the four ratios, each question-aware then "
-            "query-agnostic (44 points a setting each, complete), then StreamingLLM (running)") in doc
+            "SnapKV, Ada-KV over Keyformer and StreamingLLM, in that order, at the four ratios, each "
+            "question-aware then query-agnostic (44 points a setting each, complete: tier 4 is complete)"
+            ) in doc
     added = pd.read_csv(RES / "exp10_ruler_gemma" / "agnostic" / "replaced.csv")
     added = added[(added["action"] == "added") & added["point"].str.contains("|".join(core))]
     late = int((added["when"] > "2026-12-05T09:32").sum())  # collected after session 52 ended
@@ -1344,7 +1345,7 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
                                                if tied else ""))
             smallest += [(float(r[5]), r[0], ratio, setting, r[4]) for r in at if r[0] in ("h2o", "snapkv")]
     words_for = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten", 11: "eleven",
-                 12: "twelve"}
+                 12: "twelve", 13: "thirteen"}
     count = {k: words_for[v] for k, v in n.items()}  # a count outside the table is a KeyError, not a word
     aware, agnostic = count["question-aware"], count["query-agnostic"]
     assert (f"ranks {words[0]}, {words[1]} and {words[2]} of the {aware} at ratios 0.25, 0.75 and 0.875 with "
@@ -1438,14 +1439,14 @@ def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     assert t4.groupby("policy").size().to_dict() == {"expected_attention": 33, "keydiff": 33, "rkv": 33}
     assert t4["complete"].all()
     for setting in ("aware", "agnostic"):  # "TOVA, PyramidKV, ... at the four ratios, 44 points a setting"
-        for policy in ("tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer"):
+        for policy in ("tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer", "streaming"):
             tv4 = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv").query(f"policy == '{policy}'")
             assert set(tv4["git_commit"].str[:7]) == {c} and len(tv4) == 44 and tv4["complete"].all() and set(
                 tv4["budget"]) == {0.75, 0.5, 0.25, 0.125}
     assert (f"Expected Attention, KeyDiff and R-KV query-agnostic at the three ratios, 33 points each, from "
-            f"a clean worktree at `{c}`, Intel Xeon, 2026-12-05; TOVA, PyramidKV, Ada-KV over SnapKV and "
-            "Ada-KV over Keyformer, in that order, at the four ratios, 44 points a setting each, from the "
-            "same worktree)") in prose
+            f"a clean worktree at `{c}`, Intel Xeon, 2026-12-05; TOVA, PyramidKV, Ada-KV over SnapKV, "
+            "Ada-KV over Keyformer and StreamingLLM, in that order, at the four ratios, 44 points a setting "
+            "each, from the same worktree)") in prose
     tg = {r[1]: r for r in _exp10_rows(region, "query-agnostic") if r[0] == "tova"}  # no question
     assert float(tg["0.25"][5]) < 0.05 < float(tg["0.75"][5]) and float(tg["0.875"][5]) >= 0.05
     assert float(tg["0.5"][5]) >= 0.05 and float(tg["0.5"][4].split()[0]) > 0  # "by its point estimate only"
@@ -1796,24 +1797,26 @@ def test_gpu_run_prose_is_the_committed_run() -> None:
     assert "each policy's peak GPU memory is above full's (its prompt forward runs at batch 23)" in bench
 
 
-def test_exp10_status_names_tier4_policies_with_averages() -> None:
-    """results/README.md's experiment 10 status names the tier-4 policies whose averages exist at the other
-    ratios (every task complete at 0.25, 0.75 and 0.875) in each setting, read from points.csv."""
+def test_exp10_status_says_complete_only_when_every_policy_ran_every_ratio() -> None:
+    """results/README.md's experiment 10 status calls SmolLM2's grid complete: every registered policy
+    (conf/policy/*.yaml) has all 11 tasks complete at the four ratios in both settings (full at its one
+    budget), and the point count it quotes is points.csv's, per setting."""
     sec = (RES / "README.md").read_text().split("## Experiment 10")[1]
     status = " ".join(sec.split("Tier 1 ran")[0].split())
-    have = {}
+    registered = {f.stem for f in (ROOT / "conf" / "policy").glob("*.yaml")} - {"full"}
+    counts = set()
     for setting in ("aware", "agnostic"):
         p = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv")
-        p = p[p["complete"] & ~p["budget"].isin([0.5, 1.0]) & ~p["policy"].isin(
-            ["keyformer", "h2o", "snapkv", "window"])]  # tier 3's four are not tier 4
-        n = p.groupby(["policy", "budget"]).size().unstack()
-        have[setting] = sorted(n.index[(n == 11).all(axis=1) & (n.shape[1] == 3)])
-    four = ["adakv_keyformer", "adakv_snapkv", "expected_attention", "keydiff", "kvzip", "pyramidkv", "rkv",
-            "tova"]
-    assert have == {"aware": four, "agnostic": four}
-    assert "so far the four 2025 methods, TOVA, PyramidKV and both Ada-KVs, in both settings)" in status
-    assert ("(the 2025 methods, TOVA, PyramidKV and both Ada-KVs complete in both settings; StreamingLLM "
-            "next)") in status
+        assert p["complete"].all() and p["point"].is_unique
+        n = p[p["policy"] != "full"].groupby(["policy", "budget"]).size().unstack()
+        assert set(n.index) == registered and sorted(n.columns) == [0.125, 0.25, 0.5, 0.75]
+        assert (n == 11).all(axis=None), setting
+        assert (p["policy"] == "full").sum() == 11
+        counts.add(len(p))
+    (count,) = counts
+    assert (f"tier 4 (every other policy at the four ratios: the four 2025 methods, TOVA, PyramidKV, both "
+            f"Ada-KVs and StreamingLLM, in both settings), every registered policy at every ratio, {count} "
+            "points a setting") in status and "**Status: complete on SmolLM2:" in status
 
 
 def test_exp10_gemma_kvzip_question_reading_prose_is_the_committed_csvs() -> None:
@@ -2117,9 +2120,52 @@ def test_exp10_adakv_prose_is_the_generated_cells_and_head_budgets() -> None:
     assert [f"{v:.2f}" for v in kd.mean()] == [f"{band[('snapkv', i)]:.2f}" for i in range(3)]
 
 
+def test_exp10_streaming_prose_is_the_generated_cells_and_samples() -> None:
+    """The StreamingLLM paragraph (tier 4): its averages against the window's in both settings, how many of
+    its question-aware answers are the window's text (samples.csv), its differences from Keyformer with Holm
+    p and which survive, and the window's cell at 0.75 it is set against, all read from the generated tables
+    and the committed samples."""
+    text = (RES / "README.md").read_text()
+    region = text[text.index("<!-- keyformer-report:exp10_ruler -->"):
+                  text.index("<!-- /keyformer-report:exp10_ruler -->")]
+    prose = " ".join(text[text.index("**StreamingLLM, the recent window"):
+                          text.index("**Equal budget, not equal")].split())
+    ratios = ("0.25", "0.5", "0.75", "0.875")
+    p = lambda c: 0.0 if c == "< 0.001" else float(c)  # noqa: E731
+    listed = lambda xs: ", ".join(xs[:-1]) + f" and {xs[-1]}"  # noqa: E731
+    rows = {label: {(r[0], r[1]): r for r in _exp10_rows(region, label)}
+            for label in ("question-aware", "query-agnostic")}
+    avg = lambda label, pol: listed([rows[label][(pol, r)][3].split()[0] for r in ratios])  # noqa: E731
+    assert (f"question-aware {avg('question-aware', 'streaming')} at 0.25, 0.5, 0.75 and 0.875 against the "
+            f"window's {avg('question-aware', 'window')}, query-agnostic "
+            f"{avg('query-agnostic', 'streaming')} "
+            f"against {avg('query-agnostic', 'window')}") in prose
+    s = pd.read_csv(RES / "exp10_ruler" / "aware" / "samples.csv", keep_default_na=False)
+    s = s.assign(policy=s["point"].str.extract(r"policy=(\w+)")[0],
+                 budget=s["point"].str.extract(r"budget=([\d.]+)")[0].astype(float))
+    pred = {pol: s[s["policy"] == pol].set_index(["budget", "id"])["prediction"]
+            for pol in ("streaming", "window")}
+    assert len(pred["streaming"]) == len(pred["window"]) == 4 * 55
+    same = [int((pred["streaming"][b] == pred["window"][b].reindex(pred["streaming"][b].index)).sum())
+            for b in (0.75, 0.5, 0.25, 0.125)]  # ratios 0.25 .. 0.875
+    assert f"only {listed([str(n) for n in same])} of its 55 question-aware answers" in prose
+    aw = {r: rows["question-aware"][("streaming", r)] for r in ratios}
+    ag = {r: rows["query-agnostic"][("streaming", r)] for r in ratios}
+    assert all(p(aw[r][5]) < 0.05 and float(aw[r][4].split()[0]) > 0 for r in ratios[:3])  # ahead, Holm
+    assert all(p(ag[r][5]) < 0.05 for r in ratios[:2]) and all(float(ag[r][4].split()[0]) > 0 for r in ratios)
+    assert p(aw["0.875"][5]) >= 0.05 and p(ag["0.875"][5]) >= 0.05 and p(ag["0.75"][5]) >= 0.05
+    assert (f"question-aware ({listed([aw[r][4] for r in ratios[:3]])} at those ratios, Holm p "
+            f"{listed([aw[r][5] for r in ratios[:3]])}) and at 0.25 and 0.5 query-agnostic "
+            f"({listed([ag[r][4] for r in ratios[:2]])} at those ratios, Holm p "
+            f"{listed([ag[r][5] for r in ratios[:2]])}), and tied at 0.875 in both.") in prose
+    win = rows["question-aware"][("window", "0.75")]
+    assert p(win[5]) >= 0.05 and f"its lead survives the correction and the window's does not ({win[4]}, " \
+        f"Holm p {win[5]})" in prose
+
+
 def test_exp10_ratio_half_rest_of_the_field_is_the_generated_cells() -> None:
     """Ratio 0.5, question-aware: "PyramidKV is last, below Keyformer by its point estimate but not after the
-    correction", and "apart from KVzip and TOVA, every compressed policy is far below the full cache (-19 to
+    correction", and "apart from KVzip and TOVA, every compressed policy is far below the full cache (-17 to
     -34 points)", from the generated leaderboard."""
     text = (RES / "README.md").read_text()
     region = text[text.index("<!-- keyformer-report:exp10_ruler -->"):

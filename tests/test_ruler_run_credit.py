@@ -140,7 +140,7 @@ def test_prose_is_the_csv_and_the_rescored_points() -> None:
     assert all(float(holm[(s, q, ratio[b])]) >= 0.05
                for (s, b), ps in moved.items() for q in ps - {"keyformer"})
     assert "Four orderings change, all among policies tied with Keyformer after Holm's correction" in prose
-    ordinal = {7: "seventh", 8: "eighth", 9: "ninth"}
+    ordinal = {7: "seventh", 8: "eighth", 9: "ninth", 10: "tenth"}
     (b0, a0), (b1, a1) = avgs[("aware", 0.125)], avgs[("aware", 0.75)]
     before, after = ranks[("aware", 0.125)]
     assert (f"PyramidKV ({b0['pyramidkv']:.1f} to {a0['pyramidkv']:.1f}) falls below Keyformer and SnapKV, "
