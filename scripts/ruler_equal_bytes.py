@@ -28,6 +28,7 @@ from keyformer.lab.analysis import (
     RULER_TASKS,
     _kv_held,
     _ruler_series,
+    holm,
     load_experiment,
     stratified_diff,
 )
@@ -99,13 +100,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", type=Path)
     args = ap.parse_args(argv)
     table = pd.DataFrame([r for s in ("aware", "agnostic") for r in rows(s)])
+    if "equal_p" in table:  # Holm over the equal-bytes comparisons: one family
+        has = table["equal_p"].notna()
+        table.loc[has, "equal_p_holm"] = holm(table.loc[has, "equal_p"].to_numpy(float))
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as f:
-        f.write(f"# scripts/ruler_equal_bytes.py at {commit}; from results/exp10_ruler/{{aware,agnostic}}/"
-                f"samples.csv (SmolLM2-135M-Instruct, cpu, float32, batch 1); {RULER_N_BOOT} bootstrap "
-                "replicates, seed 0\n")
+        f.write(f"# scripts/ruler_equal_bytes.py at {commit}; from results/exp10_ruler/{{aware,agnostic,"
+                f"{EQUAL}}}/samples.csv (SmolLM2-135M-Instruct, cpu, float32, batch 1); {RULER_N_BOOT} "
+                "bootstrap replicates, seed 0; p 0.000: no replicate crossed 0; equal_p_holm: Holm over the "
+                "equal_p\n")
         table.to_csv(f, index=False, float_format="%.4f", lineterminator="\n")
     print(table.to_string(index=False))
     return 0
