@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{EQUAL}}}/samples.csv (SmolLM2-135M-Instruct, cpu, float32, batch 1); {RULER_N_BOOT} "
                 "bootstrap replicates, seed 0; p 0.000: no replicate crossed 0; equal_p_holm: Holm over the "
                 "equal_p\n")
-        table.to_csv(f, index=False, float_format="%.6f", lineterminator="\n")
+        table.to_csv(f, index=False, lineterminator="\n")  # full precision: CIs round as the table
     print(table.to_string(index=False))
     return 0
 
