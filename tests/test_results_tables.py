@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import runpy
 import statistics
 from pathlib import Path
 
@@ -877,6 +878,10 @@ def test_exp10_prose_numbers_are_the_generated_tables() -> None:
     exp7 = "".join(text[text.index(f"<!-- keyformer-report:exp7_field/{t} -->"):
                         text.index(f"<!-- /keyformer-report:exp7_field/{t} -->")]
                    for t in ("cnndm", "needle", "leval_sqa", "multi_news"))
+    e = pd.read_csv(RES / "exp10_ruler" / "equal_bytes.csv", comment="#")
+    eb = " ".join(f"{r[c]:+.2f} [{r[lo]:+.2f}, {r[hi]:+.2f}]" for _, r in e.iterrows()
+                  for c, lo, hi in (("diff", "lo", "hi"), ("equal_diff", "equal_lo", "equal_hi"))
+                  if pd.notna(r[c]))
     parts = [("exp10_ruler", sec.split(gemma)[0], 10)]
     if (RES / "exp10_ruler_gemma").is_dir():
         assert gemma in sec
@@ -886,8 +891,8 @@ def test_exp10_prose_numbers_are_the_generated_tables() -> None:
         region = part[part.index(start):part.index(end)]
         cis = re.findall(ci_re, " ".join(part[:part.index(start)].split()))
         assert len(cis) >= least, name  # SmolLM2: the KVzip, window, R-KV, tier-2 and gap numbers
-        for ci in cis:  # or, for TOVA's experiment-7 standing, a cell of exp7's generated tables
-            assert ci in region or (name == "exp10_ruler" and ci in exp7), (name, ci)
+        for ci in cis:  # or, for TOVA's experiment-7 standing, a cell of exp7's generated tables, or, at
+            assert ci in region or (name == "exp10_ruler" and ci in exp7 + eb), (name, ci)  # equal bytes: CSV
     prose = " ".join(sec[:sec.index("<!-- keyformer-report:exp10_ruler -->")].split())
     p = pd.read_csv(RES / "exp10_ruler" / "aware" / "points.csv")
     s = p.loc[(p["policy"] == "kvzip") & (p["budget"] == 0.5), "prefill_ms"] / 1000  # ratio 0.5, as read
@@ -2161,6 +2166,64 @@ def test_exp10_streaming_prose_is_the_generated_cells_and_samples() -> None:
     win = rows["question-aware"][("window", "0.75")]
     assert p(win[5]) >= 0.05 and f"its lead survives the correction and the window's does not ({win[4]}, " \
         f"Holm p {win[5]})" in prose
+
+
+def test_exp10_equal_bytes_csv_is_current_and_its_same_budget_rows_are_the_table(tmp_path: Path) -> None:
+    """``results/exp10_ruler/equal_bytes.csv`` is what ``scripts/ruler_equal_bytes.py`` writes from the
+    committed rows now, and its same-budget differences are the leaderboard's `vs Keyformer` cells (the
+    pairing is the table's); the paragraph's equal-bytes numbers are its cells."""
+    script = runpy.run_path(str(ROOT / "scripts" / "ruler_equal_bytes.py"))
+    out = tmp_path / "eb.csv"
+    script["main"]([str(out)])
+    committed = RES / "exp10_ruler" / "equal_bytes.csv"
+    assert out.read_text().splitlines()[1:] == committed.read_text().splitlines()[1:]
+    eb = pd.read_csv(committed, comment="#")
+    text = (RES / "README.md").read_text()
+    region = text[text.index("<!-- keyformer-report:exp10_ruler -->"):
+                  text.index("<!-- /keyformer-report:exp10_ruler -->")]
+    cell = lambda d, lo, hi: f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]"  # noqa: E731
+    label = {"aware": "question-aware", "agnostic": "query-agnostic"}
+    rows = {(s, r[0], r[1]): r for s in label for r in _exp10_rows(region, label[s])}
+    kf = {(s, r): float(v[9]) for (s, pol, r), v in rows.items() if pol == "keyformer"}
+    more = {(s, pol, r) for (s, pol, r), v in rows.items() if pol not in ("keyformer", "full")
+            and float(v[9]) > kf[(s, r)] + 0.005}  # the rows the script must write (table's 3 decimals)
+    assert {(r.setting, r.policy, f"{r.ratio:g}") for r in eb.itertuples()} == more and len(more) >= 30
+    for r in eb.itertuples():
+        t = rows[(r.setting, r.policy, f"{r.ratio:g}")]
+        assert t[4] == cell(r.same_diff, r.same_lo, r.same_hi), (r.setting, r.policy, r.ratio)
+        assert abs(float(t[9]) - r.kv_held) <= 0.0006  # the table's 3 decimals of the CSV's 4
+    prose = " ".join(text[text.index("**At equal bytes the reading holds**"):
+                          text.index("**Does counting earn credit?**")].split())
+    at = eb[(eb["setting"] == "aware") & (eb["ratio"] == 0.875)].set_index("policy")
+    assert set(at.index) == {"snapkv", "pyramidkv", "adakv_snapkv", "kvzip", "rkv"}
+    assert (at["equal_budget"] == 0.14).all()
+    assert ((at["kv_held"] - at["equal_kv_held"]).abs() <= 0.005).all() and at["equal_kv_held"].nunique() == 1
+    s = pd.read_csv(RES / "exp10_ruler" / "equal_bytes" / "samples.csv")
+    score = s.groupby(s["id"].str.split("-").str[1])["string_match_all"].mean()
+    assert len(score) == 11 and len(s) == 55
+    assert (f"holds {at['equal_kv_held'].iloc[0]:.3f} of the full cache, within 0.005 of each of the five at "
+            f"ratio 0.875, and scores {score.mean():.1f};") in prose
+    eq = {p: cell(r.equal_diff, r.equal_lo, r.equal_hi) for p, r in at.iterrows()}
+    hp = lambda p: "< 0.001" if at.loc[p, "equal_p_holm"] < 0.001 else f"{at.loc[p, 'equal_p_holm']:.3f}"  # noqa: E731
+    assert hp("rkv") == hp("kvzip") == "< 0.001" and (at.loc[["rkv", "kvzip"], "equal_diff"] > 0).all()
+    assert (f"R-KV keeps its lead ({eq['rkv']}) and so does KVzip ({eq['kvzip']}), both Holm p < 0.001 over "
+            "the five") in prose
+    tied = ["snapkv", "pyramidkv", "adakv_snapkv"]
+    assert (at.loc[tied, "equal_p_holm"] >= 0.05).all()
+    assert (f"stay tied ({eq['snapkv']}, {eq['pyramidkv']} and {eq['adakv_snapkv']}; Holm p {hp('snapkv')}, "
+            f"{hp('pyramidkv')} and {hp('adakv_snapkv')})") in prose
+    more = at["keyformer_more_kv_held"]
+    assert at["keyformer_ratio"].eq(0.75).all() and more.nunique() == 1
+    ratio = sorted({f"{x:.1f}" for x in more / at["kv_held"]})
+    assert ratio == ["1.8"] and f"(ratio 0.75: {more.iloc[0]:.3f} of the full cache, 1.8x their bytes)" \
+        in prose
+    kz = eb[(eb["policy"] == "kvzip") & eb["diff"].notna()]
+    assert set(kz["setting"]) == {"aware", "agnostic"} and (kz["lo"] > 0).all()  # "trails KVzip wherever"
+    rk = at.loc["rkv"]
+    assert rk["lo"] < 0 < rk["hi"]
+    kz875 = cell(*at.loc["kvzip", ["diff", "lo", "hi"]])
+    assert (f"(at 0.875 question-aware {kz875}), and R-KV's lead at 0.875 no longer excludes 0 "
+            f"({cell(rk['diff'], rk['lo'], rk['hi'])}).") in prose
 
 
 def test_exp10_ratio_half_rest_of_the_field_is_the_generated_cells() -> None:

@@ -957,6 +957,35 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
                       f"{fmt_ci(r['gap'], r['gap_lo'], r['gap_hi'])} | {int(r['n'])} |")
 
 
+def ruler_equal_bytes(res: Path, name: str = "exp10_ruler") -> None:
+    """Experiment 10 at equal-or-more bytes for Keyformer (``results/<name>/equal_bytes.csv``, written by
+    ``scripts/ruler_equal_bytes.py`` from the committed rows): each (setting, policy, ratio) that ends an
+    answer holding more K/V than Keyformer, its difference from Keyformer at the same budget, at Keyformer's
+    next larger budget, and at a budget run to match its bytes, with CIs."""
+    f = res / name / "equal_bytes.csv"
+    if not f.is_file():
+        print(f"(no {name}/equal_bytes.csv yet)")
+        return
+    eb = pd.read_csv(f, comment="#")
+    print("| setting | policy | ratio | K/V held | vs Keyformer, same budget [CI] (its K/V held) | "
+          "vs Keyformer, next larger budget [CI] (its ratio, K/V held) | "
+          "vs Keyformer, equal bytes [CI] (its budget, K/V held) | p (Holm) |\n"
+          "|---|---|---|---|---|---|---|---|")
+    for _, r in eb.iterrows():
+        same = f"{fmt_ci(r['same_diff'], r['same_lo'], r['same_hi'])} ({r['keyformer_kv_held']:.3f})"
+        nxt = "" if pd.isna(r.get("diff")) else (
+            f"{fmt_ci(r['diff'], r['lo'], r['hi'])} ({r['keyformer_ratio']:g}, "
+            f"{r['keyformer_more_kv_held']:.3f})")
+        eq = "" if pd.isna(r.get("equal_diff", np.nan)) else (
+            f"{fmt_ci(r['equal_diff'], r['equal_lo'], r['equal_hi'])} ({r['equal_budget']:g}, "
+            f"{r['equal_kv_held']:.3f})")
+        print(f"| {r['setting']} | {r['policy']} | {r['ratio']:g} | {r['kv_held']:.3f} | {same} | {nxt} | "
+              f"{eq} | {_p_cell(r.get('equal_p_holm', np.nan))} |")
+    print("\nRows: every policy and ratio whose `K/V held` exceeds Keyformer's by more than 0.005; "
+          "differences are the policy minus Keyformer over the same records. p (Holm): the equal-bytes "
+          "difference's two-sided bootstrap p, Holm-adjusted over the equal-bytes rows.")
+
+
 def ruler_prompt_change(res: Path, name: str = "exp10_ruler_gemma",
                         old: str = "archive/exp10_ruler_gemma_nobos", change: str = "`<bos>`") -> None:
     """Experiment 10 on the same records with two prompt assemblies: ``name`` (now) against ``old`` (before a
@@ -1167,6 +1196,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     "exp10_ruler": ruler,
     "exp10_ruler_gemma": lambda res: ruler(res, "exp10_ruler_gemma"),
     "exp10_gemma_bos": ruler_prompt_change,
+    "exp10_equal_bytes": ruler_equal_bytes,
 }
 README_FILES = (Path("README.md"), Path("results/README.md"), Path("results/bench/README.md"))
 
