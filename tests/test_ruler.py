@@ -258,7 +258,12 @@ def test_gemma_exp10_points_generate_in_gemma_tokens():
 
     tiers = exp10_make["gemma_tiers"]()
     lines = [ln for _, ls in tiers.values() for ln in ls]
-    assert len(lines) == 198 and len({ln.split()[0] for ln in lines}) == 198  # 5 + 4 policies x 11 x 2
+    assert len(lines) == len({ln.split()[0] for ln in lines}) == 990  # one folder a point
+    assert len([ln for _, ls in list(tiers.values())[:4] for ln in ls]) == 198  # 1-2b: 9 policies x 11 x 2
+    field = {ln.split("policy=")[1].split()[0] for ln in tiers["gemma_field.txt"][1]}
+    assert field == {"expected_attention", "keydiff", "kvzip", "rkv", "tova", "pyramidkv", "streaming"}
+    assert len(tiers["gemma_budgets.txt"][1]) == 4 * 3 * 11 * 2  # tier 3: 4 policies x 3 ratios x 11 x 2
+    assert len(tiers["gemma_field.txt"][1]) == (4 * 3 + 3 * 4) * 11 * 2  # 2025 methods' ratio 0.5: 1b/2b
     assert {ln.split("policy=")[1].split()[0] for ln in tiers["gemma_current_agnostic.txt"][1]} == {
         "expected_attention", "keydiff", "kvzip", "rkv"}
     folder, records, *overrides = tiers["gemma_core_agnostic.txt"][1][-1].split()  # query-agnostic window

@@ -8,7 +8,8 @@
         multirun/exp10_ruler/queues/exp10_field.txt
 
 The Gemma 3 270M tiers (`gemma_core.txt`, `gemma_core_agnostic.txt`: tiers 1-2; `gemma_current.txt`,
-`gemma_current_agnostic.txt`: tiers 1b-2b, the 2025 methods; all with +experiment=exp10_ruler_gemma, folders
+`gemma_current_agnostic.txt`: tiers 1b-2b, the 2025 methods; `gemma_budgets.txt`, `gemma_field.txt`: tiers 3-4
+as on SmolLM2 less the Ada-KVs; all with +experiment=exp10_ruler_gemma, folders
 multirun/exp10_ruler_gemma/...) go to multirun/exp10_ruler_gemma/queues.
 
 ``left.txt`` (one per model) lists every tier's points in tier order, less those already complete in
@@ -50,11 +51,12 @@ def line(setting: str, task: str, policy: str, budget: float, exp: str = "exp10_
             + (" share_prompt=true" if share else ""))
 
 
-def sweep(setting: str, policies: list[str], budgets: dict[str, tuple[float, ...]]) -> list[str]:
+def sweep(setting: str, policies: list[str], budgets: dict[str, tuple[float, ...]],
+          exp: str = "exp10_ruler") -> list[str]:
     """Budget-minor: a (policy, task) point's budgets one after another, with ``share_prompt=true``, so the
     worker that runs the first runs each prompt forward once for all of them (keyformer/core/prompt_memo.py;
     keyformer-queue keeps a worker to its group while another runs another)."""
-    return [line(setting, t, p, b, share=True) for p in policies for t in TASKS for b in budgets[p]]
+    return [line(setting, t, p, b, exp, share=True) for p in policies for t in TASKS for b in budgets[p]]
 
 
 def points(setting: str, policies: list[str], budget: float, exp: str = "exp10_ruler") -> list[str]:
@@ -63,8 +65,11 @@ def points(setting: str, policies: list[str], budget: float, exp: str = "exp10_r
 
 def gemma_tiers() -> dict[str, tuple[str, list[str]]]:
     """Tiers 1, 2, 1b and 2b on Gemma 3 270M (conf/experiment/exp10_ruler_gemma.yaml): where Keyformer ranks
-    among the 2025 methods on a second model, at ratio 0.5, in both settings."""
+    among the 2025 methods on a second model, at ratio 0.5, in both settings; then tiers 3 and 4 as on
+    SmolLM2, less the Ada-KVs (Gemma 3 270M has one KV head: Ada-KV is its base policy there)."""
     g = "exp10_ruler_gemma"
+    both = ("aware", "agnostic")
+    field = [p for p in FIELD if not p.startswith("adakv_")]
     return {"gemma_core.txt": ("Gemma 3 270M tier 1: question-aware, ratio 0.5, the core policies",
                                points("aware", CORE, 0.5, g)),
             "gemma_core_agnostic.txt": ("Gemma 3 270M tier 2: the same points, query-agnostic",
@@ -72,7 +77,15 @@ def gemma_tiers() -> dict[str, tuple[str, list[str]]]:
             "gemma_current.txt": ("Gemma 3 270M tier 1b: the 2025 methods at ratio 0.5, question-aware",
                                   points("aware", CURRENT, 0.5, g)),
             "gemma_current_agnostic.txt": ("Gemma 3 270M tier 2b: the 2025 methods at ratio 0.5, "
-                                           "query-agnostic", points("agnostic", CURRENT, 0.5, g))}
+                                           "query-agnostic", points("agnostic", CURRENT, 0.5, g)),
+            "gemma_budgets.txt": ("Gemma 3 270M tier 3: Keyformer / H2O / SnapKV / window at ratios 0.25, "
+                                  "0.75, 0.875, both settings",
+                                  [x for s in both
+                                   for x in sweep(s, CORE[1:], dict.fromkeys(CORE, OTHER), g)]),
+            "gemma_field.txt": ("Gemma 3 270M tier 4: every other registered policy but the Ada-KVs at the 4 "
+                                "ratios, both settings, policy by policy",
+                                [x for p in field for s in both
+                                 for x in sweep(s, [p], {p: OTHER if p in CURRENT else (0.5, *OTHER)}, g)])}
 
 
 def tiers() -> dict[str, tuple[str, list[str]]]:
