@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 _KD = runpy.run_path(str(Path(__file__).with_name("ruler_kept_depth.py")))  # its helpers, shared
-_value_span, code_at, held, load_point, point_overrides = (
-    _KD[k] for k in ("_value_span", "code_at", "held", "load_point", "point_overrides"))
+code_at, held, load_point, point_overrides, prompt_cut = (
+    _KD[k] for k in ("code_at", "held", "load_point", "point_overrides", "prompt_cut"))
 
 POLICIES = ("snapkv", "adakv_snapkv", "keyformer", "adakv_keyformer")
 
@@ -40,11 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from keyformer.core.generate import generate
-    from keyformer.core.policies import build_policy
-    from keyformer.run.data import encode_prompt
     from keyformer.run.paths import compose
-    from keyformer.run.tasks.generate import _with_prefix
 
     torch.set_num_threads(1)
     base = point_overrides("exp10_ruler", args.task, args.n)
@@ -61,14 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.policies.split(","):
             pcfg = compose([*base, f"policy={name}", f"budget={args.budget}"])
             for rec in records:
-                ids, cut = _with_prefix(tok, rec, encode_prompt(tok, rec, ds.get("template", "alpaca"),
-                                                                ds.get("instruction", ""), limit, chat))
-                assert cut == 0, "the experiment never cuts a prompt"
-                lo, hi = _value_span(tok, ids, rec["answers"][0] if "answers" in rec else rec["answer"])
-                x = torch.tensor([ids])
-                with torch.inference_mode():
-                    out = generate(model, x, torch.ones_like(x), build_policy(pcfg["policy"]),
-                                   max_new_tokens=1, seed=int(pcfg["seed"]), eos_token_id=tok.eos_token_id)
+                ids, lo, hi, out = prompt_cut(model, tok, rec, ds, limit, chat, pcfg)
                 n = len(ids)
                 for li, layer in enumerate(out.cache.layers):
                     kept = held(layer.pos[0], n)  # [H, n]

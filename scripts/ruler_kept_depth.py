@@ -88,6 +88,28 @@ def load_point(experiment: str, task: str, n: int) -> tuple:
     return cfg, model, tok, records, chat, prompt_limit(cfg, model)
 
 
+def prompt_cut(model, tok, rec: dict, ds, limit: int, chat: bool, policy_cfg: dict) -> tuple:
+    """(prompt ids, needle value span [lo, hi), generate's output) of one record: its prompt as the experiment
+    built it, then one greedy step (the prompt forward and the prompt cut) under ``policy_cfg`` (a composed
+    config: its ``policy`` and ``seed``)."""
+    import torch
+
+    from keyformer.core.generate import generate
+    from keyformer.core.policies import build_policy
+    from keyformer.run.data import encode_prompt
+    from keyformer.run.tasks.generate import _with_prefix
+
+    ids, cut = _with_prefix(tok, rec, encode_prompt(tok, rec, ds.get("template", "alpaca"),
+                                                    ds.get("instruction", ""), limit, chat))
+    assert cut == 0, "the experiment never cuts a prompt"
+    lo, hi = _value_span(tok, ids, rec["answers"][0] if "answers" in rec else rec["answer"])
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = generate(model, x, torch.ones_like(x), build_policy(policy_cfg["policy"]), max_new_tokens=1,
+                       seed=int(policy_cfg["seed"]), eos_token_id=tok.eos_token_id)
+    return ids, lo, hi, out
+
+
 def held(pos, n: int):
     """[H, n] float: 1 where KV head ``h`` holds prompt position ``p``, from a cache layer's slot positions
     ``pos`` [H, S] (-1 for an empty slot; a position >= ``n``, a generated token's, is not a prompt
@@ -113,12 +135,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from keyformer.core.generate import generate
     from keyformer.core.models import layer_windows
-    from keyformer.core.policies import build_policy
-    from keyformer.run.data import encode_prompt
     from keyformer.run.paths import compose
-    from keyformer.run.tasks.generate import _with_prefix
 
     torch.set_num_threads(1)
     base = point_overrides(args.experiment, args.task, args.n)
@@ -139,14 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.policies.split(","):
             pcfg = compose([*base, f"policy={name}", f"budget={args.budget}"])
             for rec in records:
-                ids, cut = _with_prefix(tok, rec, encode_prompt(tok, rec, ds.get("template", "alpaca"),
-                                                                ds.get("instruction", ""), limit, chat))
-                assert cut == 0, "the experiment never cuts a prompt"
-                lo, hi = _value_span(tok, ids, rec["answers"][0] if "answers" in rec else rec["answer"])
-                x = torch.tensor([ids])
-                with torch.inference_mode():
-                    out = generate(model, x, torch.ones_like(x), build_policy(pcfg["policy"]),
-                                   max_new_tokens=1, seed=int(pcfg["seed"]), eos_token_id=tok.eos_token_id)
+                ids, lo, hi, out = prompt_cut(model, tok, rec, ds, limit, chat, pcfg)
                 n = len(ids)
                 tenth = torch.arange(n) * 10 // n
                 got = []

@@ -1328,6 +1328,24 @@ def _exp10_rows(region: str, label: str) -> list[list[str]]:
             if r.startswith("| ") and not r.startswith("| policy")]
 
 
+def _exp10_keyed(text: str) -> dict[str, dict[tuple[str, str], list[str]]]:
+    """SmolLM2's generated leaderboard rows per setting label, keyed by (policy, ratio)."""
+    region = text[text.index("<!-- keyformer-report:exp10_ruler -->"):
+                  text.index("<!-- /keyformer-report:exp10_ruler -->")]
+    return {label: {(r[0], r[1]): r for r in _exp10_rows(region, label)}
+            for label in ("question-aware", "query-agnostic")}
+
+
+def _holm_p(cell: str) -> float:
+    """A `p (Holm)` cell as a number (``< 0.001``: below the bootstrap's resolution)."""
+    return 0.0 if cell == "< 0.001" else float(cell)
+
+
+def _listed(xs: list[str]) -> str:
+    """``a, b and c``: how the prose lists values."""
+    return ", ".join(xs[:-1]) + f" and {xs[-1]}"
+
+
 def test_exp10_tier3_prose_ranks_and_holm_are_the_generated_cells() -> None:
     """The tier-3 paragraph of results/README.md's experiment 10 (ratios 0.25 / 0.75 / 0.875): Keyformer's
     rank at each ratio and setting, the ties it names, the number of policies, and "the smallest p" of H2O's
@@ -2063,13 +2081,9 @@ def test_exp10_adakv_prose_is_the_generated_cells_and_head_budgets() -> None:
     prose = " ".join(text[text.index("**Ada-KV, which shares"):
                           text.index("**Equal budget, not equal")].split())
     ratios = ("0.25", "0.5", "0.75", "0.875")
-    p = lambda c: 0.0 if c == "< 0.001" else float(c)  # noqa: E731
-    rows = {label: {(r[0], r[1]): r for r in _exp10_rows(region, label)}
-            for label in ("question-aware", "query-agnostic")}
+    p, listed, rows = _holm_p, _listed, _exp10_keyed(text)
     def cells(label: str, pol: str, col: int) -> list[str]:
         return [rows[label][(pol, r)][col] for r in ratios]
-    def listed(xs: list[str]) -> str:
-        return ", ".join(xs[:-1]) + f" and {xs[-1]}"
     for pol in ("adakv_snapkv", "adakv_keyformer"):  # "tied with Keyformer at every ratio" question-aware
         assert all(p(x) >= 0.05 for x in cells("question-aware", pol, 5)), pol
     sn, kf = (cells("question-aware", pol, 4) for pol in ("adakv_snapkv", "adakv_keyformer"))
@@ -2131,15 +2145,10 @@ def test_exp10_streaming_prose_is_the_generated_cells_and_samples() -> None:
     p and which survive, and the window's cell at 0.75 it is set against, all read from the generated tables
     and the committed samples."""
     text = (RES / "README.md").read_text()
-    region = text[text.index("<!-- keyformer-report:exp10_ruler -->"):
-                  text.index("<!-- /keyformer-report:exp10_ruler -->")]
     prose = " ".join(text[text.index("**StreamingLLM, the recent window"):
                           text.index("**Equal budget, not equal")].split())
     ratios = ("0.25", "0.5", "0.75", "0.875")
-    p = lambda c: 0.0 if c == "< 0.001" else float(c)  # noqa: E731
-    listed = lambda xs: ", ".join(xs[:-1]) + f" and {xs[-1]}"  # noqa: E731
-    rows = {label: {(r[0], r[1]): r for r in _exp10_rows(region, label)}
-            for label in ("question-aware", "query-agnostic")}
+    p, listed, rows = _holm_p, _listed, _exp10_keyed(text)
     avg = lambda label, pol: listed([rows[label][(pol, r)][3].split()[0] for r in ratios])  # noqa: E731
     assert (f"question-aware {avg('question-aware', 'streaming')} at 0.25, 0.5, 0.75 and 0.875 against the "
             f"window's {avg('question-aware', 'window')}, query-agnostic "
