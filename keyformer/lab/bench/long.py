@@ -615,7 +615,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def bench_main() -> None:
     """The ``keyformer-bench`` entry point: ``--long`` runs this module's benchmark (argparse options),
     ``--floors`` the probe of what stops the CPU targets (:mod:`keyformer.lab.bench.floors`), anything else
-    the CPU benchmark of :mod:`keyformer.lab.bench.cpu` (Hydra overrides)."""
+    the CPU benchmark of :mod:`keyformer.lab.bench.cpu` (Hydra overrides); ``--against REV`` the A/B of
+    :mod:`keyformer.lab.bench.ab` (this checkout against commit REV, interleaved fresh processes)."""
+    if any(a == "--against" or a.startswith("--against=") for a in sys.argv[1:]):
+        from .ab import main as ab_main
+
+        ab_main(sys.argv[1:])
+        return
     if "--long" in sys.argv[1:]:
         main([a for a in sys.argv[1:] if a != "--long"])
         return

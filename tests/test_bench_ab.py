@@ -1,0 +1,107 @@
+"""The A/B tool (``keyformer-bench --against REV``): its statistics on synthetic data with known answers, and
+one tiny end-to-end run against HEAD (slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from keyformer.lab.bench.ab import compare, parse_args, side_order, sign_ci_rank, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_sign_interval_ranks_match_hand_computed_binomial_tails():
+    # n=6: P(X <= 0) = 1/64, so [x_(1), x_(6)] covers with 1 - 2/64
+    assert sign_ci_rank(6, 0.95) == (1, pytest.approx(1 - 2 / 64))
+    # n=5: the widest interval covers 1 - 2/32 = 0.9375 < 0.95; at 0.90 it is enough
+    assert sign_ci_rank(5, 0.95) is None
+    assert sign_ci_rank(5, 0.90) == (1, pytest.approx(1 - 2 / 32))
+    # n=10: r=2 covers 1 - 2*(1+10)/1024 = 0.9785; r=3 only 1 - 2*(1+10+45)/1024 = 0.8906
+    assert sign_ci_rank(10, 0.95) == (2, pytest.approx(1 - 22 / 1024))
+    with pytest.raises(ValueError, match="confidence"):
+        sign_ci_rank(10, 1.0)
+
+
+def test_known_shift_is_resolved_with_the_right_sign_and_size():
+    rng = random.Random(0)
+    a = [math.exp(rng.gauss(0, 0.2)) for _ in range(8)]  # a noisy machine: 20% spread between rounds
+    b = [x * 1.25 * math.exp(rng.gauss(0, 0.01)) for x in a]  # B is 25% slower, paired noise 1%
+    c = compare(a, b)
+    assert c.verdict == "B slower"
+    assert c.ratio == pytest.approx(1.25, rel=0.02)
+    assert c.ci_low <= 1.25 <= c.ci_high and c.ci_low > 1.0
+    r = compare(b, a)  # the same data the other way round
+    assert r.verdict == "B faster" and r.ratio == pytest.approx(1 / 1.25, rel=0.02)
+
+
+def test_identical_distributions_are_unresolved_at_the_nominal_rate():
+    # under no difference, "resolved" must happen with probability 1 - coverage = 2/256 at n = 8
+    rng = random.Random(1)
+    trials, hits = 4000, 0
+    for _ in range(trials):
+        a = [math.exp(rng.gauss(0, 0.3)) for _ in range(8)]
+        b = [math.exp(rng.gauss(0, 0.3)) for _ in range(8)]
+        hits += compare(a, b).verdict != "unresolved"
+    expected = 2 / 256
+    sd = math.sqrt(expected * (1 - expected) / trials)
+    assert abs(hits / trials - expected) < 4 * sd
+
+
+def test_interval_covers_a_true_shift_at_least_at_its_coverage():
+    rng = random.Random(2)
+    trials, covered = 2000, 0
+    for _ in range(trials):
+        a = [math.exp(rng.gauss(0, 0.3)) for _ in range(10)]
+        b = [x * 0.9 * math.exp(rng.gauss(0, 0.2)) for x in a]
+        c = compare(a, b)
+        covered += c.ci_low <= 0.9 <= c.ci_high
+    cov = 1 - 22 / 1024
+    assert covered / trials > cov - 4 * math.sqrt(cov * (1 - cov) / trials)
+
+
+def test_too_few_rounds_and_bad_inputs():
+    assert compare([1.0, 1.1], [2.0, 2.2]).verdict == "too few rounds"
+    with pytest.raises(ValueError, match="same positive number"):
+        compare([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="> 0"):
+        compare([1.0, 0.0], [1.0, 1.0])
+
+
+def test_sides_alternate_and_rows_pair_rounds():
+    assert [side_order(r) for r in range(4)] == [("A", "B"), ("B", "A"), ("A", "B"), ("B", "A")]
+    mk = [{"metrics": {"full": {"prefill_s": 1.0 + i, "decode_ms": 10.0, "prefill_vs_full": 1.0},
+                       "h2o": {"prefill_s": 2.0, "decode_ms": 5.0, "prefill_vs_full": 2.0 / (1.0 + i)}}}
+          for i in range(6)]
+    rows = summarize({"A": mk, "B": mk}, 0.95)
+    assert {(r["config"], r["metric"]) for r in rows} == {("full", "prefill_s"), ("full", "decode_ms"),
+                                                          ("h2o", "prefill_s"), ("h2o", "decode_ms"),
+                                                          ("h2o", "prefill_vs_full")}
+    assert all(r["ratio"] == 1.0 and r["verdict"] == "unresolved" for r in rows)
+
+
+@pytest.mark.parametrize("bad", [["--rounds", "0"], ["--budget", "1.5"], ["--confidence", "1"]])
+def test_bad_options_are_refused(bad):
+    with pytest.raises(SystemExit, match=bad[0]):
+        parse_args(["--against", "HEAD", *bad])
+
+
+@pytest.mark.slow
+def test_tiny_ab_against_head_end_to_end(tmp_path):
+    out = tmp_path / "ab"
+    p = subprocess.run([sys.executable, "-m", "keyformer.lab.bench.ab", "--against", "HEAD", "--rounds", "1",
+                        "--model", "tiny", "--prompt", "random", "--prompt-len", "24", "--batch", "1",
+                        "--new-tokens", "2", "--warmup-len", "8", "--policies", "window,h2o",
+                        "--tmp", str(tmp_path / "trees"), "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rep = json.loads((out / "ab.json").read_text())
+    assert len(rep["runs"]["A"]) == len(rep["runs"]["B"]) == 1
+    assert {r["verdict"] for r in rep["rows"]} == {"too few rounds"}
+    assert not (tmp_path / "trees" / f"keyformer-{rep['A'][:12]}").exists()  # the worktree was removed
