@@ -4,8 +4,9 @@ Method (also written into the outputs):
 
 * **Two trees.** ``A`` is ``REV``, checked out with ``git worktree add --detach`` under ``--tmp`` (removed
   afterwards unless ``--keep``); ``B`` is this checkout (its commit and whether it had uncommitted changes
-  are recorded). Both are timed by the same harness, :mod:`keyformer.lab.bench.ab_worker`, copied out of
-  ``B`` and run with ``PYTHONPATH`` set to the tree under test.
+  are recorded), or ``--candidate REV2`` checked out the same way (then edits to this checkout during the
+  run cannot leak into it). Both are timed by the same harness, :mod:`keyformer.lab.bench.ab_worker`, copied
+  out of this checkout and run with ``PYTHONPATH`` set to the tree under test.
 * **Interleaved, fresh processes.** Every round runs one process per side, in the order AB, BA, AB, ...
   (alternated, so a drift in machine load over a round does not favour one side). Each process loads the
   model, warms up, and times every configuration once (:mod:`.ab_worker`).
@@ -188,6 +189,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="keyformer-bench --against REV", description=__doc__.split("\n\n")[0])
     p.add_argument("--against", required=True, help="the base commit A (any git revision)")
+    p.add_argument("--candidate", default=None, help="the candidate commit B (default: this checkout as it "
+                                                     "is)")
     p.add_argument("--rounds", type=int, default=6, help="rounds (one process per side each; default 6)")
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--prompt-len", type=int, default=2048)
@@ -226,19 +229,23 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
     root = repo_root()
     a_tree, a_sha = checkout(args.against, root, Path(args.tmp))
-    b_sha = git("rev-parse", "HEAD", cwd=root)
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no", cwd=root))
+    if args.candidate:
+        b_tree, b_sha = checkout(args.candidate, root, Path(args.tmp))
+        dirty = False
+    else:
+        b_tree, b_sha = root, git("rev-parse", "HEAD", cwd=root)
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no", cwd=root))
     worker = Path(args.tmp) / f"ab_worker_{os.getpid()}.py"
     shutil.copyfile(Path(__file__).with_name("ab_worker.py"), worker)
     spec = {"model": args.model, "dtype": args.dtype, "prompt": args.prompt, "data_dir": args.data_dir,
             "prompt_len": args.prompt_len, "batch": args.batch, "budget": args.budget,
             "new_tokens": args.new_tokens, "policies": [p for p in args.policies.split(",") if p],
             "warmup_len": args.warmup_len, "threads": args.threads, "seed": args.seed}
-    trees = {"A": a_tree, "B": root}
+    trees = {"A": a_tree, "B": b_tree}
     runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     t0 = time.time()
     log(f"[ab] A = {a_sha[:12]} ({a_tree}); B = {b_sha[:12]}{' + uncommitted changes' if dirty else ''} "
-        f"({root}); {args.rounds} rounds")
+        f"({b_tree}); {args.rounds} rounds")
     try:
         for rnd in range(args.rounds):
             for side in side_order(rnd):
@@ -252,7 +259,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     finally:
         worker.unlink(missing_ok=True)
         if not args.keep:
-            remove_checkout(a_tree, root)
+            for tree in {a_tree, b_tree} - {root}:
+                remove_checkout(tree, root)
     rows = summarize(runs, args.confidence)
     loads = [x for side in runs.values() for r in side for x in (r["load_before"], r["load_after"])]
     report = {"method": __doc__, "command": "keyformer-bench " + " ".join(sys.argv[1:]),
