@@ -134,7 +134,7 @@ def test_sliding_layers_hold_exactly_the_window(arch, policy):
                 assert cache.layers[li].keys.shape[2] == w  # W - 1 tokens + the spare slot
             elif policy == "full":
                 assert all(h == set(range(cur + 1)) for h in heads), (li, step)
-            elif pol.compress == "step":
+            elif pol.schedule.when == "step":
                 assert all(len(h) == k for h in heads), (li, step)
             else:  # snapkv: cut once after the prompt, then keeps every generated token
                 assert all(len(h) == k + step for h in heads), (li, step)

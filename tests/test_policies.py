@@ -71,8 +71,8 @@ def test_reference_rule_drops_the_leaving_token_at_decode_only():
     score = torch.tensor([[[5.0, 4.0, 3.0, 2.0]]])
     pos = torch.tensor([[[0, 1, 2, 3]]])
     cur, w = torch.tensor([4]), torch.tensor([2])  # recent = {3, 4}; token 2 just left the window
-    assert p.priority(score, Context(step=1, pos=pos, cur=cur, w=w))[0, 0, 2] == float("-inf")
-    assert torch.equal(p.priority(score, Context(step=0, pos=pos, cur=cur, w=w)), score)
+    assert p.priority(score, Context(step=1, pos=pos, newest=cur, recent_window=w))[0, 0, 2] == float("-inf")
+    assert torch.equal(p.priority(score, Context(step=0, pos=pos, newest=cur, recent_window=w)), score)
 
 
 def test_shared_head_reduction_keeps_the_same_tokens_in_every_head():
@@ -110,7 +110,7 @@ def test_snapkv_pools_only_the_keys_before_the_observation_window():
 
     pol = make_policy("snapkv", budget=0.5, window_size=3, kernel_size=3)
     state = torch.tensor([[[1.0, 1, 1, 1, 1, 1, 1, 9, 9, 9]]])
-    ctx = Context(pos=torch.arange(10).view(1, 1, -1), cur=torch.tensor([9]))
+    ctx = Context(pos=torch.arange(10).view(1, 1, -1), newest=torch.tensor([9]))
     out = pol.after_prompt(state.clone(), ctx)
     assert torch.allclose(out[0, 0, :7], torch.tensor([2 / 3, 1, 1, 1, 1, 1, 2 / 3]))
     assert out[0, 0, 7:].max() < 1  # the window's own 9s are gone (its scores do not matter: it is kept)

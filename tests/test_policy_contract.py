@@ -42,10 +42,15 @@ def _policy(name: str, **kw):
         return make_policy(name)
     if "window_size" in POLICIES[name].__dataclass_fields__:
         kw.setdefault("window_size", 8)
-    if POLICIES[name].compress == "interval":  # a cut inside the NEW decode steps (R-KV: buffer >= window)
+    if POLICIES[name].cuts.when == "every":  # a cut inside the NEW decode steps (R-KV: buffer >= window)
         kw.setdefault("buffer", 8)
     kw.setdefault("budget", 0.5)
     return make_policy(name, **kw)
+
+
+def _adaptive(policy) -> bool:
+    """Whether the policy shares a layer's budget among its heads (Ada-KV): it writes ``head_budgets``."""
+    return type(policy).head_budgets is not Policy.head_budgets
 
 
 def _prompt(seed: int, n: int = N) -> torch.Tensor:
@@ -62,13 +67,13 @@ def arch(request):
 
 @pytest.fixture(autouse=True)
 def _skip_where_the_policy_refuses_the_arch(request):
-    """A policy may refuse an architecture in one line (``model_info``: Expected Attention reads the model's
+    """A policy may refuse an architecture in one line (``prepare``: Expected Attention reads the model's
     RoPE): its tests on that arch are skipped with that line."""
     name = getattr(getattr(request.node, "callspec", None), "params", {}).get("name")
-    if name is None or "model" not in request.fixturenames or not hasattr(POLICIES[name], "model_info"):
+    if name is None or "model" not in request.fixturenames:
         return
     try:
-        _policy(name).model_info(request.getfixturevalue("model"))
+        _policy(name).prepare(request.getfixturevalue("model"))
     except ValueError as e:
         pytest.skip(str(e))
 
@@ -124,14 +129,14 @@ def test_budget_holds(model, name):
     pol, ids = _policy(name), _prompt(2).to(model.device)
     cache = make_cache(model, pol, torch.ones_like(ids), max_new_tokens=NEW)
     k = int(pol.budget_tokens(torch.tensor([N]))[0]) if pol.evicts else N
-    nl, grows = len(cache.layers), not pol.evicts or pol.compress == "prompt"
+    nl, grows = len(cache.layers), pol.schedule.when in ("never", "prompt")
     windows = layer_windows(model.config)
     acts = [li for li in range(nl) if windows[li] is None]  # the layers a policy acts on (not sliding)
     kl = layer_budgets(pol, k, N, acts, nl) if pol.evicts else [N] * nl
     first: dict[int, list[int]] = {}
 
     def check(step):
-        grow = step if grows else step % pol.interval if pol.compress == "interval" else 0
+        grow = step if grows else step % pol.schedule.n if pol.schedule.when == "every" else 0
         for li, layer in enumerate(cache.layers):
             heads = [len(h) for h in cache.kept_positions(li)[0]]
             if windows[li] is not None:  # a sliding layer keeps the model's window (W - 1 + the spare slot)
@@ -141,10 +146,10 @@ def test_budget_holds(model, name):
             assert sum(heads) == len(heads) * (kl[li] + grow), (li, step)  # the layer's budget
             share = first.setdefault(li, [h - grow for h in heads])
             assert heads == [h + grow for h in share], (li, step)  # each head keeps its share
-            if not pol.adaptive_heads:
+            if not _adaptive(pol):
                 assert all(h == kl[li] + grow for h in heads) and layer.length == kl[li] + grow, (li, step)
             if not grows:  # the budget + one spare slot (+ the buffer between cuts), nothing more
-                room = pol.interval - 1 if pol.compress == "interval" else 0
+                room = pol.schedule.n - 1 if pol.schedule.when == "every" else 0
                 assert layer.keys.shape[2] == max(heads) - grow + room + 1
 
     every = _Every(check)
@@ -218,7 +223,7 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
 
     def prio_of(state, kept, cur, step):
         pos = torch.tensor(kept).view(1, 1, -1)
-        ctx = Context(step=step, pos=pos, cur=torch.tensor([cur]), w=torch.tensor([w]))
+        ctx = Context(step=step, pos=pos, newest=torch.tensor([cur]), recent_window=torch.tensor([w]))
         p = policy.priority(state[kept].view(1, 1, -1).clone(), ctx)
         return {j: float(v) for j, v in zip(kept, p.view(-1).tolist(), strict=True)}
 
@@ -241,7 +246,7 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
         heads = range(len(prios))
         pr = [{j: (torch.inf if j > n - 1 - w else p) for j, p in prios[h].items()} for h in heads]
         quota = [min(n, kl)] * len(prios)
-        if policy.adaptive_heads and kl < n:
+        if _adaptive(policy) and kl < n:
             safe = int(kl * policy.alpha_safeguard)
             boosted = []
             for h in heads:
@@ -277,7 +282,7 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
             state = torch.zeros(S)
             if policy.needs_attention:
                 ctx = (Context(step=0, horizon=horizon, pos=torch.arange(n).view(1, 1, -1),
-                               cur=torch.tensor([n - 1])))
+                               newest=torch.tensor([n - 1])))
                 fold(state, list(range(n)), accs[h], ctx)
                 state[:n] = policy.after_prompt(state[:n].view(1, 1, -1).clone(), ctx).view(-1)
             states.append(state)
@@ -285,12 +290,12 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
         cuts = cut(prios, kl) if kl < n else [list(range(n))] * hkv
         for h in range(hkv):  # decode: each head at its own budget
             m, state, kept = masks[h], states[h], cuts[h]
-            kh = len(kept) if policy.adaptive_heads else kl
+            kh = len(kept) if _adaptive(policy) else kl
             for i in range(n, S):
                 t = i - n + 1
                 vis = [*kept, i]
                 m[i, vis] = True
-                if policy.compress == "prompt" or not policy.evicts:
+                if policy.schedule.when == "prompt" or not policy.evicts:
                     kept = vis
                     continue
                 if policy.needs_attention:
@@ -317,7 +322,7 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
 @pytest.mark.parametrize("arch_name", ARCHS)
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_matches_naive_reference(arch_name, name):
-    if POLICIES[name].needs_context:
+    if "tensors" in POLICIES[name].reads:
         pytest.skip("rules on keys and queries (not attention rows): naive references in "
                     "tests/test_new_policies.py")
     model = tiny_model(arch_name, seed=0)
@@ -342,10 +347,10 @@ def test_matches_naive_reference(arch_name, name):
 @pytest.mark.parametrize("name", ("h2o", "keyformer", "tova", "streaming"))
 def test_prefill_only_matches_naive_reference(name):
     """``prefill_only=true`` turns a step policy into a prompt compressor: the cut after the prompt is the
-    policy's own, every generated token is then kept (the naive reference's ``compress == "prompt"`` rule)."""
+    policy's own, every generated token is then kept (the naive reference's ``PROMPT`` schedule)."""
     model = tiny_model("llama", seed=0)
     pol, ids = make_policy(name, budget=0.5, prefill_only=True), _prompt(5)
-    assert pol.compress == "prompt" and make_policy(name, budget=0.5).compress == "step"
+    assert pol.schedule.when == "prompt" and make_policy(name, budget=0.5).schedule.when == "step"
     out = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, seed=3)
     k = int(pol.budget_tokens(torch.tensor([N]))[0])
     # the last token is not cached yet

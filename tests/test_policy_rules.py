@@ -37,7 +37,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from keyformer import make_cache, make_policy, tiny_model
 from keyformer.core import attention as core_attention
 from keyformer.core.noise import prompt_noise
-from keyformer.core.policies import POLICIES
+from keyformer.core.policies import POLICIES, STEP
 from keyformer.run.paths import CONF_DIR, ROOT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -469,7 +469,7 @@ def _mut_per_head(mp, name):  # TOVA's per-layer set -> one set per KV head
 def _mut_no_pooling(mp, name):  # pooling removed (the window still zeroed)
     def after_prompt(self, state, ctx):
         n = state.shape[-1]
-        return state.masked_fill(ctx.pos[..., :n] > (ctx.cur - self.window_size).view(-1, 1, 1), 0.0)
+        return state.masked_fill(ctx.pos[..., :n] > (ctx.newest - self.window_size).view(-1, 1, 1), 0.0)
     mp.setattr(_cls(name), "after_prompt", after_prompt)
 
 
@@ -515,6 +515,7 @@ def _mut_no_sinks(mp, name):  # StreamingLLM's sinks dropped
 
 
 def _mut_evicts_one(mp, name):  # the full cache drops its oldest token
+    mp.setattr(_cls(name), "cuts", STEP)
     mp.setattr(_cls(name), "evicts", True)
     mp.setattr(_cls(name), "budget_tokens", lambda self, n: n - 1)
 

@@ -589,7 +589,7 @@ def test_agnostic_runs_every_policy_within_its_rule(one_thread):
         _, (out,) = generate_from_context(model, ctx, [q], pol, max_new_tokens=4, seed=3)
         per_token = out.kv_bytes_full // (80 + 5 + 3)
         held = out.kv_bytes // per_token
-        if pol.compress == "prompt" or name == "rkv":  # R-KV cuts once per `buffer` (128) decode steps
+        if pol.schedule.when == "prompt" or name == "rkv":  # R-KV cuts once per `buffer` (128) decode steps
             assert held > 20 + 5, name  # the cut context (20) plus the question and the answer so far
         else:
             assert held <= 20 + 1, name

@@ -23,6 +23,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from . import noise as gumbel
+from . import scheduler
 from .cache import EvictingLayer
 
 SCORE_BLOCK_FLOATS = 16 * 2**20  # fp32 logits per prompt block (B * Hq * rows * keys), 64 MB
@@ -85,8 +86,7 @@ def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor,
     policy = layer.cache.policy
     G = query.shape[1] // key.shape[1]
     q = query.shape[2]
-    scoring = policy.needs_attention and layer.window is None and (
-        layer.length == 0 or policy.compress in ("step", "interval"))
+    scoring = layer.window is None and scheduler.scores_forward(policy, prompt=layer.length == 0)
     if scoring and layer.length > 0 and q > 1:
         raise NotImplementedError("multi-token forwards over a non-empty evicting cache (chunked prefill) "
                                   "are not supported by scoring policies")
@@ -206,7 +206,7 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
     seeds = cache.beam_seed_t if nb > 1 else cache.seed_t
     acc = torch.zeros(Bs, Hkv, 1, N, dtype=f32, device=dev)
     ctx = layer.context(query=query, keys=key, values=value, group=G)
-    batched = ("pos", "cur", "w", "query", "keys", "values")
+    batched = ("pos", "newest", "recent_window", "query", "keys", "values")
     sctx = ctx if nb == 1 else dataclasses.replace(
         ctx, **{f: getattr(ctx, f).repeat_interleave(nb, dim=0) for f in batched
                 if getattr(ctx, f) is not None})

@@ -34,6 +34,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from . import noise as hashnoise
+from . import scheduler
 from .policies import FullPolicy, Policy
 from .policies.base import Context
 from .quant import KVQuant
@@ -90,7 +91,7 @@ class EvictingLayer(CacheLayerMixin):
         self.alive = torch.empty(B, H, 0, dtype=torch.bool, device=self.device)  # mask mode only
         self.count = torch.zeros(B, dtype=torch.long, device=self.device)
         self.k_bh = None
-        self.memo: dict = {}  # the policy's per-layer scratch (needs_context policies), one generation
+        self.state: dict = {}  # the policy's per-layer state (policies that read tensors), one generation
         self.is_initialized = True
 
     def get_seq_length(self) -> int:
@@ -111,9 +112,9 @@ class EvictingLayer(CacheLayerMixin):
             setattr(self, name, getattr(self, name).index_select(0, idx))
         if self.k_bh is not None:
             self.k_bh = self.k_bh.index_select(0, idx)
-        for key, val in getattr(self, "memo", {}).items():  # batch-major tensors follow their rows
+        for key, val in getattr(self, "state", {}).items():  # batch-major tensors follow their rows
             if isinstance(val, torch.Tensor):
-                self.memo[key] = val.index_select(0, idx)
+                self.state[key] = val.index_select(0, idx)
 
     def reorder_rows(self, idx: torch.Tensor, rows: torch.Tensor) -> None:
         """Beam reorder (``idx`` [B]: row b becomes a copy of row idx[b]) that copies only the ``rows`` [m]
@@ -130,13 +131,13 @@ class EvictingLayer(CacheLayerMixin):
             t.index_copy_(0, rows, t.index_select(0, src))
         if self.k_bh is not None:
             self.k_bh = self.k_bh.index_select(0, idx)
-        for key, val in getattr(self, "memo", {}).items():
+        for key, val in getattr(self, "state", {}).items():
             if isinstance(val, torch.Tensor):
-                self.memo[key] = val.index_select(0, idx)
+                self.state[key] = val.index_select(0, idx)
 
     def reset(self) -> None:
         self.is_initialized, self.seen, self.length, self.dense, self.steady = False, 0, 0, True, False
-        self.ragged, self.k_bh, self.memo = False, None, {}
+        self.ragged, self.k_bh, self.state = False, None, {}
         self.keys = self.values = None
 
     # -- storage --------------------------------------------------------------------------------------
@@ -186,7 +187,7 @@ class EvictingLayer(CacheLayerMixin):
         # a one-token step moves its row into the victim's slot; a prompt's rows are in the buffers already,
         # and holding them would keep every layer's uncut prompt K/V alive through the whole prompt forward
         self.new_kv = rows if q == 1 else None
-        if self.cache.policy.needs_attention:
+        if scheduler.keeps_scores(self.cache.policy):
             self.score[:, :, L : L + q] = 0.0
         if self.cache.mode == "mask":
             self.alive[:, :, L : L + q] = new_real.unsqueeze(1)
@@ -224,12 +225,12 @@ class EvictingLayer(CacheLayerMixin):
     def context_at(self, S: int, **tensors) -> Context:
         """The :class:`Context` over the slots [0, S)."""
         cache = self.cache
-        if cache.policy.needs_context:  # rules on keys and queries (KeyDiff, Expected Attention, R-KV)
+        if scheduler.reads_tensors(cache.policy):  # rules on keys and queries (KeyDiff, Expected Attention)
             tensors.setdefault("keys", self.held_keys(S))
-            tensors.update(live=self.held(S), memo=self.memo, model_info=cache.model_info)
+            tensors.update(live=self.held(S), layer_state=self.state, prepared=cache.prepared)
         return Context(layer=self.layer_idx, num_layers=len(cache.layers), step=cache.step_of(self),
-                       horizon=cache.max_new_tokens, pos=self.pos[:, :, :S], cur=cache.cur_pos(), w=cache.w,
-                       **tensors)
+                       horizon=cache.max_new_tokens, pos=self.pos[:, :, :S], newest=cache.cur_pos(),
+                       recent_window=cache.w, **tensors)
 
     def held(self, S: int) -> torch.Tensor:
         """[B, H, S] bool: the slots [0, S) that hold a token (mask mode: not yet evicted)."""
@@ -295,28 +296,28 @@ class EvictingLayer(CacheLayerMixin):
             self._evict_window()
             return
         policy = cache.policy
-        interval = policy.compress == "interval" and L > 0  # a buffer between cuts (R-KV)
-        if not policy.evicts or (policy.compress == "prompt" and L > 0) or (interval and not policy.cuts_at(
-                cache.step_of(self))):
+        buffered = L > 0 and not scheduler.one_per_step(policy)  # a decode-step cut of a buffer (R-KV)
+        if not scheduler.cuts_now(policy, cache.step_of(self), prompt=L == 0):
             if cache.mode == "physical" and not (self.dense and cache.fwd_all_real):
                 self.count = torch.full_like(self.count, S)
                 self.dense = False
             self.length = S
             return
-        if self.steady and q == 1 and not interval:
+        if self.steady and q == 1 and not buffered:
             self._evict_steady()  # every sample is at its budget: the common decode step
             return
         live = self.live_mask().expand(-1, self.keys.shape[1], -1)  # [B, H, S]
         n_live = live.sum(-1)  # [B, H]
         k = self.budget()
-        if cache.mode == "physical" and q == 1 and L > 0 and not interval:
+        if cache.mode == "physical" and q == 1 and L > 0 and not buffered:
             self._evict_one(live, n_live > k)
             return
         keep_n = torch.minimum(n_live, k)
         prio = self._keep_priority(live, S)
         pos = self.pos[:, :, :S]
-        if L == 0 and policy.adaptive_heads:  # the prompt cut shares the layer's budget among its heads
-            keep_n = policy.head_budgets(prio, keep_n, self.context_at(S))
+        shared = policy.head_budgets(prio, keep_n, self.context_at(S)) if L == 0 else None
+        if shared is not None:  # the prompt cut shares the layer's budget among its heads (Ada-KV)
+            keep_n = shared
             self.k_bh = torch.where(n_live > k, keep_n, k.expand_as(keep_n))
         by_pos = pos.argsort(dim=-1, descending=True, stable=True)  # ties: keep the more recent
         order = by_pos.gather(-1, prio.gather(-1, by_pos).argsort(dim=-1, descending=True, stable=True))
@@ -392,7 +393,7 @@ class EvictingLayer(CacheLayerMixin):
         for name, r in zip(self.slots, self.new_kv, strict=True):
             getattr(self, name).scatter_(2, vic.expand(-1, -1, 1, r.shape[-1]), r)
         self.pos.scatter_(2, victim, self.cache.cur.view(-1, 1, 1).expand_as(victim))
-        if self.cache.policy.needs_attention:
+        if scheduler.keeps_scores(self.cache.policy):
             self.score.scatter_(2, victim, self.score[:, :, L : L + 1].clone())
 
     def _evict_one(self, live: torch.Tensor, over: torch.Tensor) -> None:
@@ -494,7 +495,7 @@ class KVCache(Cache):
         self._step_noise: torch.Tensor | None = None
         self._uniform: bool | None = None  # every layer steady at one length (decided once, after the prompt)
         self.policy = policy if policy is not None else FullPolicy()
-        self.model_info = None  # set by make_cache for needs_context policies (policy.model_info(model))
+        self.prepared = None  # what policy.prepare returned (make_cache; over the prompt: its hook)
         self.mode, self.max_new_tokens = mode, max_new_tokens
         self.seed, self._seeds = seed, seeds
         self.prompt_mask = prompt_mask
@@ -545,7 +546,7 @@ class KVCache(Cache):
         return out
 
     def cut_prompt(self) -> None:
-        """The deferred prompt cut of every layer (``defer_prompt_cut``), once ``model_info`` is set."""
+        """The deferred prompt cut of every layer (``defer_prompt_cut``), once ``prepared`` is set."""
         capture, self.on_prompt_cut = self.on_prompt_cut, None
         if capture is not None:
             capture(self)
@@ -725,15 +726,10 @@ class KVCache(Cache):
         return summed.expand(-1, nb, *s.shape[1:]).reshape(s.shape)
 
     def capacity_hint(self, needed: int) -> int:
-        grows = not self.policy.evicts or self.policy.compress == "prompt"
-        return needed + (self.max_new_tokens if grows else self.interval_room())
+        return needed + scheduler.room(self.policy, self.max_new_tokens)
 
     def headroom(self) -> int:
-        return 1 + (self.max_new_tokens if self.policy.compress == "prompt" else self.interval_room())
-
-    def interval_room(self) -> int:
-        """Slots a policy that cuts every N steps (``compress = "interval"``) fills between cuts: N - 1."""
-        return self.policy.interval - 1 if self.policy.compress == "interval" else 0
+        return scheduler.step_headroom(self.policy, self.max_new_tokens)
 
     def step_of(self, layer: EvictingLayer) -> int:
         """0 during the prompt forward, t during the t-th decode forward."""

@@ -11,9 +11,10 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
+from . import scheduler
 from .cache import KVCache
 from .models import layer_windows
-from .policies import Policy
+from .policies import Policy, Prompt
 from .prompt_memo import PromptMemo
 from .quant import KVQuant
 
@@ -58,9 +59,8 @@ def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: to
     cache = KVCache(policy, layers, prompt_mask=attention_mask,
                     max_new_tokens=max_new_tokens, seed=seed, seeds=seeds, mode=mode, beam_groups=beam_groups,
                     kv_quant=kv_quant, windows=layer_windows(model.config))  # sliding layers: their window
-    if policy is not None and policy.needs_context and hasattr(policy, "model_info"):
-        cache.model_info = policy.model_info(model)  # what the rule needs (RoPE, ALiBi), or one line
-    if policy is not None and hasattr(policy, "prepare"):
+    cache.prepared = cache.policy.prepare(model)  # what the rule needs of the model (RoPE, ALiBi)
+    if scheduler.prepares_on_prompt(cache.policy):
         if kv_quant is None and model.config.model_type != "mpt":
             _prepare_after_prompt(model, cache)
         else:  # quantized rows or MPT's wrapped attention: the prompt runs once more, before the real one
@@ -69,7 +69,7 @@ def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: to
 
 
 def _prepare_after_prompt(model: PreTrainedModel, cache: KVCache) -> None:
-    """Run ``policy.prepare(model, input_ids, attention_mask, prompt_kv=cache.prompt_kv)`` (KVzip's
+    """Run ``policy.prepare(model, Prompt(input_ids, attention_mask, kv=cache.prompt_kv))`` (KVzip's
     reconstruction over the prompt's own keys and values) right after each prompt forward that uses
     ``cache``, then the cut it defers (``cache.defer_prompt_cut``): the prompt runs once. A forward hook that
     holds the cache weakly and removes itself once the cache is gone; it acts only after a prompt forward
@@ -79,21 +79,22 @@ def _prepare_after_prompt(model: PreTrainedModel, cache: KVCache) -> None:
     def act(c: KVCache, module, ids: torch.Tensor, mask: torch.Tensor) -> None:
         first = c.layers[0]
         if first.pending and first.length == 0:
-            c.model_info = c.policy.prepare(module, ids, mask, prompt_kv=c.prompt_kv)
+            c.prepared = c.policy.prepare(module, Prompt(ids, mask, kv=c.prompt_kv))
             c.cut_prompt()
 
     _hook_prompt(model, cache, act, after=True)
 
 
 def _prepare_at_prompt(model: PreTrainedModel, cache: KVCache) -> None:
-    """Run ``policy.prepare(model, input_ids, attention_mask)`` (an extra forward, KVzip's reconstruction)
-    just before the first forward that uses ``cache``, its prompt; its result becomes ``cache.model_info``. A
+    """Run ``policy.prepare(model, Prompt(input_ids, attention_mask))`` (an extra forward, KVzip's
+    reconstruction) just before the first forward that uses ``cache``, its prompt; its result becomes
+    ``cache.prepared``. A
     one-shot forward pre-hook (it holds the cache weakly and removes itself), so ``generate()``,
     ``model.generate`` and a bare forward all run it, inside the prompt's time."""
 
     def act(c: KVCache, module, ids: torch.Tensor, mask: torch.Tensor) -> bool:
         if not c.layers[0].is_initialized:  # not a cache that adopted a prepared prompt (PromptMemo)
-            c.model_info = c.policy.prepare(module, ids, mask)
+            c.prepared = c.policy.prepare(module, Prompt(ids, mask))
         return True  # once
 
     _hook_prompt(model, cache, act, after=False)

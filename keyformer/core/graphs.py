@@ -28,18 +28,15 @@ from typing import Any
 
 import torch
 
+from . import scheduler
 from .cache import KVCache
 
 
 def capture_reason(cache: KVCache) -> str | None:
     """Why this cache's next decode step cannot be captured, or None when it can."""
-    pol = cache.policy
-    if not pol.evicts:
-        return f"policy {pol.name!r} keeps every token: the attended length grows each step"
-    if pol.compress != "step":
-        return f"policy {pol.name!r} compresses with compress={pol.compress!r}: the cache grows between cuts"
-    if getattr(pol, "needs_context", False):
-        return f"policy {pol.name!r} keeps per-step scratch (needs_context): not captured"
+    refusal = scheduler.graph_refusal(cache.policy)
+    if refusal is not None:
+        return refusal
     if cache.mode != "physical":
         return "mask simulation never shrinks the cache"
     layers = [lay for lay in cache.layers if lay.is_initialized]

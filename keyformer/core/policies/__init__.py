@@ -12,7 +12,7 @@ import pkgutil
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Context, Policy, ScorePolicy
+from .base import NEVER, PROMPT, STEP, Context, Policy, Prompt, Schedule, ScorePolicy, every
 from .full import FullPolicy
 from .h2o import H2OPolicy
 from .keyformer import KeyformerPolicy
@@ -66,6 +66,6 @@ def build_policy(node: Mapping[str, Any]) -> Policy:
     return make_policy(name, **kwargs)
 
 
-__all__ = ["POLICIES", "Context", "Policy", "ScorePolicy", "FullPolicy", "WindowPolicy", "StreamingPolicy",
-           "H2OPolicy",
-           "KeyformerPolicy", "make_policy", "build_policy", "split_node", "policy_class"]
+__all__ = ["POLICIES", "Context", "Policy", "ScorePolicy", "Schedule", "Prompt", "NEVER", "PROMPT", "STEP",
+           "every", "FullPolicy", "WindowPolicy", "StreamingPolicy", "H2OPolicy", "KeyformerPolicy",
+           "make_policy", "build_policy", "split_node", "policy_class"]

@@ -36,7 +36,6 @@ def _rank(prio: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 class AdaKVMixin:
     """Adds Ada-KV's head allocation to a scoring policy (``alpha_safeguard`` is a dataclass field)."""
 
-    adaptive_heads: ClassVar[bool] = True
     alpha_safeguard: float
 
     def _check_ada(self) -> None:

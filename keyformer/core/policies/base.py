@@ -3,25 +3,37 @@
 A policy decides, for every (sample, layer, KV head), which cached tokens survive. The attention path builds a
 :class:`Context` and calls, in order, for every forward of every layer:
 
-1. ``score(probs, ctx)`` (only when ``needs_attention``): per-entry scores from the attention probabilities
-   ``probs`` [B, Hkv, G, q, S] (softmax of the masked logits, position bias included; 0 where a query may not
-   attend). ``ctx.noise()`` gives Exp(1) noise of the same shape, computed only for the entries scored. At the
-   prompt only the last ``observe_rows`` query rows are scored (all when None).
+1. ``score(probs, ctx)`` (only when ``reads`` has ``"attention"``): per-entry scores from the attention
+   probabilities ``probs`` [B, Hkv, G, q, S] (softmax of the masked logits, position bias included; 0 where
+   a query may not attend). ``ctx.noise()`` gives Exp(1) noise of the same shape, computed only for the
+   entries scored. At the prompt only the last ``observe_rows`` query rows are scored (all when None).
 2. The attention path sums the scores over those query rows and over the query heads of a GQA group, then
    ``accumulate(state, s, ctx)`` folds them into the per-slot state [B, Hkv, S] (default: add; TOVA-like
    policies replace). After the prompt ``after_prompt(state, ctx)`` may transform it (pooling).
-3. ``priority(state, ctx)``: keep-priority of the slots (higher is kept); ``ctx.pos``, ``ctx.cur``, ``ctx.w``
-   and ``ctx.step`` say where they are. The cache keeps the recent window, then the highest-priority tokens,
-   evicting ties oldest first.
+3. ``priority(state, ctx)``: keep-priority of the slots (higher is kept); ``ctx.pos``, ``ctx.newest``,
+   ``ctx.recent_window`` and ``ctx.step`` say where they are. The cache keeps the recent window, then the
+   highest-priority tokens, evicting ties oldest first.
 
 Every hook takes the :class:`Context` (``layer_budget(k, n, ctx)`` and ``head_budgets(prio, keep_n, ctx)``
 too). A scorer-only policy subclasses :class:`ScorePolicy` and writes ``score``; the other hooks are opt-in
 overrides.
 
-``compress`` says when the cache is cut: ``"step"`` (after the prompt and at every decode step) or
-``"prompt"`` (once after the prompt; decode tokens are then all kept) or ``"interval"`` (after the prompt,
-then only at decode steps ``t`` where ``policy.cuts_at(t)``: the new tokens are appended in between, a
-buffer, and a cut evicts back down to the budget at once; R-KV).
+A policy declares its lifecycle in two class attributes, and the engine reads nothing else about its kind
+(:mod:`keyformer.core.scheduler` is the one place that branches on them):
+
+* ``cuts``, a :class:`Schedule`: when the cache is cut. ``NEVER`` (full), ``PROMPT`` (once after the
+  prompt; decode tokens are then all kept), ``STEP`` (after the prompt and at every decode step) or
+  ``every(n)`` (after the prompt, then at decode steps ``t`` with ``t % n == 0``: the new tokens are appended
+  in between, a buffer, and a cut evicts back down to the budget at once; R-KV). An instance may answer
+  differently through the ``schedule`` property (``prefill_only`` turns any schedule into ``PROMPT``).
+* ``reads``: what the policy's hooks read besides slot positions. ``"attention"``: ``score`` gets the
+  attention probabilities. ``"tensors"``: the :class:`Context` carries the held keys (and the forward's
+  queries and values when it runs the scoring path), which slots are held, and a per-layer state dict kept for
+  one generation. ``"prompt"``: ``prepare`` runs over the prompt (an extra reconstruction forward, KVzip)
+  rather than once per model.
+
+``prepare(model, prompt)`` returns what the policy needs from the model (RoPE or ALiBi data) or from the
+prompt (``reads`` has ``"prompt"``); it reaches the hooks as ``ctx.prepared``.
 
 Budget semantics (shared by all evicting policies): a prompt of ``n`` real tokens is processed with full
 attention; the cache is then cut to ``k = budget_tokens(n)`` tokens: the ``w = recent_tokens(k)`` most
@@ -38,6 +50,64 @@ from typing import Any, ClassVar
 
 import torch
 
+SCHEDULES = ("never", "prompt", "step", "every")
+READS = ("attention", "tensors", "prompt")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a policy cuts the cache: ``when`` is ``"never"``, ``"prompt"`` (once, after the prompt),
+    ``"step"`` (after the prompt and every decode step) or ``"every"`` (after the prompt, then at decode steps
+    ``t`` with ``t % n == 0``)."""
+
+    when: str = "step"
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if self.when not in SCHEDULES:
+            raise ValueError(f"schedule {self.when!r} is unknown; valid: {', '.join(SCHEDULES)}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"schedule every n={self.n!r} must be an int >= 1")
+
+    @property
+    def evicts(self) -> bool:
+        return self.when != "never"
+
+    def cuts_at(self, step: int, prompt: bool | None = None) -> bool:
+        """Whether a forward ends with a cut: the prompt's (``prompt``; by default ``step == 0``) or that of
+        decode step ``step``."""
+        if self.when == "never":
+            return False
+        if (step == 0 if prompt is None else prompt) or self.when == "step":
+            return True
+        return self.when == "every" and step % self.n == 0
+
+    def room(self, max_new_tokens: int) -> int:
+        """Slots decode tokens may take above the budget: all of them where the cache grows after the prompt
+        (``never``, ``prompt``), the buffer between cuts (``every``: n - 1), none when every step cuts."""
+        if self.when in ("never", "prompt"):
+            return max_new_tokens
+        return self.n - 1 if self.when == "every" else 0
+
+
+NEVER, PROMPT, STEP = Schedule("never"), Schedule("prompt"), Schedule("step")
+
+
+def every(n: int) -> Schedule:
+    """Cut after the prompt, then every ``n`` decode steps."""
+    return Schedule("every", n)
+
+
+@dataclass
+class Prompt:
+    """The prompt a ``prepare`` that reads it sees: ``input_ids`` [B, N] (left-padded), ``attention_mask``
+    [B, N], and ``kv(b)``: sample ``b``'s prompt keys and values per layer from the real prompt forward, or
+    None where the prompt has not run yet (the policy then runs what it needs itself)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    kv: Callable[[int], Any] | None = None
+
 
 @dataclass
 class Context:
@@ -53,9 +123,9 @@ class Context:
     step: int = 0  # 0 at the prompt, t at the t-th decode step
     horizon: int = 0  # tokens this generation may produce (schedules such as Keyformer's tau span it)
     pos: torch.Tensor | None = None  # [B, Hkv, S] absolute position of each slot (-1: empty or pad)
-    cur: torch.Tensor | None = None  # [B] position of the newest token
-    w: torch.Tensor | None = None  # [B] recent-window size
-    group: int = 1
+    newest: torch.Tensor | None = None  # [B] position of the newest token
+    recent_window: torch.Tensor | None = None  # [B] tokens of the recent window (always kept)
+    group: int = 1  # query heads per KV head
     keys: torch.Tensor | None = None  # [B, Hkv, S, D]
     values: torch.Tensor | None = None
     query: torch.Tensor | None = None  # [B, Hq, q, D]
@@ -63,12 +133,12 @@ class Context:
     # noised(probs, draw=0): ``normalise(probs / noise(draw))`` in place in one pass that never writes the
     # noise (the prompt's native loop), or None where unavailable for this call (then use ``noise``)
     noised: Callable[..., torch.Tensor | None] | None = None
-    # Only for policies with ``needs_context`` (rules on keys/queries, not attention weights): which of the S
-    # slots are held ([B, Hkv, S] bool; mask mode: not yet evicted), the layer's scratch dict (kept for one
-    # generation, reordered with beams) and what the policy's ``model_info(model)`` returned.
+    # Only for policies that read ``"tensors"``: which of the S slots are held ([B, Hkv, S] bool; mask mode:
+    # not yet evicted) and the layer's state dict (kept for one generation; batch-major tensors in it follow
+    # their rows when beams reorder)
     live: torch.Tensor | None = None
-    memo: dict | None = None
-    model_info: Any = None
+    layer_state: dict | None = None
+    prepared: Any = None  # what the policy's ``prepare`` returned
 
 
 @dataclass
@@ -83,14 +153,24 @@ class Policy:
     prefill_only: bool = False
 
     name: ClassVar[str] = "base"
+    cuts: ClassVar[Schedule] = STEP  # the class's schedule (an instance's: ``schedule``)
+    reads: ClassVar[frozenset[str]] = frozenset()  # of READS
+    registry: ClassVar[dict[str, type[Policy]]] = {}
+    # derived from the declaration above, for readers that only ask these two questions
     evicts: ClassVar[bool] = True
     needs_attention: ClassVar[bool] = False
-    compress: ClassVar[str] = "step"  # "step" | "prompt" | "interval"
-    needs_context: ClassVar[bool] = False  # priority/score get keys, live slots, memo, model_info (Context)
-    registry: ClassVar[dict[str, type[Policy]]] = {}
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
+        if not isinstance(cls.cuts, Schedule):
+            raise TypeError(f"{cls.__name__}.cuts={cls.cuts!r} must be a Schedule (NEVER, PROMPT, STEP, "
+                            f"every(n))")
+        cls.reads = frozenset(cls.reads)
+        bad = sorted(cls.reads - set(READS))
+        if bad:
+            raise TypeError(f"{cls.__name__}.reads has {bad}; valid: {', '.join(READS)}")
+        cls.evicts = cls.cuts.evicts
+        cls.needs_attention = "attention" in cls.reads
         if "name" in cls.__dict__:  # a concrete policy: registered under its name
             Policy.registry[cls.name] = cls
 
@@ -108,8 +188,18 @@ class Policy:
                              f"recent window)")
         if not isinstance(self.prefill_only, bool):
             raise ValueError(f"prefill_only={self.prefill_only!r} must be true or false")
-        if self.prefill_only:
-            self.compress = "prompt"  # type: ignore[misc]  # shadows the class's "step" for this instance
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    @property
+    def schedule(self) -> Schedule:
+        """This instance's schedule: the class's ``cuts``, or ``PROMPT`` with ``prefill_only``."""
+        return PROMPT if self.prefill_only and self.cuts.evicts else self.cuts
+
+    def prepare(self, model: Any, prompt: Prompt | None = None) -> Any:
+        """What the hooks need from the model (``prompt`` None: called once, when the cache is made) or, for
+        a policy that reads ``"prompt"``, from the prompt; it reaches them as ``ctx.prepared``. May refuse an
+        architecture with ``ValueError`` in one line. Default: nothing."""
+        return None
 
     # -- budget ---------------------------------------------------------------------------------
     def budget_tokens(self, n: torch.Tensor) -> torch.Tensor:
@@ -129,14 +219,12 @@ class Policy:
         at ``k``."""
         return k
 
-    adaptive_heads: ClassVar[bool] = False  # head_budgets() shares a layer's budget among its heads (Ada-KV)
-
-    def head_budgets(self, prio: torch.Tensor, keep_n: torch.Tensor, ctx: Context) -> torch.Tensor:
+    def head_budgets(self, prio: torch.Tensor, keep_n: torch.Tensor, ctx: Context) -> torch.Tensor | None:
         """Tokens kept per (sample, KV head) at the prompt cut, [B, H], from keep-priorities ``prio`` [B, H,
         S] (recent window +inf, dead slots -inf), positions ``ctx.pos`` [B, H, S] and the uniform counts
-        ``keep_n`` [B, H]; called only when ``adaptive_heads``. These budgets then hold at every decode
-        step."""
-        return keep_n
+        ``keep_n`` [B, H]; these budgets then hold at every decode step. Default None: every head keeps the
+        layer's budget (Ada-KV shares it among the heads)."""
+        return None
 
     # -- scoring ----------------------------------------------------------------------------------
     uses_noise: ClassVar[bool] = False
@@ -156,8 +244,8 @@ class Policy:
 
     def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
         """Keep-priority of the slots (higher is kept) from the state [B, Hkv, S]; ``ctx.pos`` [B, Hkv, S]
-        slot positions, ``ctx.cur`` [B] newest position, ``ctx.w`` [B] recent-window size, ``ctx.step`` 0 at
-        the prompt. The recent window is kept regardless."""
+        slot positions, ``ctx.newest`` [B] newest position, ``ctx.recent_window`` [B] recent-window size,
+        ``ctx.step`` 0 at the prompt. The recent window is kept regardless."""
         return state
 
 
@@ -166,7 +254,7 @@ class ScorePolicy(Policy):
     """The common case: a policy defined by its per-entry ``score`` alone (summed over queries and steps,
     ranked as is). Subclasses set ``name`` and write ``score``; nothing else is needed."""
 
-    needs_attention: ClassVar[bool] = True
+    reads: ClassVar[frozenset[str]] = frozenset({"attention"})
 
     def score(self, probs: torch.Tensor, ctx: Context) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} must define score(probs, ctx)")

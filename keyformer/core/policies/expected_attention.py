@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .base import Context, Policy
+from .base import Context, Policy, Prompt
 
 
 def position_info(model: Any) -> dict[str, Any]:
@@ -119,8 +119,8 @@ class ExpectedAttentionPolicy(Policy):
     epsilon: float = 0.0
 
     name: ClassVar[str] = "expected_attention"
-    needs_attention: ClassVar[bool] = True  # the scoring path is the one that passes the queries
-    needs_context: ClassVar[bool] = True
+    # the scoring path is the one that passes the queries; the rule reads them and the held keys
+    reads: ClassVar[frozenset[str]] = frozenset({"attention", "tensors"})
     observe_rows: ClassVar[int | None] = 1  # one score call at the prompt (the rule reads every query itself)
 
     def __post_init__(self) -> None:
@@ -135,17 +135,17 @@ class ExpectedAttentionPolicy(Policy):
         if not self.epsilon >= 0:
             raise ValueError(f"epsilon={self.epsilon!r} must be >= 0")
 
-    def model_info(self, model: Any) -> dict[str, Any]:
+    def prepare(self, model: Any, prompt: Prompt | None = None) -> dict[str, Any]:
         return position_info(model)
 
     def observe(self, ctx: Context) -> None:
-        """Fold this forward's real, non-sink queries into the running sums of ``ctx.memo``."""
+        """Fold this forward's real, non-sink queries into the running sums of ``ctx.layer_state``."""
         q = ctx.query
         B, Hq, r, D = q.shape
-        qpos = ctx.pos[:, 0, -r:] if ctx.step == 0 else ctx.cur.view(-1, 1).expand(B, r)  # [B, r]
-        x = unrotate(q.double(), qpos, ctx.model_info)
+        qpos = ctx.pos[:, 0, -r:] if ctx.step == 0 else ctx.newest.view(-1, 1).expand(B, r)  # [B, r]
+        x = unrotate(q.double(), qpos, ctx.prepared)
         use = (qpos >= self.n_sink).double().view(B, 1, r, 1)
-        memo = ctx.memo
+        memo = ctx.layer_state
         if ctx.step == 0 or "n" not in memo:
             memo["n"] = torch.zeros(B, 1, 1, dtype=torch.float64, device=q.device)
             memo["s1"] = torch.zeros(B, Hq, D, dtype=torch.float64, device=q.device)
@@ -156,14 +156,14 @@ class ExpectedAttentionPolicy(Policy):
             memo["s2"] = memo["s2"] + torch.einsum("bhri,bhrj->bhij", x * use, x)
 
     def expected_scores(self, ctx: Context) -> torch.Tensor:
-        """[B, Hkv, S] the rule's score of every slot (non-held and sink slots: 0) from ``ctx.memo``."""
-        memo, keys, values = ctx.memo, ctx.keys, ctx.values
+        """[B, Hkv, S] the rule's score of every slot (non-held and sink slots: 0) from the layer state."""
+        memo, keys, values = ctx.layer_state, ctx.keys, ctx.values
         B, Hkv, S, D = keys.shape
         n = memo["n"].clamp(min=1.0)
         mu = memo["s1"] / n  # [B, Hq, D]
         Hq = mu.shape[1]
         G = Hq // Hkv
-        R = mean_rotation(ctx.cur, self.n_future_positions, D, ctx.model_info)  # [B, D, D]
+        R = mean_rotation(ctx.newest, self.n_future_positions, D, ctx.prepared)  # [B, D, D]
         mu = torch.einsum("bij,bhj->bhi", R, mu).view(B, Hkv, G, D)
         k = keys.double()
         z = torch.einsum("bhsd,bhgd->bhgs", k, mu) / math.sqrt(D)
@@ -173,7 +173,7 @@ class ExpectedAttentionPolicy(Policy):
             cov = R.unsqueeze(1) @ cov @ R.transpose(-1, -2).unsqueeze(1)  # [B, Hq, D, D]
             kc = torch.einsum("bhsd,bhgde->bhgse", k, cov.view(B, Hkv, G, D, D))
             z = z + (kc * k.unsqueeze(2)).sum(-1) / (2 * D)
-        info = ctx.model_info
+        info = ctx.prepared
         if info["kind"] == "alibi":
             z = z + info["slopes"].to(z.device).view(1, Hkv, G, 1) * ctx.pos.double().unsqueeze(2)
         cand = ctx.live & (ctx.pos >= self.n_sink)  # [B, Hkv, S]

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Policy
+from .base import NEVER, Policy, Schedule
 
 
 @dataclass
 class FullPolicy(Policy):
     budget: float | int = 1.0
     name: ClassVar[str] = "full"
-    evicts: ClassVar[bool] = False
+    cuts: ClassVar[Schedule] = NEVER

@@ -37,7 +37,7 @@ class KeyDiffPolicy(Policy):
     recent: float = 0.0
 
     name: ClassVar[str] = "keydiff"
-    needs_context: ClassVar[bool] = True  # reads the held keys; never the attention weights
+    reads: ClassVar[frozenset[str]] = frozenset({"tensors"})  # the held keys; never the attention weights
 
     def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
         return keydiff_priority(ctx.keys, ctx.live)

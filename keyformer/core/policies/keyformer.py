@@ -44,7 +44,7 @@ class KeyformerPolicy(Policy):
     max_new_tokens: int | None = None  # tau schedule length; None: the generation's max_new_tokens
 
     name: ClassVar[str] = "keyformer"
-    needs_attention: ClassVar[bool] = True
+    reads: ClassVar[frozenset[str]] = frozenset({"attention"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -92,7 +92,7 @@ class KeyformerPolicy(Policy):
 
     def priority(self, score: torch.Tensor, ctx: Context) -> torch.Tensor:
         if self.candidates == "reference" and ctx.step > 0:
-            leaving = ctx.pos == (ctx.cur - ctx.w).view(-1, 1, 1)
+            leaving = ctx.pos == (ctx.newest - ctx.recent_window).view(-1, 1, 1)
             score = score.masked_fill(leaving, float("-inf"))
         if self.head_reduction == "shared":
             score = score.sum(dim=1, keepdim=True).expand_as(score)

@@ -40,7 +40,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .adakv import AdaKVMixin
-from .base import Context, Policy
+from .base import PROMPT, Context, Policy, Prompt, Schedule
 
 RECORD_IMPL = "keyformer_kvzip_record"
 ROWS_PER_BLOCK = 256  # at most this many query rows' logits held at once (one layer: Hq x rows x S floats)
@@ -289,8 +289,8 @@ class KVzipPolicy(AdaKVMixin, Policy):
     alpha_safeguard: float = 0.0  # KVzip shares a layer's budget among its heads with no safeguard
 
     name: ClassVar[str] = "kvzip"
-    compress: ClassVar[str] = "prompt"
-    needs_context: ClassVar[bool] = True
+    cuts: ClassVar[Schedule] = PROMPT
+    reads: ClassVar[frozenset[str]] = frozenset({"tensors", "prompt"})  # prepare runs the reconstruction
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -307,11 +307,14 @@ class KVzipPolicy(AdaKVMixin, Policy):
                                             or not isinstance(self.chunk_size, int) or self.chunk_size < 1):
             raise ValueError(f"chunk_size={self.chunk_size!r} must be an int >= 1 or null (one chunk)")
 
-    def prepare(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                prompt_kv: Any = None) -> dict[str, Any]:
+    def prepare(self, model: Any, prompt: Prompt | None = None) -> dict[str, Any] | None:
         """The reconstruction scores of every sample, per layer [B, Hkv, N] indexed by prompt position (the
-        extra forward; see the module docstring). ``prompt_kv(b)``: sample ``b``'s prompt keys and values per
-        layer from the real prompt forward (:meth:`KVCache.prompt_kv`; None: the prompt runs again here)."""
+        extra forward; see the module docstring). ``prompt.kv(b)``: sample ``b``'s prompt keys and values per
+        layer from the real prompt forward (:meth:`KVCache.prompt_kv`; None: the prompt runs again here).
+        Without a prompt (the cache being made): nothing yet."""
+        if prompt is None:
+            return None
+        input_ids, attention_mask, prompt_kv = prompt.input_ids, prompt.attention_mask, prompt.kv
         B, N = input_ids.shape
         out: list[torch.Tensor] | None = None
         repeat = (self.repeat_ids if self.repeat_ids != "auto"
@@ -327,7 +330,7 @@ class KVzipPolicy(AdaKVMixin, Policy):
         return {"scores": out}
 
     def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
-        info = ctx.model_info
+        info = ctx.prepared
         if not isinstance(info, dict) or "scores" not in info:
             raise ValueError("policy 'kvzip' scores the prompt in a reconstruction forward that the cache of "
                              "keyformer.core.generate.make_cache runs; valid: make_cache / generate")

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from .base import Context, Policy
+from .base import PROMPT, Context, Policy, Prompt, Schedule, every
 from .expected_attention import position_info
 
 RETAIN = ("last", "first")
@@ -99,9 +99,9 @@ class RKVPolicy(Policy):
     retain_direction: str = "last"
 
     name: ClassVar[str] = "rkv"
-    compress: ClassVar[str] = "interval"
-    needs_attention: ClassVar[bool] = True  # the scoring path passes the decode queries the window needs
-    needs_context: ClassVar[bool] = True
+    cuts: ClassVar[Schedule] = every(128)  # the class default; an instance cuts every ``buffer`` steps
+    # the scoring path passes the decode queries the window needs; the rule reads them and the held keys
+    reads: ClassVar[frozenset[str]] = frozenset({"attention", "tensors"})
     observe_rows: ClassVar[int | None] = 1  # the prompt's score is computed from the queries in after_prompt
 
     def __post_init__(self) -> None:
@@ -122,14 +122,11 @@ class RKVPolicy(Policy):
                              f"valid: {', '.join(RETAIN)}")
 
     @property
-    def interval(self) -> int:
-        """Decode steps between cuts (the cache holds k to k + buffer - 1 tokens between them)."""
-        return self.buffer
+    def schedule(self) -> Schedule:
+        """A cut every ``buffer`` decode steps (the cache holds k to k + buffer - 1 tokens between them)."""
+        return PROMPT if self.prefill_only else every(self.buffer)
 
-    def cuts_at(self, step: int) -> bool:
-        return step % self.buffer == 0
-
-    def model_info(self, model: Any) -> dict[str, Any]:
+    def prepare(self, model: Any, prompt: Prompt | None = None) -> dict[str, Any]:
         arch = model.config.model_type
         return position_info(model) if arch == "mpt" else {"kind": "none"}
 
@@ -139,8 +136,8 @@ class RKVPolicy(Policy):
 
     def joint_score(self, q: torch.Tensor, qpos: torch.Tensor, ctx: Context) -> torch.Tensor:
         """[B, Hkv, S] ``mix_lambda * importance - (1 - mix_lambda) * redundancy`` of the held slots."""
-        info = ctx.model_info or {"kind": "none"}
-        past = ctx.live & (ctx.pos <= (ctx.cur - self.window_size).view(-1, 1, 1))
+        info = ctx.prepared or {"kind": "none"}
+        past = ctx.live & (ctx.pos <= (ctx.newest - self.window_size).view(-1, 1, 1))
         imp = importance(q, qpos, ctx.keys, ctx.pos, past, self.kernel_size,
                          info["slopes"] if info["kind"] == "alibi" else None)
         red = redundancy(ctx.keys, ctx.live, self.retain_direction)
@@ -149,12 +146,12 @@ class RKVPolicy(Policy):
     def score(self, probs: torch.Tensor, ctx: Context) -> torch.Tensor:
         """No per-step score: a decode step only remembers its query for the next cut's window."""
         if ctx.step > 0:
-            q = ctx.query  # [B, Hq, 1, D]
-            prev = ctx.memo.get("q")
-            ctx.memo["q"] = q if prev is None else torch.cat([prev, q], dim=2)[:, :, -self.window_size:]
-            prevp = ctx.memo.get("qpos")
-            cur = ctx.cur.view(-1, 1)
-            ctx.memo["qpos"] = cur if prevp is None else torch.cat([prevp, cur], dim=1)[:, -self.window_size:]
+            q, st, W = ctx.query, ctx.layer_state, self.window_size  # q [B, Hq, 1, D]
+            prev = st.get("q")
+            st["q"] = q if prev is None else torch.cat([prev, q], dim=2)[:, :, -W:]
+            prevp = st.get("qpos")
+            cur = ctx.newest.view(-1, 1)
+            st["qpos"] = cur if prevp is None else torch.cat([prevp, cur], dim=1)[:, -W:]
         return probs.zero_()
 
     def after_prompt(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -165,4 +162,4 @@ class RKVPolicy(Policy):
     def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
         if ctx.step == 0:
             return state
-        return self.joint_score(ctx.memo["q"], ctx.memo["qpos"], ctx)
+        return self.joint_score(ctx.layer_state["q"], ctx.layer_state["qpos"], ctx)

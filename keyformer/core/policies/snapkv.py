@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from .base import Context, Policy
+from .base import PROMPT, Context, Policy, Schedule
 
 
 @dataclass
@@ -25,8 +25,8 @@ class SnapKVPolicy(Policy):
     kernel_size: int = 5
 
     name: ClassVar[str] = "snapkv"
-    needs_attention: ClassVar[bool] = True
-    compress: ClassVar[str] = "prompt"
+    reads: ClassVar[frozenset[str]] = frozenset({"attention"})
+    cuts: ClassVar[Schedule] = PROMPT
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -49,7 +49,7 @@ class SnapKVPolicy(Policy):
         """Pool the scores of the keys before the observation window (the window itself is kept); as the
         authors' ``attn[..., -window:, :-window]`` then ``avg_pool1d``, the window counts as zero padding."""
         B, H, n = state.shape
-        window = ctx.pos[..., :n] > (ctx.cur - self.window_size).view(-1, 1, 1)
+        window = ctx.pos[..., :n] > (ctx.newest - self.window_size).view(-1, 1, 1)
         state = state.masked_fill(window, 0.0)
         pooled = (F.avg_pool1d(state.reshape(B * H, 1, n), self.kernel_size, stride=1,
                                padding=self.kernel_size // 2))

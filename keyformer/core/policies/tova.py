@@ -25,7 +25,7 @@ class TOVAPolicy(Policy):
     head_reduction: str = "layer"
 
     name: ClassVar[str] = "tova"
-    needs_attention: ClassVar[bool] = True
+    reads: ClassVar[frozenset[str]] = frozenset({"attention"})
     observe_rows: ClassVar[int | None] = 1
 
     def __post_init__(self) -> None:

@@ -28,6 +28,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -242,6 +243,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
             "new_tokens": args.new_tokens, "policies": [p for p in args.policies.split(",") if p],
             "warmup_len": args.warmup_len, "threads": args.threads, "seed": args.seed}
     trees = {"A": a_tree, "B": b_tree}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still removes its worktrees
     runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     t0 = time.time()
     log(f"[ab] A = {a_sha[:12]} ({a_tree}); B = {b_sha[:12]}{' + uncommitted changes' if dirty else ''} "

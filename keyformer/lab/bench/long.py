@@ -147,7 +147,7 @@ def peak_kv_bytes(model: Any, ids: torch.Tensor, name: str, budget: float | int 
         tok = out.logits[:, -1].argmax(-1, keepdim=True)
         steps = 0
         def growing() -> bool:
-            return (pol.evicts and pol.compress == "step" and not all(lay.steady for lay in cache.layers)) \
+            return (pol.schedule.when == "step" and not all(lay.steady for lay in cache.layers)) \
                 or any(lay.window is not None and lay.length < lay.window - 1 for lay in cache.layers)
 
         while growing() and steps < n_new - 1:
@@ -245,7 +245,7 @@ def attended_avg(name: str, budget: float | int | None, L: int, n_new: int,
     else:
         pol = _policy(name, budget)
         k = int(pol.budget_tokens(torch.tensor([L]))[0])
-        if pol.compress == "prompt":
+        if pol.schedule.when == "prompt":
             glob = sum(min(L, k) + t for t in steps) / len(steps)
         else:
             glob = sum(min(L + t - 1, k) + 1 for t in steps) / len(steps)
