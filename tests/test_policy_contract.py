@@ -42,8 +42,8 @@ def _policy(name: str, **kw):
         return make_policy(name)
     if "window_size" in POLICIES[name].__dataclass_fields__:
         kw.setdefault("window_size", 8)
-    if POLICIES[name].cuts.when == "every":  # a cut inside the NEW decode steps (R-KV: buffer >= window)
-        kw.setdefault("buffer", 8)
+    if "buffer" in POLICIES[name].__dataclass_fields__:  # a cut inside the NEW decode steps (R-KV: buffer
+        kw.setdefault("buffer", 8)  # >= window)
     kw.setdefault("budget", 0.5)
     return make_policy(name, **kw)
 
@@ -309,11 +309,12 @@ def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
                     row = row / hkv if layer_mean else row
                     fold(state, vis, row, Context(step=t, horizon=horizon))
                 kept = vis
-                if len(kept) > kh:
+                if policy.schedule.cuts_at(t):  # every step, or every n steps (a buffer cut at once)
                     prio = prio_of(state, kept, i, t)
-                    cands = [j for j in kept if not j > i - w]
-                    victim = min(cands or kept, key=lambda j: (prio[j], j))
-                    kept = [j for j in kept if j != victim]
+                    while len(kept) > kh:
+                        cands = [j for j in kept if not j > i - w]
+                        victim = min(cands or kept, key=lambda j: (prio[j], j))
+                        kept = [j for j in kept if j != victim]
         return torch.stack(masks)
 
     return fn
