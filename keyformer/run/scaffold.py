@@ -52,10 +52,12 @@ class Task:
     #: files/folders of the package whose code changes this task's outputs (the identity's code version)
     code: tuple[str, ...] = CORE_CODE
 
-    def validate(self, cfg: Mapping[str, Any]) -> None:
+    def validate(self, cfg: Mapping[str, Any]) -> Any:
+        """Check ``cfg`` before any model loads (one-line :class:`UserError`s) and return the job's policy,
+        built by the check: the object the task runs and the results record."""
         from keyformer.run.validate import validate_common
 
-        validate_common(cfg)
+        return validate_common(cfg)
 
     def versions(self) -> dict[str, str]:
         """Versions of task-specific packages that change outputs (added to the identity)."""
@@ -260,10 +262,12 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
     """Run one job (see the module docstring) and return its metrics."""
     t_start = time.perf_counter()
     quiet_logs()
-    task.validate(cfg)
-    from keyformer.core.policies import build_policy
+    policy = task.validate(cfg)  # the one check of the job; the policy it built is the one that runs
+    if policy is None:  # a task plug-in whose validate does not return the policy
+        from keyformer.core.policies import build_policy
 
-    job = Job(cfg, task, resolved(cfg, task), policy=build_policy(cfg["policy"]))  # the one policy of the job
+        policy = build_policy(cfg["policy"])
+    job = Job(cfg, task, resolved(cfg, task), policy=policy)
     rd = job.rd
     rd.check(cfg, job.identity)  # never skip, extend or delete results of another config or identity
     if cfg.get("resume", True) and rd.is_complete():

@@ -69,15 +69,17 @@ def _get(cfg: Mapping, dotted: str) -> Any:
 
 
 def check_budget(value: Any, key: str = "budget") -> None:
-    if _is_int(value):
-        if value < 1:
-            raise ConfigError(key, value,
-                              "an int budget counts tokens and must be >= 1; a float must be in (0, 1]")
-    elif isinstance(value, float):
-        if not 0.0 < value <= 1.0:
-            raise ConfigError(key, value, "a float budget is a fraction of the prompt and must be in (0, 1]; "
-                                          "an int >= 1 counts tokens")
-    else:
+    """The config's side of the budget rule (:func:`keyformer.core.policies.base.budget_problem`)."""
+    from keyformer.core.policies.base import budget_problem
+
+    problem = budget_problem(value)
+    if problem == "int range":
+        raise ConfigError(key, value,
+                          "an int budget counts tokens and must be >= 1; a float must be in (0, 1]")
+    if problem == "float range":
+        raise ConfigError(key, value, "a float budget is a fraction of the prompt and must be in (0, 1]; "
+                                      "an int >= 1 counts tokens")
+    if problem is not None:
         raise ConfigError(key, value,
                           "must be a float in (0, 1] (fraction of the prompt) or an int >= 1 (tokens)")
 
@@ -108,8 +110,9 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return dtype
 
 
-def validate_common(cfg: Mapping[str, Any]) -> None:
-    """Keys every task uses: budget, recent, seed, device, dtype, the model and the policy. Loads no model."""
+def validate_common(cfg: Mapping[str, Any]) -> Any:
+    """Keys every task uses: budget, recent, seed, device, dtype, the model and the policy. Loads no model.
+    Returns the policy built while checking it: the object the job runs and records."""
     check_budget(_get(cfg, "budget"))
     if "budget" in (cfg.get("policy") or {}):
         check_budget(_get(cfg, "policy.budget"), "policy.budget")
@@ -123,7 +126,7 @@ def validate_common(cfg: Mapping[str, Any]) -> None:
     if cfg.get("output_dir") is not None:
         check_output_dir(cfg["output_dir"])  # a file, below a file, read-only: refused before any model loads
     _check_model(cfg)
-    _check_policy_kwargs(cfg)
+    policy = _check_policy_kwargs(cfg)
     if cfg.get("kv_quant") is not None:
         from keyformer.core.quant import kv_quant_from
 
@@ -131,12 +134,14 @@ def validate_common(cfg: Mapping[str, Any]) -> None:
             kv_quant_from(cfg["kv_quant"])
         except ValueError as e:
             raise ConfigError("kv_quant", cfg["kv_quant"], str(e)) from None
+    return policy
 
 
-def validate(cfg: Mapping[str, Any]) -> None:
+def validate(cfg: Mapping[str, Any]) -> Any:
     """Check the config of a generation job (``task=generate``); raise ConfigError. Cheap: loads no model.
-    (The generation task also checks that the dataset's file exists: ``keyformer.run.data.check_source``.)"""
-    validate_common(cfg)
+    (The generation task also checks that the dataset's file exists: ``keyformer.run.data.check_source``.)
+    Returns the job's policy (:func:`validate_common`)."""
+    policy = validate_common(cfg)
     if cfg.get("n_samples") != ALL:  # n_samples=all: every record the dataset has
         _int_at_least(cfg, "n_samples", 1)
     if cfg.get("stop_after") is not None:
@@ -158,6 +163,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
                           "allowed: per_beam, shared (the authors' code)")
     _int_at_least(cfg, "generation.min_new_tokens", 0)
     _check_dataset(cfg)
+    return policy
 
 
 def _check_model(cfg: Mapping) -> None:
@@ -230,8 +236,9 @@ def _check_dataset(cfg: Mapping) -> None:
         _int_at_least(cfg, "dataset.n_paragraphs", 1)
 
 
-def _check_policy_kwargs(cfg: Mapping) -> None:
-    """Let the core validate the policy knobs (ValueError naming value and range), when it is installed."""
+def _check_policy_kwargs(cfg: Mapping) -> Any:
+    """Build the policy, letting the core validate its knobs (ValueError naming value and range); return
+    it."""
     from keyformer.core.policies import build_policy, split_node
 
     try:
@@ -239,7 +246,7 @@ def _check_policy_kwargs(cfg: Mapping) -> None:
     except ValueError as e:
         raise ConfigError("policy._target_", dict(cfg["policy"]).get("_target_"), str(e)) from None
     try:
-        build_policy(cfg["policy"])
+        return build_policy(cfg["policy"])
     except (ValueError, TypeError) as e:
         msg = first_line(e)  # the core's message names the knob, its value and the valid range
         key = next((k for k in kwargs if msg.startswith(f"{k}=")), None)

@@ -93,6 +93,17 @@ class Schedule:
 NEVER, PROMPT, STEP = Schedule("never"), Schedule("prompt"), Schedule("step")
 
 
+def budget_problem(budget: Any) -> str | None:
+    """The budget rule, the only place it is written: a float in (0, 1] (a fraction of the prompt) or an int
+    >= 1 (tokens). Returns None for a valid budget, else what is wrong: ``"type"``, ``"float range"`` or
+    ``"int range"``."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+        return "type"
+    if isinstance(budget, float):
+        return None if 0.0 < budget <= 1.0 else "float range"
+    return None if budget >= 1 else "int range"
+
+
 def every(n: int) -> Schedule:
     """Cut after the prompt, then every ``n`` decode steps."""
     return Schedule("every", n)
@@ -176,12 +187,13 @@ class Policy:
 
     def __post_init__(self) -> None:
         b = self.budget
-        if isinstance(b, bool) or not isinstance(b, (int, float)):
+        problem = budget_problem(b)
+        if problem == "type":
             raise ValueError(f"budget={b!r} must be a float in (0, 1] or an int token count >= 1")
-        if isinstance(b, float) and not 0.0 < b <= 1.0:
+        if problem == "float range":
             raise ValueError(f"budget={b!r} is outside (0, 1]; pass a fraction of the prompt in (0, 1] or an "
                              f"int >= 1")
-        if isinstance(b, int) and b < 1:
+        if problem == "int range":
             raise ValueError(f"budget={b!r} is a token count < 1; absolute budgets must be >= 1")
         if not 0.0 <= float(self.recent) <= 1.0:
             raise ValueError(f"recent={self.recent!r} is outside [0, 1] (fraction of the budget kept as "

@@ -165,13 +165,14 @@ class GenerateTask(Task):
     def __init__(self, backend: Backend | None = None):
         self.backend = backend
 
-    def validate(self, cfg: Mapping[str, Any]) -> None:
+    def validate(self, cfg: Mapping[str, Any]) -> Any:
         from keyformer.run.data import check_options, check_source
         from keyformer.run.validate import validate
 
-        validate(cfg)
+        policy = validate(cfg)
         check_options(cfg["dataset"])  # truncation, metrics, the needle grid: ConfigError
         check_source(cfg["dataset"])  # a missing local file or an offline hub: DataError
+        return policy
 
     def run(self, job: Job) -> dict[str, Any]:
         cfg = job.cfg

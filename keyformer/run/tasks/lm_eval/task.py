@@ -43,10 +43,10 @@ def lm_eval_name(name: str, local: bool) -> str:
     return f"kf_{name}" if local and name in LOCAL_TASKS else name
 
 
-def validate_lm_eval(cfg: Mapping[str, Any]) -> None:
+def validate_lm_eval(cfg: Mapping[str, Any]) -> Any:
     """Cheap checks of the ``task`` node (ConfigError naming the key), of the shared keys (budget, device,
     dtype, model, policy) and of the task names: unknown to lm-eval, or needing the hub while it is
-    offline."""
+    offline. Returns the job's policy (built once, by the shared check)."""
     from keyformer.run.tasks.lm_eval.adapter import SEMANTICS
     from keyformer.run.validate import ConfigError, validate_common
 
@@ -64,15 +64,15 @@ def validate_lm_eval(cfg: Mapping[str, Any]) -> None:
     limit = t.get("limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigError("task.limit", limit, "null (all docs) or an integer >= 1 (first N docs per task)")
-    validate_common(cfg)
+    policy = validate_common(cfg)
     if t["loglikelihood"] == "per_row":  # per_row implements some policies' rules only: refuse the others
-        from keyformer.core.policies import build_policy
         from keyformer.run.tasks.lm_eval.per_row import unsupported
 
-        reason = unsupported(build_policy(cfg["policy"]))
+        reason = unsupported(policy)
         if reason is not None:
             raise ConfigError("task.loglikelihood", "per_row", reason)
     check_task_names(task_names(t["tasks"]), bool(t.get("local", True)))
+    return policy
 
 
 @lru_cache(maxsize=2)
@@ -171,8 +171,8 @@ class LmEvalTask(Task):
     def __init__(self, model: Any = None, tokenizer: Any = None):
         self.model, self.tokenizer = model, tokenizer
 
-    def validate(self, cfg: Mapping[str, Any]) -> None:
-        validate_lm_eval(cfg)
+    def validate(self, cfg: Mapping[str, Any]) -> Any:
+        return validate_lm_eval(cfg)
 
     def versions(self) -> dict[str, str]:
         return {"lm-eval": _pkg_version("lm_eval") or "unknown"}
