@@ -57,7 +57,7 @@ def fixed_keep(base, kept: dict, n_layers: int, n_ctx: int, n_q: int):
     from keyformer.core.policies.kvzip import KVzipPolicy
 
     class FixedKeep(KVzipPolicy):
-        def prepare(self, model, input_ids, attention_mask, prompt_kv=None):
+        def prepare(self, model, prompt=None):
             return {"scores": scores}
 
         def head_budgets(self, prio, keep_n, ctx):

@@ -12,6 +12,7 @@ import torch
 
 from keyformer import generate, make_policy, tiny_model
 from keyformer.core.models import layer_windows
+from keyformer.core.policies import Prompt
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 OVERLAP = runpy.run_path(str(SCRIPTS / "ruler_cut_overlap.py"))
@@ -65,7 +66,7 @@ def test_fixed_keep_keeps_exactly_the_given_context_and_the_question(arch, n_q, 
                                 model.config.num_hidden_layers, n_ctx, n_q)
     assert pol.budget == max(int(m.sum(1).max()) for m in kept.values()) + n_q
     for li, want in kept.items():  # the question outranks every context position, not by a tie-break
-        sc = pol.prepare(model, ids, torch.ones_like(ids))["scores"][li][0]
+        sc = pol.prepare(model, Prompt(ids, torch.ones_like(ids)))["scores"][li][0]
         assert sc.shape[-1] == n_ctx + n_q and torch.equal(sc[:, :n_ctx] > 0, want > 0)
         assert n_q == 0 or bool(sc[:, n_ctx:].min() > sc[:, :n_ctx].max())
     out = generate(model, ids, None, pol, max_new_tokens=3)
