@@ -318,14 +318,11 @@ def test_bench_beams_script_quick(tmp_path):
 
 @pytest.mark.parametrize("model", ["tiny", "tiny_gemma3"])
 def test_kvzip_cost_script_quick(tmp_path, model):
-    """scripts/kvzip_cost.py on the tiny models: the four configs, both KVzip paths keep the same sets, the
-    table and the JSON are written, and the JSON names the code it measured."""
-    import importlib.util
+    """kvzip_cost.py (experiment 10) on the tiny models: the four configs, both KVzip paths keep the same
+    sets, the table and the JSON are written, and the JSON names the code it measured."""
+    from experiments.exp10_ruler import kvzip_cost
 
-    spec = importlib.util.spec_from_file_location("kvzip_cost", ROOT / "scripts" / "kvzip_cost.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    r = mod.main(["--model", model, "--n", "48", "--rounds", "1", "--out", str(tmp_path)])
+    r = kvzip_cost.main(["--model", model, "--n", "48", "--rounds", "1", "--out", str(tmp_path)])
     assert [row["config"] for row in r["rows"]] == ["full", "snapkv", "kvzip", "kvzip_again"]
     assert r["same_kept_sets"] == [True] and r["rows"][0]["ratio_median"] == 1.0
     assert json.loads((tmp_path / "cost.json").read_text())["code"] == r["code"]

@@ -1,25 +1,25 @@
-"""scripts/ruler_run_credit.py (which RULER credits come from counting runs): the classifier on hand-made
+"""ruler_run_credit.py (which RULER credits come from counting runs): the classifier on hand-made
 answers, its committed CSV against the committed answers and scores, and the results/README.md paragraph
 read from the CSV and points.csv."""
 
 from __future__ import annotations
 
 import re
-import runpy
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from experiments.exp10_ruler import ruler_run_credit as CREDIT
+
 ROOT = Path(__file__).resolve().parent.parent
 RES = ROOT / "results"
-CREDIT = runpy.run_path(str(ROOT / "scripts" / "ruler_run_credit.py"))
 NUMERIC = {"niah_single_1", "niah_single_2", "niah_multikey_1", "niah_multikey_2", "niah_multivalue",
            "niah_multiquery"}  # the RULER tasks whose values are numbers (docs/ruler.md)
 
 
 def test_runs_by_hand() -> None:
-    runs = CREDIT["runs"]
+    runs = CREDIT.runs
     assert runs([5, 6, 7]) == [(0, 3)]
     assert runs([5, 6]) == []  # two numbers are not a run
     assert runs([9, 7, 5, 100, 101, 103, 50]) == [(0, 3), (3, 6)]  # steps of 2 count, down too
@@ -40,7 +40,7 @@ def test_runs_by_hand() -> None:
     ("1. 2695450\n2. 3181295\n3. 4", "3181295", "recall"),  # list numbers around it are not its run
 ])
 def test_credit_class_by_hand(prediction: str, value: str, expected: str | None) -> None:
-    assert CREDIT["credit_class"](prediction, value) == expected
+    assert CREDIT.credit_class(prediction, value) == expected
 
 
 def _credit() -> pd.DataFrame:
@@ -69,10 +69,10 @@ def test_committed_csv_is_the_committed_answers() -> None:
             assert pts >= want - 1e-3 if joined else pts == pytest.approx(want, abs=1e-3), (exp, setting, key)
         for _, r in rows.iterrows():
             pred = s.loc[(r["point"], r["record"]), "prediction"]
-            assert CREDIT["credit_class"](pred, r["value"]) == r["class"]
+            assert CREDIT.credit_class(pred, r["value"]) == r["class"]
             if setting == "agnostic" and r["task"] == "niah_multiquery":  # how the joined answers split
                 found = list(re.finditer(r"\d+", pred))  # cannot change a class: every occurrence is recall
-                spans = CREDIT["runs"]([int(f.group()) for f in found])
+                spans = CREDIT.runs([int(f.group()) for f in found])
                 inside = {i for a, b in spans for i in range(a + 1, b)}
                 assert all(f.group() == r["value"] and i not in inside for i, f in enumerate(found)
                            if r["value"] in f.group())

@@ -9,7 +9,8 @@ tokens with the same side's full cache.
 Sides (each writes JSON; ``all`` runs every side and merges):
 
 * ``prompts``: tokenize prompts (chat template) from ``cnn_dailymail.jsonl`` -> ``prompts.json``.
-* ``kvpress``: run with ``.venv-kvpress/bin/python -m keyformer.lab.bench.kvpress_compare`` from the
+* ``kvpress``: run with ``.venv-kvpress/bin/python -m experiments.crosscheck_kvpress.kvpress_compare``
+  from the
   checkout's root (kvpress pins transformers < 5.3, so keyformer is not installed there; ``-m`` finds the
   package in the current folder). Imports only the standard library and :mod:`keyformer.lab.bench.memory` at
   module level, then torch, transformers and kvpress; the model is read from the converted safetensors folder
@@ -18,7 +19,8 @@ Sides (each writes JSON; ``all`` runs every side and merges):
 * ``merge``: one table from the JSON files.
 
     bash scripts/setup_kvpress_venv.sh                        # once
-    KEYFORMER_DATA_DIR=../shared/data keyformer-bench-kvpress # = --side all, writes results/bench/kvpress/
+    KEYFORMER_DATA_DIR=../shared/data python -m experiments.crosscheck_kvpress.kvpress_compare
+    # = --side all, writes results/bench/kvpress/
 """
 
 from __future__ import annotations
@@ -292,7 +294,7 @@ def run_sides(args: argparse.Namespace, module: str, tool: str, merge, ext: str 
     """A kvpress comparison's three sides, each in its own process from the checkout's root (prompts and ours
     in this environment, kvpress in its own venv), then ``merge(args)``; ``tool`` is recorded in
     command.txt."""
-    root = Path(__file__).resolve().parents[3]  # the sides run from the checkout's root (see the docstring)
+    root = Path(__file__).resolve().parents[2]  # the sides run from the checkout's root (see the docstring)
     out_dir = Path(args.out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     kv_py = root / KVPRESS_PYTHON
@@ -322,7 +324,7 @@ def run_sides(args: argparse.Namespace, module: str, tool: str, merge, ext: str 
 
 
 def side_all(args: argparse.Namespace) -> None:
-    run_sides(args, "keyformer.lab.bench.kvpress_compare", "keyformer-bench-kvpress", side_merge)
+    run_sides(args, __spec__.name, f"python -m {__spec__.name}", side_merge)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,24 +9,27 @@ counts, and the greedy agreement between the sides and with each side's own full
 kvpress's kept sets come from its real code: the press's ``compress`` is wrapped, and the key vectors it
 returns are matched (exactly) against the uncompressed keys it was given; a press that masks instead of
 cutting (``AdaKVPress``) leaves ``module.masked_key_indices``, whose complement is the kept set
-(``KVzipPress`` never calls ``compress``: :mod:`keyformer.lab.bench.kvpress_kvzip` runs it and reads those
+(``KVzipPress`` never calls ``compress``: ``kvpress_kvzip.py`` runs it and reads those
 indices). Ours come from :meth:`keyformer.core.cache.KVCache.kept_positions` (prompt positions only;
 ``prefill_only`` never evicts later). Methods whose policy is not registered here yet are reported as skipped.
 
 ``DIAGNOSTICS`` are kvpress presses changed in one named respect each (kvpress-side only) to test an
 explanation of a difference: if the changed press agrees with ours, that respect is the cause.
 
-Sides (JSON each; ``all`` runs them in order and merges), as in :mod:`keyformer.lab.bench.kvpress_compare`:
+Sides (JSON each; ``all`` runs them in order and merges), as in ``kvpress_compare.py``:
 
 * ``prompts``: tokenize prompts (chat template) -> ``prompts.json``.
-* ``kvpress``: ``.venv-kvpress/bin/python -m keyformer.lab.bench.kvpress_crosscheck --side kvpress`` from the
+* ``kvpress``: ``.venv-kvpress/bin/python -m experiments.crosscheck_kvpress.kvpress_crosscheck \
+  --side kvpress``
+  from the
   checkout's root (imports only the standard library, torch, transformers and kvpress).
 * ``ours``: the main venv.
 * ``merge``: ``table.md``, ``table.txt`` and ``merged.json`` (the sides' files are ``ours.json.gz`` and
   ``kvpress.json.gz``).
 
     bash scripts/setup_kvpress_venv.sh                              # once
-    KEYFORMER_DATA_DIR=../shared/data keyformer-crosscheck-kvpress  # --side all: results/crosscheck_kvpress/
+    KEYFORMER_DATA_DIR=../shared/data python -m experiments.crosscheck_kvpress.kvpress_crosscheck
+    # = --side all: results/crosscheck_kvpress/
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from keyformer.lab.bench import kvpress_kvzip
-from keyformer.lab.bench.kvpress_compare import default_model_dir, run_sides, side_prompts
+from experiments.crosscheck_kvpress import kvpress_kvzip
+from experiments.crosscheck_kvpress.kvpress_compare import default_model_dir, run_sides, side_prompts
 
 DEFAULT_OUT = Path("results") / "crosscheck_kvpress"
 SNAP = {"window_size": 64, "kernel_size": 5}
@@ -521,7 +524,7 @@ def side_merge(args: argparse.Namespace) -> None:
 
 
 def side_all(args: argparse.Namespace) -> None:
-    run_sides(args, "keyformer.lab.bench.kvpress_crosscheck", "keyformer-crosscheck-kvpress", side_merge,
+    run_sides(args, __spec__.name, f"python -m {__spec__.name}", side_merge,
               ext="json.gz",
               extra=[] if args.diagnostics else ["--no-diagnostics"])
 

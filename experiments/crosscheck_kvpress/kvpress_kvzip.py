@@ -1,4 +1,4 @@
-"""KVzip in the kvpress cross-check (:mod:`keyformer.lab.bench.kvpress_crosscheck`): the methods, and the
+"""KVzip in the kvpress cross-check (``kvpress_crosscheck.py``): the methods, and the
 kvpress-side recorder.
 
 kvpress's ``KVzipPress`` overrides the press call: the context manager's forward wrapper stores the prompt ids

@@ -6,9 +6,10 @@ caches still take). Rounds are interleaved (full, snapkv, kvzip, kvzip_again, ..
 config's seconds over full's in the same round, reported as the median [min, max] over rounds. The two
 KVzip paths' kept sets are compared. Run it on a quiet machine:
 
-    KEYFORMER_DATA_DIR=../shared/data HF_HUB_OFFLINE=1 .venv/bin/python scripts/kvzip_cost.py --n 4000 \\
+    KEYFORMER_DATA_DIR=../shared/data HF_HUB_OFFLINE=1 \\
+      .venv/bin/python -m experiments.exp10_ruler.kvzip_cost --n 4000 \\
         --out results/bench/kvzip_cost
-    .venv/bin/python scripts/kvzip_cost.py --model tiny --n 256 --out /tmp/kvzip_cost   # seconds
+    .venv/bin/python -m experiments.exp10_ruler.kvzip_cost --model tiny --n 256 --out /tmp/kvzip_cost  # secs
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from keyformer.lab.bench.cpu import environment, load_bench_model, prompt_tokens
 from keyformer.run.results import code_tree
 
 CONFIGS = ("full", "snapkv", "kvzip", "kvzip_again")
-CODE = ["keyformer/core", "scripts/kvzip_cost.py"]
+CODE = ["keyformer/core", "experiments/exp10_ruler/kvzip_cost.py"]
 
 
 @contextlib.contextmanager

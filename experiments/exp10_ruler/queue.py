@@ -1,6 +1,6 @@
-"""Write experiment 10's queue files (experiments/exp10_ruler.md): RULER 4k, 11 tasks, 5 samples per task.
+"""Write experiment 10's queue files (its README.md): RULER 4k, 11 tasks, 5 samples per task.
 
-    python experiments/queues/exp10_make.py  # tiers 1-2 here (committed); 1b, 2b, 3, 4 in multirun/.../queues
+    python experiments/exp10_ruler/queue.py  # tiers 1-2 here (committed); 1b, 2b, 3, 4 in multirun/.../queues
     STEP=5 bash scripts/run_points.sh multirun/exp10_ruler/queues/left.txt  # or: what is not committed yet
     STEP=5 bash scripts/run_points.sh experiments/queues/exp10_core.txt \\
         multirun/exp10_ruler/queues/exp10_current.txt experiments/queues/exp10_core_agnostic.txt \\
@@ -36,8 +36,8 @@ CURRENT = ["expected_attention", "keydiff", "kvzip", "rkv"]  # the field's 2025 
 FIELD = [*CURRENT, "tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer", "streaming"]
 RECORDS = 5
 OTHER = (0.75, 0.25, 0.125)  # budgets of ratios 0.25, 0.75, 0.875 (tiers 3-4; ratio 0.5 is tiers 1-2)
-HEADER = """# Experiment 10 (experiments/exp10_ruler.md), {what}.
-# RULER 4k on SmolLM2-135M-Instruct, {records} samples per task; written by experiments/queues/exp10_make.py.
+HEADER = """# Experiment 10 (experiments/exp10_ruler/README.md), {what}.
+# RULER 4k on SmolLM2-135M-Instruct, {records} samples per task; written by experiments/exp10_ruler/queue.py.
 # Line: <folder> <records> <run.py overrides>; run with STEP={records} so a point finishes in one call.
 """
 

@@ -15,7 +15,7 @@ per cut layer and KV head, compares the context positions ``0 .. n_context-1`` e
 
 Only layers the policy cuts are written (a hybrid model's sliding layers keep their window in both).
 
-    python scripts/ruler_cut_overlap.py results/exp10_ruler_gemma/cut_overlap_cwe.csv \
+    python -m experiments.exp10_ruler.ruler_cut_overlap results/exp10_ruler_gemma/cut_overlap_cwe.csv \
         --experiment exp10_ruler_gemma --task cwe --budget 0.5 --policies kvzip,snapkv,keyformer
 
 Needs ``KEYFORMER_DATA_DIR`` for the essay tasks. The CSV's first line (``#``) gives the commit, model,
@@ -26,13 +26,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import runpy
 import sys
 from pathlib import Path
 
-_KEPT_DEPTH = runpy.run_path(str(Path(__file__).with_name("ruler_kept_depth.py")))  # its helpers, shared
-held, point_overrides = _KEPT_DEPTH["held"], _KEPT_DEPTH["point_overrides"]
-code_at, load_point = _KEPT_DEPTH["code_at"], _KEPT_DEPTH["load_point"]
+from experiments.exp10_ruler.ruler_kept_depth import code_at, held, load_point, point_overrides
 
 
 def overlap(a, b) -> tuple[float, float]:
@@ -69,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     cut_layers = [i for i, w in enumerate(layer_windows(model.config)) if w is None]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:
-        f.write(f"# scripts/ruler_cut_overlap.py at {code_at()}; "
+        f.write(f"# experiments/exp10_ruler/ruler_cut_overlap.py at {code_at()}; "
                 f"{cfg['model']['name']}, cpu, {dtype}, batch 1, 1 thread; RULER {args.task} 4k, budget "
                 f"{args.budget}; the prompt cut question-aware (context + question) against query-agnostic "
                 f"(context alone), context positions only; cut layers {cut_layers}\n")

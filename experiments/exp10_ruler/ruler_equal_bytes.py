@@ -12,7 +12,7 @@ a bytes artifact; one that does not is not settled either (Keyformer then holds 
 policy's (``experiments/queues/exp10_equal_bytes.txt``: budget 0.14, question-aware, for ratio 0.875), the
 ``equal_*`` columns give that equal-bytes difference.
 
-    python scripts/ruler_equal_bytes.py results/exp10_ruler/equal_bytes.csv
+    python -m experiments.exp10_ruler.ruler_equal_bytes results/exp10_ruler/equal_bytes.csv
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                             text=True).stdout.strip()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as f:
-        f.write(f"# scripts/ruler_equal_bytes.py at {commit}; from results/exp10_ruler/{{aware,agnostic,"
+        f.write(f"# experiments/exp10_ruler/ruler_equal_bytes.py at {commit}; "
+                f"from results/exp10_ruler/{{aware,agnostic,"
                 f"{EQUAL}}}/samples.csv (SmolLM2-135M-Instruct, cpu, float32, batch 1); {RULER_N_BOOT} "
                 "bootstrap replicates, seed 0; p 0.000: no replicate crossed 0; equal_p_holm: Holm over the "
                 "equal_p\n")

@@ -2,13 +2,14 @@
 
 Ada-KV (``adakv_snapkv``, ``adakv_keyformer``) shares a layer's budget ``H * k`` among its ``H`` KV heads by
 score, where SnapKV and Keyformer give every head ``k``. This script runs the prompt cut (one greedy step
-through ``keyformer.core.generate``, as ``scripts/ruler_kept_depth.py`` does) on an experiment-10 task's first
+through ``keyformer.core.generate``, as ``ruler_kept_depth.py`` does) on an experiment-10 task's first
 records and writes one row per (policy, record, layer, KV head):
 
 * ``kept``: how many prompt positions the head holds;
 * ``needle_kept``: the share of the needle value's tokens it holds.
 
-    python scripts/ruler_head_budgets.py results/exp10_ruler/head_budgets_niah_single_2.csv \
+    python -m experiments.exp10_ruler.ruler_head_budgets \
+        results/exp10_ruler/head_budgets_niah_single_2.csv \
         [--task niah_single_2] [--budget 0.5] [--n 5]
 
 The CSV's first line (``#``) gives the commit, model, device, dtype and batch.
@@ -18,13 +19,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import runpy
 import sys
 from pathlib import Path
 
-_KD = runpy.run_path(str(Path(__file__).with_name("ruler_kept_depth.py")))  # its helpers, shared
-code_at, held, load_point, point_overrides, prompt_cut = (
-    _KD[k] for k in ("code_at", "held", "load_point", "point_overrides", "prompt_cut"))
+from experiments.exp10_ruler.ruler_kept_depth import code_at, held, load_point, point_overrides, prompt_cut
 
 POLICIES = ("snapkv", "adakv_snapkv", "keyformer", "adakv_keyformer")
 
@@ -49,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:
-        f.write(f"# scripts/ruler_head_budgets.py at {code_at()}; {cfg['model']['name']}, cpu, {dtype}, "
+        f.write(f"# experiments/exp10_ruler/ruler_head_budgets.py at {code_at()}; "
+                f"{cfg['model']['name']}, cpu, {dtype}, "
                 f"batch 1, 1 thread; RULER {args.task} 4k, budget {args.budget}, the prompt cut after one "
                 "greedy step\n")
         w = csv.writer(f, lineterminator="\n")

@@ -11,8 +11,9 @@ which prompt positions the cache holds. It writes one row per (policy, record, l
 * ``needle_kept``: the share of the value's tokens kept (mean over the KV heads);
 * ``kept_d0`` .. ``kept_d9``: the share of each tenth of the prompt kept (mean over the KV heads).
 
-    python scripts/ruler_kept_depth.py results/exp10_ruler/kept_depth.csv [--budget 0.75] [--n 5]
-    python scripts/ruler_kept_depth.py results/exp10_ruler_gemma/kept_depth_niah_single_2.csv \
+    python -m experiments.exp10_ruler.ruler_kept_depth results/exp10_ruler/kept_depth.csv [--budget 0.75]
+    python -m experiments.exp10_ruler.ruler_kept_depth \
+        results/exp10_ruler_gemma/kept_depth_niah_single_2.csv \
         --experiment exp10_ruler_gemma --task niah_single_2 --budget 0.5 --policies kvzip,keyformer,snapkv
 
 Needs ``KEYFORMER_DATA_DIR`` only for the essay tasks (niah_single_1's haystack is RULER's noise). The CSV's
@@ -46,7 +47,7 @@ def _value_span(tok, ids: list[int], value: str) -> tuple[int, int]:
 
 def point_overrides(experiment: str, task: str, n: int) -> list[str]:
     """The ``run.py`` overrides an experiment-10 point of ``task`` runs its first ``n`` records with (as
-    ``experiments/queues/exp10_make.py`` writes them): the task's tokens to generate included, which set the
+    ``experiments/exp10_ruler/queue.py`` writes them): the task's tokens to generate included, which set the
     cache's horizon and the prompt limit."""
     from keyformer.run.data.ruler import tokens_to_generate
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{[i for i, w in enumerate(wins) if w is None]}, the others keep their sliding window")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:
-        f.write(f"# scripts/ruler_kept_depth.py at {code_at()}; "
+        f.write(f"# experiments/exp10_ruler/ruler_kept_depth.py at {code_at()}; "
                 f"{cfg['model']['name']}, cpu, {dtype}, batch 1, 1 thread; RULER {args.task} 4k, "
                 f"budget {args.budget}, the prompt cut after one greedy step{hybrid}\n")
         w = csv.writer(f, lineterminator="\n")

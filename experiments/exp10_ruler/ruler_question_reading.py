@@ -25,7 +25,8 @@ read. One row per (task, record, mode) with the mode's answer and its RULER scor
 the question-aware and query-agnostic answers of its tasks (the committed ones are in the experiment's
 ``samples.csv``; a test compares them).
 
-    python scripts/ruler_question_reading.py results/exp10_ruler_gemma/question_reading.csv \
+    python -m experiments.exp10_ruler.ruler_question_reading \
+        results/exp10_ruler_gemma/question_reading.csv \
         --experiment exp10_ruler_gemma --tasks cwe,niah_multivalue --reproduce cwe
 
 Needs ``KEYFORMER_DATA_DIR`` for the essay tasks. The CSV's first line (``#``) gives the commit, model,
@@ -36,12 +37,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import runpy
 import sys
 from pathlib import Path
 
-_KEPT_DEPTH = runpy.run_path(str(Path(__file__).with_name("ruler_kept_depth.py")))  # its helpers, shared
-held, point_overrides, code_at = _KEPT_DEPTH["held"], _KEPT_DEPTH["point_overrides"], _KEPT_DEPTH["code_at"]
+from experiments.exp10_ruler.ruler_kept_depth import code_at, held, point_overrides
 
 
 def fixed_keep(base, kept: dict, n_layers: int, n_ctx: int, n_q: int):
@@ -176,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:
-        f.write(f"# scripts/ruler_question_reading.py at {code_at()}; "
+        f.write(f"# experiments/exp10_ruler/ruler_question_reading.py at {code_at()}; "
                 f"{cfgs[tasks[0]]['model']['name']}, cpu, {dtype}, batch 1, 1 thread; RULER 4k, kvzip at "
                 f"budget {args.budget}; cut layers {cut_layers}\n")
         w = csv.writer(f, lineterminator="\n")

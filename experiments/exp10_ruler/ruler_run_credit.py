@@ -18,7 +18,7 @@ query-agnostic niah_multiquery asks its keys one question at a time and scores e
 value, but ``samples.csv`` stores the answers joined, so there a value named in another question's answer is
 listed too (its points then add up to more than the record's score).
 
-    python scripts/ruler_run_credit.py results/exp10_ruler/run_credit.csv
+    python -m experiments.exp10_ruler.ruler_run_credit results/exp10_ruler/run_credit.csv
 
 Reads ``results/<experiment>/<setting>/samples.csv`` and regenerates the records (their answers) as the
 experiment did; needs the two real models' tokenizers (``ensure_smollm2``, ``ensure_gemma3``) and
@@ -30,12 +30,10 @@ from __future__ import annotations
 import argparse
 import csv
 import re
-import runpy
 import sys
 from pathlib import Path
 
-_KEPT_DEPTH = runpy.run_path(str(Path(__file__).with_name("ruler_kept_depth.py")))  # its helpers, shared
-point_records, code_at = _KEPT_DEPTH["point_records"], _KEPT_DEPTH["code_at"]
+from experiments.exp10_ruler.ruler_kept_depth import code_at, point_records
 
 EXPERIMENTS = ("exp10_ruler", "exp10_ruler_gemma")
 SETTINGS = ("aware", "agnostic")

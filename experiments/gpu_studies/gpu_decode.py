@@ -1,5 +1,5 @@
 """A timed greedy decode over our cache on a GPU (or on CPU, the dry runs): the measurement that
-:mod:`keyformer.lab.gpu_long` and :mod:`keyformer.lab.static_full` share."""
+:mod:`experiments.gpu_studies.gpu_long` and :mod:`experiments.gpu_studies.static_full` share."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import torch
 
 from keyformer.core.generate import make_cache
 from keyformer.core.graphs import greedy_decode
-
-from .bench.gpu import free, sync
-from .bench.long import _policy
+from keyformer.lab.bench.gpu import free, sync
+from keyformer.lab.bench.long import _policy
 
 
 def pick_device(tiny: bool) -> torch.device:

@@ -18,13 +18,13 @@ Llama-3-8B-shaped model (random weights and prompt ids: speed does not depend on
   a captured policy: window@8 tokens, captured); ``share_of_bound`` is the measured gain over the gain the
   larger of (bytes model, floor) allows.
 * **Captured full baseline** (``--static-full``, default on): full at its batch over a preallocated, masked
-  cache whose step is captured too (:mod:`keyformer.lab.static_full`); each policy's decode tok/s over its
+  cache whose step is captured too (``static_full.py``); each policy's decode tok/s over its
   own (``gain_vs_captured_full``) separates eviction's gain from the capture's.
 
 Outputs (``--out``): ``gpu_long.json`` and ``gpu_long.txt``, rewritten after every run, so a run stopped by
 ``--time-budget-s`` or a time limit keeps what it measured. ``--tiny``: CPU, tiny shapes (the dry run).
 
-    python -m keyformer.lab.gpu_long --model gptj --settings 512+1024 --budgets 256
+    python -m experiments.gpu_studies.gpu_long --model gptj --settings 512+1024 --budgets 256
 
 It lives outside ``keyformer/lab/bench`` so that GPU-only code does not change the CPU long benchmark's code
 identity (``BENCH_CODE``), which decides whether its committed journals resume.
@@ -41,9 +41,10 @@ from typing import Any
 
 import torch
 
-from .bench.cpu import median, spread, weight_bytes
-from .bench.gpu import build_model, sync
-from .bench.long import (
+from experiments.gpu_studies.gpu_decode import pick_device, run_env, timed_run
+from keyformer.lab.bench.cpu import median, spread, weight_bytes
+from keyformer.lab.bench.gpu import build_model, sync
+from keyformer.lab.bench.long import (
     agreement,
     budget_label,
     largest_batch,
@@ -52,7 +53,6 @@ from .bench.long import (
     peak_kv_bytes,
     summarize,
 )
-from .gpu_decode import pick_device, run_env, timed_run
 
 
 def read_gbs(device: torch.device, mb: int, repeats: int = 10) -> dict[str, float]:
@@ -85,7 +85,7 @@ def floor_ms(model: Any, batch: int, vocab: int, device: torch.device, captured:
 
 def static_full_row(model: Any, ids: torch.Tensor, n_new: int, rounds: int, capture: bool,
                     full_tokens: torch.Tensor) -> dict[str, Any]:
-    """The captured full baseline at full's batch (:func:`keyformer.lab.static_full.static_decode`: the same
+    """The captured full baseline at full's batch (``static_full.static_decode``: the same
     K/V bytes, preallocated, the step captured on CUDA): decode tok/s over ``rounds``, token agreement with
     our full's run."""
     from .static_full import static_decode

@@ -9,14 +9,15 @@ model's plain ``sdpa`` (our attention function reads our cache only; :func:`plai
 call), and the steady step is recorded once as a CUDA graph and replayed (eager on CPU, with the reason).
 
 * :func:`static_decode`: prompt forward + ``n_new - 1`` greedy steps, eager or captured; seconds, tokens.
-* ``python -m keyformer.lab.static_full``: batch-1 decode at ``L + gen``, ``--rounds`` interleaved rounds of
+* ``python -m experiments.gpu_studies.static_full``:
+  batch-1 decode at ``L + gen``, ``--rounds`` interleaved rounds of
   static full (eager, captured), our full (eager) and each policy (captured where it can be): ms per step
   (median [q1, q3]) and each policy's speed against the captured full, measured side by side in one process.
   Outputs ``static_full.json`` and ``static_full.txt`` in ``--out``, rewritten after every cell.
 
 Tokens: the static full's greedy tokens equal our full's (the same weights and attention, masked slots
 aside; tests pin it on CPU, and on a GPU the captured ones equal the eager ones). Like
-:mod:`keyformer.lab.gpu_long` it lives outside ``keyformer/lab/bench``, so the CPU long benchmark's code
+``gpu_long.py`` it lives outside ``keyformer/lab/bench``, so the CPU long benchmark's code
 identity is unchanged.
 """
 
@@ -32,9 +33,9 @@ from typing import Any
 
 import torch
 
-from .bench.cpu import median, spread
-from .bench.gpu import build_model, free, sync
-from .gpu_decode import pick_device, run_env, timed_run
+from experiments.gpu_studies.gpu_decode import pick_device, run_env, timed_run
+from keyformer.lab.bench.cpu import median, spread
+from keyformer.lab.bench.gpu import build_model, free, sync
 
 
 @contextmanager
