@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import runpy
 import statistics
 from pathlib import Path
 
@@ -13,6 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from experiments.exp7_field import findings as exp7
+from experiments.gpu_studies import findings as gpu
 from keyformer.lab import analysis, collect, report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,7 +258,7 @@ def test_quant_bytes_by_hand(tmp_path: Path, capsys) -> None:
     pd.DataFrame([{"point": p, "id": "a", "prompt_tokens": 90, "generated_tokens": 11, "kv_bytes": kv,
                    "kv_bytes_full": n_tok * 6 * 512} for p, *_, kv in rows]).to_csv(d / "samples.csv",
                                                                                     index=False)
-    report.quant_bytes(tmp_path)
+    exp7.quant_bytes(tmp_path)
     out = capsys.readouterr().out
     full = n_tok * 6 * 512
     h2o = held * 512
@@ -284,14 +285,14 @@ def test_pareto_front_depends_on_the_kv_dtype(tmp_path: Path, capsys) -> None:
                    "complete": True} for p, b, q, kv, m in rows]).to_csv(d / "points.csv", index=False)
     pd.DataFrame([{"point": p, "id": "a", "rouge2": m} for p, *_, m in rows]).to_csv(d / "samples.csv",
                                                                                      index=False)
-    report.pareto_bytes(tmp_path)
+    exp7.pareto_bytes(tmp_path)
     out = capsys.readouterr().out
     # fp32: h2o (300 x 524 bytes with state) > full int8 (1000 x 156): dominated; 16-bit: 300 x 268 < 156000
     assert "| cnndm | rouge2 | full@1+int8, full@1 | h2o@0.3, full@1+int8, full@1 |" in out
 
 
 def test_update_text_rewrites_only_marked_regions(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setitem(report.SECTIONS, "t", lambda res: print("\n### t\n\n| a |\n|---|\n| 1 |"))
+    monkeypatch.setitem(report.LIBRARY_SECTIONS, "t", lambda res: print("\n### t\n\n| a |\n|---|\n| 1 |"))
     text = ("intro\n<!-- keyformer-report:t -->\nstale\n<!-- /keyformer-report:t -->\noutro 91.5\n")
     new = report.update_text(text, tmp_path)
     assert new == ("intro\n<!-- keyformer-report:t -->\n### t\n\n| a |\n|---|\n| 1 |\n"
@@ -322,8 +323,10 @@ _HISTORICAL = {
     ("results/README.md", "-0.75 [-1.92, +0.35]"): "ablation, noise vs none, on the previous noise stream",
     ("results/README.md", "-1.36 [-2.43, -0.28]"): "ablation, per-head vs shared, before the per-head fix",
     ("results/README.md", "+0.01 [-0.45, +0.46]"): "experiment 1 on the previous noise stream",
-    ("experiments/exp8_powered.md", "+0.01 [-0.45, +0.46]"): "experiment 1, old noise stream (motivation)",
-    ("experiments/exp8_powered.md", "+0.27 [-0.27, +0.86]"): "experiment 1, first fast-core run (motivation)",
+    ("experiments/exp8_powered/README.md", "+0.01 [-0.45, +0.46]"):
+        "experiment 1, old noise stream (motivation)",
+    ("experiments/exp8_powered/README.md", "+0.27 [-0.27, +0.86]"):
+        "experiment 1, first fast-core run (motivation)",
 }
 
 
@@ -346,7 +349,7 @@ def test_prose_cis_are_read_from_generated_tables() -> None:
     of the same file: a typed number that drifts from the committed rows fails here. Quotes of superseded
     runs are listed in ``_HISTORICAL`` with the reason."""
     generated_text = "\n".join(m[1] for m in _REGION.findall((RES / "README.md").read_text(encoding="utf-8")))
-    files = [ROOT / "README.md", RES / "README.md", *sorted((ROOT / "experiments").glob("*.md"))]
+    files = [ROOT / "README.md", RES / "README.md", *sorted((ROOT / "experiments").glob("*/README.md"))]
     bad, seen = [], set()
     for f in files:
         text = f.read_text(encoding="utf-8")
@@ -926,10 +929,10 @@ def test_exp10_prose_holm_p_values_are_the_generated_cells() -> None:
 
 
 def test_exp10_status_counts_and_commits_are_the_collected_points() -> None:
-    """experiments/exp10_ruler.md's status: SmolLM2's thirteen compressed policies and full complete at ratio
+    """exp10's README.md status: SmolLM2's thirteen compressed policies and full complete at ratio
     0.5 in both settings (11 points each) and the grid's point count, Gemma 3's 99 points a setting, and the
     commits it names for KeyDiff and R-KV query-agnostic are those in points.csv."""
-    doc = " ".join((ROOT / "experiments" / "exp10_ruler.md").read_text().split())
+    doc = " ".join((ROOT / "experiments" / "exp10_ruler" / "README.md").read_text().split())
     for setting in ("aware", "agnostic"):
         p = pd.read_csv(RES / "exp10_ruler" / setting / "points.csv")
         p = p[p["complete"] & ((p["budget"] == 0.5) | (p["policy"] == "full"))]
@@ -1756,7 +1759,7 @@ def test_gpu_run_prose_is_the_committed_run() -> None:
 
     from keyformer.lab import report
 
-    d = report.gpu_runs(RES)[-1]
+    d = gpu.gpu_runs(RES)[-1]
     bench = " ".join((RES / "bench" / "README.md").read_text().split())
     doc = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     assert f"`gpu/{d.name}/` is the prepared run" in bench and f"It ran on {d.name}" in doc
@@ -2178,12 +2181,13 @@ def test_exp10_streaming_prose_is_the_generated_cells_and_samples() -> None:
 
 
 def test_exp10_equal_bytes_csv_is_current_and_its_same_budget_rows_are_the_table(tmp_path: Path) -> None:
-    """``results/exp10_ruler/equal_bytes.csv`` is what ``scripts/ruler_equal_bytes.py`` writes from the
+    """``results/exp10_ruler/equal_bytes.csv`` is what ``ruler_equal_bytes.py`` writes from the
     committed rows now, and its same-budget differences are the leaderboard's `vs Keyformer` cells (the
     pairing is the table's); the paragraph's equal-bytes numbers are its cells."""
-    script = runpy.run_path(str(ROOT / "scripts" / "ruler_equal_bytes.py"))
+    from experiments.exp10_ruler import ruler_equal_bytes
+
     out = tmp_path / "eb.csv"
-    script["main"]([str(out)])
+    ruler_equal_bytes.main([str(out)])
     committed = RES / "exp10_ruler" / "equal_bytes.csv"
     assert out.read_text().splitlines()[1:] == committed.read_text().splitlines()[1:]
     eb = pd.read_csv(committed, comment="#")

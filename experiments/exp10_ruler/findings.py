@@ -1,0 +1,209 @@
+"""Experiment 10's report sections: the RULER leaderboards, equal bytes and Gemma's prompt change."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from keyformer.lab import analysis
+from keyformer.lab.report import _ci_cell, _p_cell, fmt_ci
+
+RULER_SETTINGS = (("aware", "question-aware"), ("agnostic", "query-agnostic"))
+
+
+def ruler(res: Path, name: str = "exp10_ruler") -> None:
+    """Experiment 10: the RULER 4k leaderboard (string_match_all, mean over tasks) per setting, from complete
+    points only: policy x compression ratio with CIs, differences from Keyformer and from full, the ranking,
+    and the question-aware and query-agnostic averages side by side (``analysis.ruler_leaderboard``)."""
+    tables, frames = {}, {}
+    for folder, label in RULER_SETTINGS:
+        if (res / name / folder / "points.csv").is_file():
+            pts, smp = analysis.load_experiment(str(res / name), folder, complete_only=True)
+            tables[label], frames[label] = analysis.ruler_leaderboard(pts, smp), (pts, smp)
+    if not any(len(t) for t in tables.values()):
+        print(f"(no complete points of {name} yet)")
+        return
+    for label, t in tables.items():
+        avg = t[t["task"] == "average"] if len(t) else t
+        model = _ruler_model(name)
+        print(f"\n**{label}**{model} (RULER 4k, string_match_all x 100, mean over "
+              f"{int(avg['n_tasks'].max()) if len(avg) else 0} tasks; 95 % CIs)\n")
+        if avg.empty:
+            print("(no policy has every task yet)")
+            continue
+        print("| policy | ratio | budget | average [CI] | vs Keyformer [CI] | p (Holm) | vs full [CI] | rank "
+              "| n | K/V held |\n|---|---|---|---|---|---|---|---|---|---|")
+        for _, r in avg.sort_values(["ratio", "rank", "policy"]).iterrows():
+            ph = r.get("vs_keyformer_p_holm", np.nan)
+            print(f"| {r['policy']} | {r['ratio']:g} | {r['budget']:g} | {r['mean']:.1f} [{r['ci_lo']:.1f}, "
+                  f"{r['ci_hi']:.1f}] | {_ci_cell(r, 'vs_keyformer')} | "
+                  f"{_p_cell(ph)} | {_ci_cell(r, 'vs_full')} | "
+                  f"{'' if np.isnan(r.get('rank', np.nan)) else int(r['rank'])} | {int(r['n'])} | "
+                  f"{'' if np.isnan(r.get('kv_held', np.nan)) else format(r['kv_held'], '.3f')} |")
+        print("\np (Holm): the two-sided bootstrap p of the difference from Keyformer, Holm-adjusted over "
+              "the policies at that ratio (below 0.05: the difference survives the number of comparisons); "
+              f"< {2 / analysis.RULER_N_BOOT:g}: no bootstrap replicate (of {analysis.RULER_N_BOOT}) "
+              "crossed 0, the smallest p the bootstrap resolves, not p = 0. K/V held: the mean over the "
+              "samples of `kv_bytes / kv_bytes_full`, the K/V bytes held at the end of each answer over what "
+              "the full cache holds for the same tokens (prompt-only policies keep every generated token, "
+              "decode-time evictors hold the budget; on a hybrid model the sliding layers' windows count "
+              "too: docs/models.md).")
+        tasks = [x for x in analysis.RULER_TASKS if x in set(t["task"])]
+        print("\nPer task (mean):\n")
+        print("| policy | ratio | " + " | ".join(tasks) + " |")
+        print("|---|---|" + "---|" * len(tasks))
+        per = t[t["task"] != "average"].pivot_table(index=["ratio", "policy"], columns="task", values="mean")
+        for (ratio, pol), r in per.iterrows():
+            cells = " | ".join("" if np.isnan(r.get(x, np.nan)) else f"{r[x]:.0f}" for x in tasks)
+            print(f"| {pol} | {ratio:g} | {cells} |")
+    _prompt_sharing(frames)
+    if len(frames) == 2 and all(len(t) for t in tables.values()):
+        gap = analysis.ruler_setting_gap(*frames.values())
+        if len(gap):
+            print("\nQuestion-aware vs query-agnostic (average over tasks; paired: the same records in both "
+                  "settings, agnostic - aware with a 95 % CI resampling within each task):\n")
+            print("| policy | ratio | question-aware | query-agnostic | agnostic - aware [CI] | n |")
+            print("|---|---|---|---|---|---|")
+            for _, r in gap.sort_values(["ratio", "gap"], ascending=[True, False]).iterrows():
+                print(f"| {r['policy']} | {r['ratio']:g} | {r['aware']:.1f} | {r['agnostic']:.1f} | "
+                      f"{fmt_ci(r['gap'], r['gap_lo'], r['gap_hi'])} | {int(r['n'])} |")
+
+
+def ruler_equal_bytes(res: Path, name: str = "exp10_ruler") -> None:
+    """Experiment 10 at equal-or-more bytes for Keyformer (``results/<name>/equal_bytes.csv``, written by
+    ``ruler_equal_bytes.py`` from the committed rows): each (setting, policy, ratio) that ends an
+    answer holding more K/V than Keyformer, its difference from Keyformer at the same budget, at Keyformer's
+    next larger budget, and at a budget run to match its bytes, with CIs."""
+    f = res / name / "equal_bytes.csv"
+    if not f.is_file():
+        print(f"(no {name}/equal_bytes.csv yet)")
+        return
+    eb = pd.read_csv(f, comment="#")
+    print("| setting | policy | ratio | K/V held | vs Keyformer, same budget [CI] (its K/V held) | "
+          "vs Keyformer, next larger budget [CI] (its ratio, K/V held) | "
+          "vs Keyformer, equal bytes [CI] (its budget, K/V held) | p (Holm) |\n"
+          "|---|---|---|---|---|---|---|---|")
+    for _, r in eb.iterrows():
+        same = f"{fmt_ci(r['same_diff'], r['same_lo'], r['same_hi'])} ({r['keyformer_kv_held']:.3f})"
+        nxt = "" if pd.isna(r.get("diff")) else (
+            f"{fmt_ci(r['diff'], r['lo'], r['hi'])} ({r['keyformer_ratio']:g}, "
+            f"{r['keyformer_more_kv_held']:.3f})")
+        eq = "" if pd.isna(r.get("equal_diff", np.nan)) else (
+            f"{fmt_ci(r['equal_diff'], r['equal_lo'], r['equal_hi'])} ({r['equal_budget']:g}, "
+            f"{r['equal_kv_held']:.3f})")
+        print(f"| {r['setting']} | {r['policy']} | {r['ratio']:g} | {r['kv_held']:.3f} | {same} | {nxt} | "
+              f"{eq} | {_p_cell(r.get('equal_p_holm', np.nan))} |")
+    print("\nRows: every policy and ratio whose `K/V held` exceeds Keyformer's by more than 0.005; "
+          "differences are the policy minus Keyformer over the same records. p (Holm): the equal-bytes "
+          "difference's two-sided bootstrap p, Holm-adjusted over the equal-bytes rows.")
+
+
+def ruler_prompt_change(res: Path, name: str = "exp10_ruler_gemma",
+                        old: str = "archive/exp10_ruler_gemma_nobos", change: str = "`<bos>`") -> None:
+    """Experiment 10 on the same records with two prompt assemblies: ``name`` (now) against ``old`` (before a
+    fix, e.g. Gemma 3's prompts without ``<bos>``), per policy and setting with every task complete in both,
+    paired over the records (now - before, resampling within each task: ``analysis.ruler_setting_gap``)."""
+    printed = False
+    for folder, label in RULER_SETTINGS:
+        if not all((res / d / folder / "points.csv").is_file() for d in (name, old)):
+            continue
+        before = analysis.load_experiment(str(res / old), folder, complete_only=True)
+        now = analysis.load_experiment(str(res / name), folder, complete_only=True)
+        diff = analysis.ruler_setting_gap(before, now)  # "agnostic" - "aware" = now - before
+        if diff.empty:
+            continue
+        if not printed:
+            print(f"\n{name} with {change} vs without ({old}): the same records, string_match_all x 100, "
+                  "mean over tasks, now - before paired with a 95 % CI resampling within each task\n")
+            printed = True
+        print(f"**{label}**\n\n| policy | ratio | without {change} | with {change} | with - without [CI] "
+              "| n |\n|---|---|---|---|---|---|")
+        for _, r in diff.sort_values(["ratio", "agnostic"], ascending=[True, False]).iterrows():
+            print(f"| {r['policy']} | {r['ratio']:g} | {r['aware']:.1f} | {r['agnostic']:.1f} | "
+                  f"{fmt_ci(r['gap'], r['gap_lo'], r['gap_hi'])} | {int(r['n'])} |")
+        print()
+    if not printed:
+        print(f"(no policy complete in both {name} and {old} yet)")
+
+
+def _prompt_sharing(frames: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> None:
+    """What ``share_prompt`` saved, from the points that ran with it: a point's ``wall_s`` when it ran its
+    own prompt forwards vs when every record cut a copy of another budget's (``n_prompt_reused``)."""
+    pts = pd.concat([p for p, _ in frames.values()], ignore_index=True)
+    if "n_prompt_reused" not in pts:
+        return
+    pts = pts[pts["n_prompt_reused"].notna() & pts["wall_s"].notna()]
+    own, reused = pts[pts["n_prompt_reused"] == 0], pts[pts["n_prompt_reused"] == pts["n_done"]]
+    if own.empty or reused.empty:
+        return
+
+    o, r = own["wall_s"].median(), reused["wall_s"].median()
+
+    def spread(w: pd.Series) -> str:
+        return f"median {w.median():.0f} s a point [{w.min():.0f}-{w.max():.0f}]"
+
+    print(f"\nPrompt sharing (`share_prompt=true`): {len(own)} points ran their own prompt forwards, "
+          f"{spread(own['wall_s'])}; {len(reused)} points reused them, {spread(reused['wall_s'])} (wall "
+          "time, two 1-thread workers on 2 cores; the outputs are the same either way, tested). By the "
+          f"medians a group of three budgets takes {o + 2 * r:.0f} s instead of {3 * o:.0f} s: "
+          f"{3 * o / (o + 2 * r):.1f}x less.")
+
+
+def _ruler_model(name: str) -> str:
+    """The model an experiment 10 section names (SmolLM2's, the default, is not named)."""
+    return " on Gemma 3 270M" if name.endswith("_gemma") else ""
+
+
+def _ruler_brief(res: Path, name: str = "exp10_ruler") -> list[str]:
+    """Experiment 10's lines: Keyformer's rank among the compressed policies in each setting and the policies
+    whose difference from it survives Holm's correction, in full at the ratio with the most policies, then
+    the other ratios in one line. A ``caveat.txt`` in the experiment's folder is quoted after the ratio."""
+    parts: dict[float, list[tuple[str, int, int, str]]] = {}
+    for folder, label in RULER_SETTINGS:
+        if not (res / name / folder / "points.csv").is_file():
+            continue
+        t = analysis.ruler_leaderboard(*analysis.load_experiment(str(res / name), folder, complete_only=True))
+        avg = t[(t["task"] == "average") & (t["policy"] != "full")] if len(t) else t
+        for _, g in (avg.groupby("budget") if len(avg) else []):
+            kf = g[g["policy"] == "keyformer"]
+            if kf.empty or len(g) < 2:  # a rank needs another policy with every task
+                continue
+            sig = g[g["vs_keyformer_p_holm"] < 0.05]
+            said = ", ".join(f"{r['policy']} {'ahead' if r['vs_keyformer'] > 0 else 'behind'} "
+                             f"({r['vs_keyformer']:+.1f})" for _, r in sig.sort_values("rank").iterrows())
+            parts.setdefault(float(kf["ratio"].iloc[0]), []).append(
+                (label, int(g.loc[kf.index[0], "rank"]), len(g), said))
+    if not parts:
+        return []
+    head = max(parts, key=lambda r: (max(n for _, _, n, _ in parts[r]), r == 0.5))
+    model = _ruler_model(name)
+    note = res / name / "caveat.txt"  # a folder's standing caveat (e.g. how its prompts differ), one line
+    caveat = f"; {' '.join(note.read_text().split())}" if note.is_file() else ""
+    lines = [f"* Experiment 10{model} (RULER 4k, ratio {head:g}{caveat}): " + "; ".join(
+        f"{label}, Keyformer ranks {rank} of {n} compressed policies ("
+        + (f"Holm-surviving differences: {said}" if said else "none survives Holm's correction") + ")"
+        for label, rank, n, said in parts[head]) + "."]
+    rest = [f"ratio {ratio:g} {label} {rank} of {n}" + (f" ({said})" if said else "")
+            for ratio, settings in sorted(parts.items()) if ratio != head
+            for label, rank, n, said in settings]
+    if rest:
+        lines.append(f"* Experiment 10{model}, the other ratios (Keyformer's rank; Holm-surviving "
+                     f"differences in brackets): {'; '.join(rest)}.")
+    return lines
+
+
+def brief(res: Path) -> list[str]:
+    """The headline lines: Keyformer's RULER rank on each model."""
+    return _ruler_brief(res) + _ruler_brief(res, "exp10_ruler_gemma")
+
+
+# name -> section; a page quotes a section between <!-- keyformer-report:NAME --> markers
+SECTIONS: dict[str, Callable[[Path], None]] = {
+    'exp10_ruler': ruler,
+    'exp10_ruler_gemma': lambda res: ruler(res, "exp10_ruler_gemma"),
+    'exp10_gemma_bos': ruler_prompt_change,
+    'exp10_equal_bytes': ruler_equal_bytes,
+}
