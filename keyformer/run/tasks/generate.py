@@ -15,7 +15,7 @@ from typing import Any
 
 from keyformer.run.data import encode_prompt, load_records
 from keyformer.run.metrics import ROUGE_KEYS, aggregate, score, sentence_splitter
-from keyformer.run.scaffold import CORE_CODE, Job, Task, policy_fields, run_job
+from keyformer.run.scaffold import Job, Task, policy_fields, run_job
 from keyformer.run.validate import ConfigError, JobError, first_line
 
 
@@ -160,7 +160,6 @@ class GenerateTask(Task):
     ROUGE plus the dataset's ``metrics`` (:func:`keyformer.run.metrics.score`)."""
 
     name = "generate"
-    code = (*CORE_CODE, "data", "metrics.py", "runner.py")
 
     def __init__(self, backend: Backend | None = None):
         self.backend = backend
