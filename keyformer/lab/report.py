@@ -427,8 +427,30 @@ def main(argv: list[str] | None = None) -> int:
                     help="rewrite the marked tables of these files (default: the READMEs and docs/*.md)")
     ap.add_argument("--check-readme", nargs="*", type=Path, metavar="FILE",
                     help="exit 1 if a marked table of these files differs from the data")
+    ap.add_argument("--pages", action="store_true",
+                    help="write each study's findings.json and page, and the results index, from the data")
+    ap.add_argument("--check-pages", action="store_true",
+                    help="exit 1 naming each generated page or findings.json that differs from the data")
+    ap.add_argument("--study", metavar="NAME", help="with --pages/--check-pages: only this study")
     args = ap.parse_args(argv)
     res = args.results
+    if args.pages or args.check_pages:
+        from keyformer.lab import pages
+
+        known = [pages.study_name(s) for s in pages.pages()]
+        if args.study and args.study not in known:
+            print(f"error: --study {args.study!r}: no such study with a page; valid: {', '.join(known)}",
+                  file=sys.stderr)
+            return 2
+        files = pages.build(res, only=args.study)
+        if args.check_pages:
+            bad = pages.drift(files)
+            for b in bad:
+                print(f"differs from the data: {b} (keyformer-report --pages rewrites it)", file=sys.stderr)
+            return 1 if bad else 0
+        for path in pages.write(files):
+            print(f"wrote {path}")
+        return 0
     if args.list:
         print("\n".join(sections()))
         return 0
