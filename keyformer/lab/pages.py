@@ -27,7 +27,7 @@ from typing import Any
 from keyformer.lab import findings as fnd
 from keyformer.lab import report
 
-PLACEHOLDER = re.compile(r"\{\{\s*([\w:/.-]+)\s*\}\}")
+PLACEHOLDER = re.compile(r"\{\{\s*([\w:/.,-]+)\s*\}\}")
 MAX_BULLETS = 8
 INDEX_TEMPLATE = "index.md"  # experiments/index.md: the results index's words
 
@@ -61,7 +61,12 @@ def provenance(res: Path, folders: list[str]) -> str:
     def vals(col: str, fmt: str = "{}") -> str:
         if col not in p:
             return "-"
-        v = sorted({fmt.format(x) for x in p[col].dropna()})
+        xs = p[col].dropna().unique()
+        try:
+            xs = sorted(xs, key=float)
+        except (TypeError, ValueError):
+            xs = sorted(xs, key=str)
+        v = list(dict.fromkeys(fmt.format(x) for x in xs))
         return ", ".join(v) if v else "-"
 
     commits = sorted({str(c)[:7] for c in p.get("git_commit", pd.Series(dtype=object)).dropna()})
