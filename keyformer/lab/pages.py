@@ -119,6 +119,17 @@ def study_files(study: ModuleType, res: Path) -> dict[Path, str]:
     return out
 
 
+def answers(res: Path, root: Path | None = None) -> list[tuple[ModuleType, str]]:
+    """Each study's one-line answer, read from its committed ``findings.json`` (studies without one are left
+    out)."""
+    out = []
+    for study in pages(root):
+        f = res / results_folder(study) / "findings.json"
+        if f.is_file() and hasattr(study, "answer"):
+            out.append((study, study.answer(fnd.load(f))))
+    return out
+
+
 def index_file(res: Path, root: Path | None = None) -> dict[Path, str]:
     """The results index ``results/README.md``: its template (``experiments/index.md``) with ``{{ index }}``
     replaced by one row per study (question, one-line answer from its committed ``findings.json``, link)."""

@@ -108,8 +108,12 @@ def demo(res: Path, name: str = "demo") -> None:
 
 
 def brief(res: Path) -> None:
-    """The headline lines the top-level README quotes: each study's ``brief(res)``, in study order."""
-    lines = [line for study in studies() if hasattr(study, "brief") for line in study.brief(res)]
+    """The headline lines the top-level README quotes: each study's one-line answer, rendered from its
+    committed ``findings.json``, with a link to its page."""
+    from keyformer.lab import pages
+
+    lines = [f"* [Experiment {s.TITLE}](results/{pages.results_folder(s)}/README.md): {a}"
+             for s, a in pages.answers(res) if a]
     if lines:
         print("\n".join(lines))
 
