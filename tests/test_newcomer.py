@@ -172,7 +172,7 @@ class _NoModel:
     def __init__(self):
         from keyformer.run.tasks.generate import Backend
 
-        self.backend = (Backend(load=self.load, make_policy=lambda *a, **k: None, generate=lambda
+        self.backend = (Backend(load=self.load, generate=lambda
                                 *a, **k: None))
 
     def load(self, cfg):

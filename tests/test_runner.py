@@ -65,7 +65,7 @@ class FakeCore:
         self.calls, self.loads, self.fail_after = 0, 0, fail_after
 
     def backend(self) -> Backend:
-        return (Backend(load=self.load, make_policy=lambda name, **kw: {"name": name, **kw},
+        return (Backend(load=self.load,
                         generate=self.generate))
 
     def load(self, cfg):

@@ -26,7 +26,6 @@ class Backend:
     load: Callable[[Mapping[str, Any]], tuple[Any, Any]]  # cfg -> (model, tokenizer)
     generate: Callable[..., Any]  # keyformer.core.generate.generate
     generate_from_context: Callable[..., Any] | None = None  # keyformer.core.generate.generate_from_context
-    make_policy: Callable[..., Any] | None = None  # unused: the scaffold builds the policy (Job.policy)
 
 
 def core_backend() -> Backend:
