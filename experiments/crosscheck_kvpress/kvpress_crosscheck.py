@@ -505,7 +505,7 @@ def merge(out_dir: Path) -> tuple[list[dict[str, Any]], str, str]:
         f"prompts, "
         f"mean common prefix {statistics.fmean(p for _, p in full_cross):.1f} tokens.",
         "Rows named [kv: ...] are diagnostics: the kvpress press changed in the named respect "
-        "(results/README.md explains them).",
+        "(docs/policies_2025.md and results/crosscheck_kvpress/README.md explain them).",
     ]
     md, txt = format_tables(rows, notes)
     return rows, md, txt

@@ -2,7 +2,7 @@
 
 At one budget, prompt-only policies (SnapKV, PyramidKV, Ada-KV over SnapKV, KVzip) keep every generated token
 and R-KV holds a decode buffer beyond the budget, so they end an answer holding more K/V than Keyformer
-(results/README.md, "Equal budget, not equal bytes"). This script pairs each such (policy, ratio) with
+(results/exp10_ruler/README.md). This script pairs each such (policy, ratio) with
 Keyformer at its smallest larger budget whose K/V held is at least the policy's, on the same records
 (both from the committed ``samples.csv``), and writes the difference over tasks with its stratified bootstrap
 CI and two-sided p (the leaderboard's: :func:`keyformer.lab.analysis.stratified_diff`, 2000 replicates, seed

@@ -1,16 +1,18 @@
-"""Print the markdown tables of results/README.md from the curated results (paired bootstrap CIs).
+"""Report sections: markdown tables from curated results (paired bootstrap CIs), for pages and READMEs.
 
-    keyformer-report                    # all experiments whose results exist under ./results
-    keyformer-report --results DIR      # another curated results folder
+    keyformer-report                    # every section whose results exist under ./results
+    keyformer-report --results DIR      # another curated results folder (or one keyformer-collect folder)
     keyformer-report --list             # the section names
     keyformer-report --section exp1_cnndm --section provenance
+    keyformer-report --pages            # write each study's findings.json and page, and results/README.md
+    keyformer-report --check-pages      # exit 1 naming each page or findings.json that differs from the data
     keyformer-report --update-readme    # rewrite the marked tables of the READMEs and docs/
     keyformer-report --check-readme     # exit 1 naming each marked table that differs from the data
 
-Every table a README quotes sits between ``<!-- keyformer-report:NAME -->`` and ``<!-- /keyformer-report:NAME
--->``, where NAME is a section of :data:`SECTIONS`; the text between is that section's output, verbatim
-(``tests/test_results_tables.py`` regenerates each from the committed data and fails when one differs).
-Superseded runs live in ``results/archive/`` (``archive/MANIFEST.md`` says why each was superseded).
+The library's sections are generic (the demo, provenance, the benchmarks); each study under ``experiments/``
+adds its own in its ``findings.py`` (:func:`studies`). A README or doc quotes a section between
+``<!-- keyformer-report:NAME -->`` and ``<!-- /keyformer-report:NAME -->``; a results page is rendered whole
+from its study's ``page.md`` (:mod:`keyformer.lab.pages`). Superseded runs live in ``results/archive/``.
 """
 
 from __future__ import annotations
