@@ -1,6 +1,6 @@
 """Where in a RULER prompt each policy's prompt cut keeps tokens, and whether it keeps the needle.
 
-Experiment 10 (results/exp10_ruler/README.md) finds that at ratio 0.25 (budget 0.75) the recent window nearly matches the
+Experiment 10 (its page) finds that at ratio 0.25 (budget 0.75) the recent window nearly matches the
 full cache on RULER while the score-based policies lose most of the needle tasks. This script checks why on
 the same records and prompts the experiment ran: for each ``niah_single_1`` record (``--task``; ``--experiment
 exp10_ruler_gemma`` for Gemma 3's records and prompts) and policy, one greedy
