@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments.exp1_cnndm import curves
 from keyformer.lab import analysis
+from keyformer.lab import findings as fnd
 from keyformer.lab.report import PAIRS, curve_experiment, fmt_ci
 
 _CONFIG = ("policy", "budget", "recent", "kv_quant", "num_beams", "beam_scores", "max_prompt_tokens",
@@ -25,6 +27,26 @@ def _same(x: object, y: object) -> bool:
     return x == y
 
 
+def matched_points(p_a: pd.DataFrame, p_b: pd.DataFrame) -> list[tuple[pd.Series, str]]:
+    """Each point of ``p_b`` (by policy and budget) with the name of its twin in ``p_a``: the point with the
+    same config (policy and its knobs, budget, quantization, prompt and generation settings)."""
+    def config(p: pd.DataFrame) -> list[str]:
+        return [c for c in p.columns if c in _CONFIG or c.startswith("policy.")]
+
+    # compared: the config columns both sides record; a knob only ``a`` records (newer code) is matched by
+    # preferring its unset or default-looking rows, e.g. the plain point over its quantized twin
+    common, extra = [c for c in config(p_a) if c in p_b.columns], [c for c in config(p_a)
+                                                                   if c not in p_b.columns]
+    out = []
+    for _, pb in p_b.sort_values(["policy", "budget"]).iterrows():
+        pa = p_a[[all(_same(ra[c], pb[c]) for c in common) for _, ra in p_a.iterrows()]]
+        if pa.empty:
+            continue
+        pa = pa.iloc[np.argsort(pa[extra].notna().sum(axis=1).to_numpy(), kind="stable")] if extra else pa
+        out.append((pb, pa["point"].iloc[0]))
+    return out
+
+
 def same_config(res: Path, a: str, b: str, title: str) -> None:
     """Points of two result folders with the same config (policy and its knobs, budget, quantization, prompt
     and generation settings): identical outputs per point and the paired ROUGE-2 difference (``a`` -
@@ -36,19 +58,8 @@ def same_config(res: Path, a: str, b: str, title: str) -> None:
     print(f"\n### {title} (same config; ROUGE-2)\n")
     print(f"| policy | budget | identical outputs | {b} | {a} | difference [95 % CI] "
           f"|\n|---|---|---|---|---|---|")
-    def config(p: pd.DataFrame) -> list[str]:
-        return [c for c in p.columns if c in _CONFIG or c.startswith("policy.")]
-
-    # compared: the config columns both sides record; a knob only ``a`` records (newer code) is matched by
-    # preferring its unset or default-looking rows, e.g. the plain point over its quantized twin
-    common, extra = [c for c in config(p_a) if c in p_b.columns], [c for c in config(p_a)
-                                                                   if c not in p_b.columns]
-    for _, pb in p_b.sort_values(["policy", "budget"]).iterrows():
-        pa = p_a[[all(_same(ra[c], pb[c]) for c in common) for _, ra in p_a.iterrows()]]
-        if pa.empty:
-            continue
-        pa = pa.iloc[np.argsort(pa[extra].notna().sum(axis=1).to_numpy(), kind="stable")] if extra else pa
-        x = s_a[s_a["point"] == pa["point"].iloc[0]].set_index("id")
+    for pb, name_a in matched_points(p_a, p_b):
+        x = s_a[s_a["point"] == name_a].set_index("id")
         y = s_b[s_b["point"] == pb["point"]].set_index("id")
         ids = x.index.intersection(y.index)
         same = int((x.loc[ids, "prediction"] == y.loc[ids, "prediction"]).sum())
@@ -123,3 +134,87 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     'devices': devices,
     'new_stream': new_stream,
 }
+
+
+# -- findings (keyformer.lab.pages) ------------------------------------------------------------------------
+TITLE = "1: CNN/DailyMail"
+QUESTION = ("On CNN/DailyMail, does Keyformer keep more ROUGE-2 than H2O and the sliding window as the KV "
+            "budget shrinks?")
+FAMILIES = {  # pre-registered: (a, b) pooled over the budgets both ran; "full": the full-cache point
+    "exp1.policies": list(curves.POLICY_PAIRS),
+    "exp1.vs_full": [(p, "full") for p in curves.EVICTING],
+}
+# the same config elsewhere: (id, policy, folder a, folder b); a - b pooled over the budgets both ran
+STREAMS = [("exp1.stream.keyformer-7e9326a", "keyformer", "exp1_cnndm", "archive/exp1_cnndm_7e9326a"),
+           ("exp1.stream.keyformer-oldstream", "keyformer", "exp1_cnndm", "archive/exp1_cnndm_oldstream"),
+           ("exp1.stream.h2o-7e9326a", "h2o", "exp1_cnndm", "archive/exp1_cnndm_7e9326a")]
+DEVICES = [(f"exp1.h200.{p}", p, "exp7_field/cnndm", "exp1_cnndm") for p in ("full", *curves.EVICTING)]
+DEFINITION = {
+    "metric": "rouge2",
+    "comparison": ("a - b, paired over articles and pooled over the budgets both arms ran: each article's "
+                   "mean difference over those budgets (against full: the one full-cache point at every "
+                   "budget)"),
+    "families": {**{fam: [f"exp1.{a}-{b}" for a, b in pairs] for fam, pairs in FAMILIES.items()},
+                 "exp1.noise_streams": [s[0] for s in STREAMS], "exp1.devices": [d[0] for d in DEVICES]},
+    "design": ("one stratum of per-article pooled differences (the budgets of one article stay together), "
+               "bootstrap over articles, so the pooled alternative design is the same statistic; Holm "
+               "within each family at alpha 0.05; noise_streams: Keyformer now against the same config at "
+               "core commit 7e9326a and on the previous noise stream (H2O at 7e9326a as the deterministic "
+               "control); devices: experiment 7's H200 points against these CPU points (H200 - CPU)"),
+}
+
+
+def _elsewhere(res: Path, cid: str, policy: str, a: str, b: str, family: str) -> fnd.Comparison | None:
+    """``policy``'s points of folder ``a`` against their same-config twins in folder ``b``, pooled."""
+    if not (res / a / "points.csv").exists() or not (res / b / "points.csv").exists():
+        return None
+    p_a, s_a = analysis.load_experiment(res, a)
+    p_b, s_b = analysis.load_experiment(res, b)
+    pairs = [(float(pb["budget"]), name_a, pb["point"]) for pb, name_a in matched_points(p_a, p_b)
+             if pb["policy"] == policy]
+    if not pairs:
+        return None
+    return curves.comparison(cid, f"ROUGE-2, {policy}: {a} - {b}, pooled over budgets", f"{policy} ({a})",
+                             f"{policy} ({b})", s_a, s_b, pairs, family)
+
+
+def comparisons(res: Path) -> list[fnd.Comparison]:
+    """The pre-registered pooled comparisons between policies and against full, then Keyformer across noise
+    streams and the points across devices."""
+    out = curves.curve_comparisons(res, "exp1_cnndm", FAMILIES, "exp1")
+    for fam, rows in (("exp1.noise_streams", STREAMS), ("exp1.devices", DEVICES)):
+        for cid, policy, a, b in rows:
+            c = _elsewhere(res, cid, policy, a, b, fam)
+            if c is not None:
+                out.append(c)
+    return out
+
+
+def bullets(doc: dict) -> list[str]:
+    """The three policy pairs, the policies against full, Keyformer across noise streams, the H200."""
+    out = [curves.pair_bullet(f) for f in curves.by_family(doc, "exp1.policies")]
+    full = curves.by_family(doc, "exp1.vs_full")
+    if full:
+        out.append(curves.full_bullet(full))
+    streams = {f["id"]: f for f in curves.by_family(doc, "exp1.noise_streams")}
+    parts = [f"{f['a'].split(' (')[0]} now - `{f['b'].split(' (')[1].rstrip(')')}` {curves.ci(f)} (budgets "
+             f"{curves.budgets(f)}; {curves.holm(f)}): {curves.verdict(f)}" for f in streams.values()]
+    if parts:
+        out.append("The same config on another noise stream or core commit, pooled: "
+                   + "; ".join(parts) + ".")
+    dev = curves.by_family(doc, "exp1.devices")
+    if dev:
+        same = [f["a"].split(" (")[0] for f in dev if f["verdict"] == "n/a"]
+        differ = [f"{f['a'].split(' (')[0]} {curves.ci(f)}: {curves.verdict(f)}" for f in dev
+                  if f["verdict"] != "n/a"]
+        out.append(f"Experiment 7's H200 points against these CPU points: identical outputs on every paired "
+                   f"article ({', '.join(same) or 'none'}; verdict n/a)"
+                   + (f"; differing: {'; '.join(differ)}" if differ else "") + ".")
+    return out[:8]
+
+
+def answer(doc: dict) -> str:
+    return curves.answer_line(doc, "exp1.policies")
+
+
+PLACEHOLDERS = {"recent": curves.recent_share("exp1_cnndm")}

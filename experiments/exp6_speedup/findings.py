@@ -43,3 +43,60 @@ def exp6_speedup(res: Path, name: str = "bench") -> None:
 SECTIONS: dict[str, Callable[[Path], None]] = {
     'exp6_speedup': exp6_speedup,
 }
+
+
+# -- page (keyformer.lab.pages): a benchmark without paired comparisons, so no findings.json ----------------
+RESULTS = "exp6_speedup"  # the page's folder; its rows are the benchmark's, results/bench/
+TITLE = "6: decode speedup"
+QUESTION = ("How much faster than full attention is a decode step under window, H2O and Keyformer on this "
+            "CPU, and how does that compare with the paper's GPU speedups?")
+
+
+def _rounds(row: dict) -> str:
+    s = row["speedup_stats"]
+    return f"{row['speedup']:.2f}x ({s['min']:.2f}-{s['max']:.2f} over {s['n']} rounds)"
+
+
+def observations(res: Path, doc: dict | None = None, name: str = "bench") -> str:
+    """The page's bullets, from ``bench.json`` and the paper's transcribed speedups."""
+    f = res / name / "bench.json"
+    if not f.exists():
+        return "(no benchmark yet)"
+    r = json.loads(f.read_text(encoding="utf-8"))
+    target = r["config"].get("targets", {}).get("budget", 0.5)
+    paper: dict[tuple[str, int], float] = {}
+    if (res / "paper_numbers.csv").exists():
+        import pandas as pd
+
+        pn = pd.read_csv(res / "paper_numbers.csv")
+        pn = pn[(pn["experiment"] == "exp6") & (pn["metric"] == "speedup")]
+        paper = {(m, int(x)): float(v) for m, x, v in zip(pn["method"], pn["x"], pn["value"], strict=True)}
+    out, groups = [], []
+    for group in dict.fromkeys(row["group"] for row in r["rows"]):
+        rows = {row["policy"]: row for row in r["rows"] if row["group"] == group and row["budget"] is not None
+                and abs(row["budget"] - target) < 1e-9}
+        if not {"keyformer", "h2o"} <= set(rows):
+            continue
+        k, h = rows["keyformer"], rows["h2o"]
+        groups.append((k, h))
+        ref = [f"{p} {paper[(p, k['prompt_len'])]:.2f}x" for p in ("keyformer", "h2o")
+               if (p, k["prompt_len"]) in paper]
+        out.append(f"{k['prompt_len']}-token prompt, batch {k['batch']}, budget {target:g}: Keyformer "
+                   f"{_rounds(k)}, H2O {_rounds(h)}" + (f"; the paper at this prompt length: {', '.join(ref)}"
+                                                        if ref else "") + ".")
+    if groups:
+        below = sum(k["speedup"] < h["speedup"] for k, h in groups)
+        apart = sum(k["speedup_stats"]["max"] < h["speedup_stats"]["min"] for k, h in groups)
+        line = (f"Keyformer's median decode speedup is below H2O's in {below} of {len(groups)} settings, "
+                f"with all its rounds below all of H2O's in {apart}")
+        prompt = [k["prompt_len"] for k, _ in groups]
+        above = [x for x in prompt if ("keyformer", x) in paper and ("h2o", x) in paper
+                 and paper[("keyformer", x)] > paper[("h2o", x)]]
+        if any(("keyformer", x) in paper for x in prompt):
+            line += (f"; the paper has Keyformer above H2O at {len(set(above))} of "
+                     f"{len({x for x in prompt if ('keyformer', x) in paper})} of these prompt lengths")
+        out.append(line + ".")
+    return "\n".join(f"- {b}" for b in out)
+
+
+PLACEHOLDERS = {"observations": observations}
