@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from keyformer.lab import analysis
+from keyformer.lab import findings as fnd
 from keyformer.lab.report import fmt_ci
 
 #: experiment 7's tasks and the standard metric of each (per-sample columns of ``samples.csv``)
@@ -199,3 +200,164 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     'quant_bytes': quant_bytes,
     'pareto_bytes': pareto_bytes,
 }
+
+
+# -- findings (keyformer.lab.pages) ------------------------------------------------------------------------
+TITLE = "7: the field"
+QUESTION = ("Where does Keyformer rank among the eviction policies of the field (and K/V quantization) on "
+            "CNN/DM, a needle test, L-Eval QA and multi_news?")
+#: pre-registered: every policy of the field present when the families were fixed, each against Keyformer
+POLICIES = ("adakv_keyformer", "adakv_snapkv", "h2o", "pyramidkv", "snapkv", "tova", "window")
+DEFINITION = {
+    "metric": dict(EXP7_METRIC),
+    "comparison": ("policy - keyformer per task, complete unquantized points; each record's difference is "
+                   "averaged over the budgets both policies ran (analysis.field_ranking's pooled row)"),
+    "families": {f"exp7.{t}": list(POLICIES) for t in EXP7_METRIC},
+    "design": ("paired bootstrap over a task's records, one stratum (a record's difference is already its "
+               "mean over budgets, so the stratified and pooled designs coincide); Holm within each task's "
+               "family of seven policies at alpha 0.05; quantized points are in no family"),
+    "alpha": 0.05,
+}
+
+
+def _pooled_vs(points: pd.DataFrame, samples: pd.DataFrame, pol: str, ref: str,
+               metric: str) -> tuple[pd.Series, bool, list[float]]:
+    """Per record, ``pol - ref`` averaged over the budgets both ran (as :func:`analysis.pooled_difference`),
+    whether both gave the same prediction on every paired record at every such budget, and those budgets."""
+    ev = points[points["policy"] != "full"]
+    if "kv_quant" in ev:
+        ev = ev[ev["kv_quant"].isna()]
+    parts, same, used = [], True, []
+    for b in sorted(ev["budget"].unique()):
+        at = ev[np.isclose(ev["budget"], b)]
+        by = dict(zip(at["policy"], at["point"], strict=False))
+        if pol not in by or ref not in by:
+            continue
+        j = analysis.paired_frame(samples, by[pol], by[ref], metric)
+        parts.append(j.assign(d=j["a"].astype(float) - j["b"].astype(float))[["id", "d"]])
+        if "prediction" in samples:
+            t = analysis.paired_frame(samples, by[pol], by[ref], "prediction").fillna("")
+            same = same and bool(len(t)) and bool((t["a"] == t["b"]).all())
+        else:
+            same = False
+        used.append(float(b))
+    if not parts:
+        return pd.Series(dtype=float), False, []
+    return pd.concat(parts).groupby("id")["d"].mean(), same, used
+
+
+def _ranks(points: pd.DataFrame, samples: pd.DataFrame, metric: str) -> dict[str, dict[str, int]]:
+    """Per policy, its rank by mean ``metric`` among the unquantized eviction policies at each budget (1 =
+    best; as analysis.field_ranking ranks)."""
+    ev = points[points["policy"] != "full"]
+    if "kv_quant" in ev:
+        ev = ev[ev["kv_quant"].isna()]
+    means = samples.groupby("point")[metric].mean()
+    ev = ev.assign(mean=ev["point"].map(means)).dropna(subset=["mean"])
+    ev = ev.assign(rank=ev.groupby("budget")["mean"].rank(ascending=False, method="min").astype(int))
+    return {pol: {f"{b:g}": int(r) for b, r in zip(g["budget"], g["rank"], strict=True)}
+            for pol, g in ev.groupby("policy")}
+
+
+def comparisons(res: Path, name: str = "exp7_field") -> list[fnd.Comparison]:
+    """Per task, each pre-registered policy's pooled paired difference from Keyformer (complete points)."""
+    out = []
+    for task, metric in EXP7_METRIC.items():
+        if not (res / name / task / "points.csv").exists():
+            continue
+        points, samples = analysis.load_experiment(res / name, task, complete_only=True)
+        ranks = _ranks(points, samples, metric)
+        for pol in DEFINITION["families"][f"exp7.{task}"]:
+            d, same, used = _pooled_vs(points, samples, pol, "keyformer", metric)
+            if d.empty:
+                continue
+            out.append(fnd.Comparison(
+                id=f"exp7.{task}.{pol}", quantity=f"{metric}, policy - keyformer, pooled over budgets",
+                a=pol, b="keyformer", strata=[d.to_numpy()], family=f"exp7.{task}", identical=same,
+                meta={"task": task, "metric": metric, "budgets": used, "rank_a": ranks.get(pol, {}),
+                      "rank_b": ranks.get("keyformer", {})}))
+    return out
+
+
+def _ci(f: dict) -> str:
+    return f"{f['estimate']:+.2f} [{f['ci_lo']:+.2f}, {f['ci_hi']:+.2f}]"
+
+
+def _by_task(doc: dict) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for f in doc["findings"]:
+        out.setdefault(f["meta"]["task"], []).append(f)
+    return out
+
+
+def bullets(doc: dict) -> list[str]:
+    """One line per task (each policy against Keyformer, grouped by verdict), Keyformer's ranks, the
+    comparisons an unadjusted p would call but Holm does not, and the identical-output ones."""
+    out = []
+    tasks = _by_task(doc)
+    for task, fs in tasks.items():
+        groups = []
+        below = sorted((f for f in fs if f["verdict"] == "behind"), key=lambda f: f["estimate"])
+        if below:
+            groups.append("below Keyformer after Holm: " + ", ".join(f"`{f['a']}`" for f in below))
+        for v, words in (("ahead", "above Keyformer"), ("tied", "tied"), ("n/a", "identical outputs")):
+            g = sorted((f for f in fs if f["verdict"] == v), key=lambda f: f["estimate"])
+            if g:
+                groups.append(f"{words}: " + ", ".join(f"`{f['a']}` {_ci(f)}" for f in g))
+        size = max((f["family_size"] or 0) for f in fs)
+        out.append(f"**{task}** ({fs[0]['meta']['metric']}, policy - Keyformer pooled over budgets, n "
+                   f"{fs[0]['n']}, Holm over {size}): " + "; ".join(groups) + ".")
+    ranks = []
+    for task, fs in tasks.items():
+        r = fs[0]["meta"]["rank_b"]
+        ranks.append(f"{task} " + "/".join(str(r[b]) for b in sorted(r, key=float)))
+    budgets = sorted({b for fs in tasks.values() for b in fs[0]["meta"]["rank_b"]}, key=float)
+    if ranks:
+        n_pol = len(next(iter(doc["definition"]["families"].values()))) + 1
+        out.append(f"Keyformer's rank by mean among the {n_pol} policies at budgets "
+                   f"{'/'.join(budgets)}: " + "; ".join(ranks) + ".")
+    lost = [f for f in doc["findings"] if f["p"] is not None and f["p"] < doc["definition"]["alpha"]
+            and f["verdict"] == "tied"]
+    if lost:
+        out.append("Separable from Keyformer by an unadjusted p but not after Holm: " + "; ".join(
+            f"{f['meta']['task']} `{f['a']}` (p {fnd.fmt_p(f['p'], f['n_boot'])}, Holm "
+            f"{fnd.fmt_p(f['p_adj'], f['n_boot'])})" for f in lost) + ".")
+    flips = [f for f in doc["findings"] if f["verdict"] != f["verdict_alt"]]
+    if flips:
+        out.append("Verdicts that change with the design: " + "; ".join(
+            f"{f['id']} {f['verdict']} vs {f['verdict_alt']}" for f in flips) + ".")
+    same = [f for f in doc["findings"] if f["verdict"] == "n/a"]
+    out.append("Outputs identical to Keyformer's on every paired record and budget (left out of their "
+               "family): " + (", ".join(f"{f['meta']['task']} `{f['a']}`" for f in same) or "none") + ".")
+    return out[:8]
+
+
+def answer(doc: dict) -> str:
+    """Whether any policy beats Keyformer after Holm, per task, and where H2O stands."""
+    tasks = _by_task(doc)
+    ahead = [f"`{f['a']}` on {t}" for t, fs in tasks.items() for f in fs if f["verdict"] == "ahead"]
+    clear = [t for t, fs in tasks.items() if not any(f["verdict"] == "ahead" for f in fs)]
+    h2o = {t: f["verdict"] for t, fs in tasks.items() for f in fs if f["a"] == "h2o"}
+    tied_h2o = [t for t, v in h2o.items() if v == "tied"]
+    return (f"No policy is above Keyformer after Holm on {len(clear)} of {len(tasks)} tasks"
+            + (f"; above it: {', '.join(ahead)}" if ahead else "")
+            + f"; H2O is tied with it on {len(tied_h2o)} of {len(h2o)}.")
+
+
+def field_table(res: Path, doc: dict | None) -> str:
+    """The findings as one table: per policy (rows) and task (columns), policy - Keyformer pooled over
+    budgets with its CI and its verdict after Holm within the task."""
+    if not doc or not doc["findings"]:
+        return "(no findings yet)"
+    tasks = _by_task(doc)
+    cell = {(f["a"], t): f"{_ci(f)} {f['verdict']} (Holm p {fnd.fmt_p(f['p_adj'], f['n_boot'])})"
+            for t, fs in tasks.items() for f in fs}
+    pols = [p for p in POLICIES if any((p, t) in cell for t in tasks)]
+    head = "| policy - Keyformer | " + " | ".join(
+        f"{t} ({fs[0]['meta']['metric']}, n {fs[0]['n']})" for t, fs in tasks.items()) + " |"
+    rows = [head, "|---|" + "---|" * len(tasks)]
+    rows += [f"| {p} | " + " | ".join(cell.get((p, t), "-") for t in tasks) + " |" for p in pols]
+    return "\n".join(rows)
+
+
+PLACEHOLDERS = {"field_table": field_table}
