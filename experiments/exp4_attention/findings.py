@@ -140,4 +140,16 @@ def prompts(res: Path, doc: dict | None = None) -> str:
             f"{m.get('core_commit', 'not recorded')}.")
 
 
+def answer_rows(res: Path) -> str:
+    """The share of keys holding 90 % of a query's attention, and the mean per-layer sparsity."""
+    d = res / "exp4_attention"
+    if not (d / "layers.csv").is_file():
+        return ""
+    layers = pd.read_csv(d / "layers.csv")
+    curve = layers[layers["stat"] == "row_mass"].groupby("x")["value"].mean()
+    sp = layers.loc[layers["stat"] == "sparsity", "value"]
+    return (f"Concentrated: {_pct(MASS)} of a query's attention sits on its top {_pct(_mass_at(curve))} of "
+            f"keys; layers are {_pct(sp.mean())} sparse on average.")
+
+
 PLACEHOLDERS = {"observations": observations, "prompts": prompts}

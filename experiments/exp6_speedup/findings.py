@@ -99,4 +99,20 @@ def observations(res: Path, doc: dict | None = None, name: str = "bench") -> str
     return "\n".join(f"- {b}" for b in out)
 
 
+def answer_rows(res: Path, name: str = "bench") -> str:
+    """Keyformer's decode speedup over full at the target budget, per setting, and the equal-memory gain."""
+    f = res / name / "bench.json"
+    if not f.exists():
+        return ""
+    r = json.loads(f.read_text(encoding="utf-8"))
+    target = r["config"].get("targets", {}).get("budget", 0.5)
+    kf = [row for row in r["rows"] if row["policy"] == "keyformer" and row["budget"] is not None
+          and abs(row["budget"] - target) < 1e-9]
+    parts = ", ".join(f"{row['speedup']:.2f}x ({row['prompt_len']} tokens, batch {row['batch']})"
+                      for row in kf)
+    t = r.get("throughput")
+    gain = f"; at equal KV memory {t['e2e_gain']:.2f}x full's tokens/s end to end" if t else ""
+    return f"On this CPU Keyformer@{target:g} decodes at {parts} full's speed{gain}."
+
+
 PLACEHOLDERS = {"observations": observations}

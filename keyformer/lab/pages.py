@@ -7,7 +7,8 @@ A study (``experiments/<study>/``, found by :func:`keyformer.lab.report.studies`
 * ``DEFINITION``: its pre-registered analysis (families, design, alpha, metric), stored in findings.json;
 * ``comparisons(res) -> list[Comparison]``: what :func:`keyformer.lab.findings.evaluate` turns into findings;
 * ``bullets(doc) -> list[str]``: at most 8 findings as sentences, read from the findings document;
-* ``answer(doc) -> str``: the one-line answer the index shows;
+* ``answer(doc) -> str``: the one-line answer the index shows (a descriptive study, without comparisons,
+  gives ``answer_rows(res) -> str`` instead, read from its rows);
 * ``PLACEHOLDERS``: optional ``{name: fn(res, doc) -> str}`` for the page template.
 
 Its page template ``experiments/<study>/page.md`` holds the words; ``{{ table:SECTION }}`` is replaced by a
@@ -127,6 +128,8 @@ def answers(res: Path, root: Path | None = None) -> list[tuple[ModuleType, str]]
         f = res / results_folder(study) / "findings.json"
         if f.is_file() and hasattr(study, "answer"):
             out.append((study, study.answer(fnd.load(f))))
+        elif hasattr(study, "answer_rows"):  # a descriptive study: no comparisons, its answer read from rows
+            out.append((study, study.answer_rows(res)))
     return out
 
 
@@ -136,12 +139,9 @@ def index_file(res: Path, root: Path | None = None) -> dict[Path, str]:
     template = (root or report.EXPERIMENTS) / INDEX_TEMPLATE
     if not template.is_file():
         return {}
-    rows = []
-    for study in pages(root):
-        f = res / results_folder(study) / "findings.json"
-        doc = fnd.load(f) if f.is_file() else None
-        answer = study.answer(doc) if doc is not None and hasattr(study, "answer") else ""
-        rows.append(f"| [{study.TITLE}]({results_folder(study)}/README.md) | {study.QUESTION} | {answer} |")
+    said = {study_name(s): a for s, a in answers(res, root)}
+    rows = [f"| [{s.TITLE}]({results_folder(s)}/README.md) | {s.QUESTION} | {said.get(study_name(s), '')} |"
+            for s in pages(root)]
     table = "| experiment | question | answer |\n|---|---|---|\n" + "\n".join(rows)
     text = template.read_text(encoding="utf-8").replace("{{ index }}", table)
     text = PLACEHOLDER.sub(lambda m: report.render(m[1].split(":", 1)[1], res) if m[1].startswith("table:")
