@@ -438,8 +438,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-pages", action="store_true",
                     help="exit 1 naming each generated page or findings.json that differs from the data")
     ap.add_argument("--study", metavar="NAME", help="with --pages/--check-pages: only this study")
+    ap.add_argument("--leaderboard", metavar="BENCHMARK",
+                    help="rank a collected sweep (--with FOLDER) in the committed field of BENCHMARK (ruler)")
+    ap.add_argument("--with", dest="with_", type=Path, metavar="FOLDER",
+                    help="with --leaderboard: a keyformer-collect folder (points.csv, samples.csv)")
+    ap.add_argument("--setting", choices=("aware", "agnostic"),
+                    help="with --leaderboard: question-aware or query-agnostic (default: what the sweep ran)")
     args = ap.parse_args(argv)
     res = args.results
+    if args.leaderboard is not None:
+        from keyformer.lab.leaderboard import LeaderboardError, leaderboard
+
+        if args.with_ is None:
+            print("error: --leaderboard needs --with FOLDER (a keyformer-collect folder of your sweep)",
+                  file=sys.stderr)
+            return 2
+        try:
+            print(leaderboard(args.leaderboard, args.with_, res, args.setting))
+        except LeaderboardError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
     if args.pages or args.check_pages:
         from keyformer.lab import pages
 
