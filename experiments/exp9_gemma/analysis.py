@@ -51,22 +51,23 @@ def ci_reading(lo: float, hi: float) -> str:
     return ">" if lo > 0 else "<" if hi < 0 else "≈"
 
 
-def pooled_vs(points: pd.DataFrame, samples: pd.DataFrame, a: str, b: str, budgets: Sequence[float],
-              metric: str, n_boot: int = 5000, seed: int = 0) -> tuple[PairedDiff, list[float]] | None:
-    """``a - b`` per sample averaged over those of ``budgets`` where both points exist (``"full"``: the
-    unquantized full point, at every budget), then a paired bootstrap over samples; None when no budget has
-    both. Quantized points (``kv_quant`` set) are ignored."""
+def _point_at(points: pd.DataFrame, policy: str, budget: float) -> str | None:
+    """The unquantized point of ``policy`` at ``budget`` (``"full"``: its one point, at every budget)."""
     ev = points[points["kv_quant"].isna()] if "kv_quant" in points else points
+    sel = ev[ev["policy"] == policy]
+    if policy != "full":
+        sel = sel[np.isclose(sel["budget"].astype(float), budget)]
+    return str(sel["point"].iloc[0]) if len(sel) else None
 
-    def at(policy: str, budget: float) -> str | None:
-        sel = ev[ev["policy"] == policy]
-        if policy != "full":
-            sel = sel[np.isclose(sel["budget"].astype(float), budget)]
-        return str(sel["point"].iloc[0]) if len(sel) else None
 
+def pooled_diffs(points: pd.DataFrame, samples: pd.DataFrame, a: str, b: str, budgets: Sequence[float],
+                 metric: str) -> tuple[pd.Series, list[float]] | None:
+    """``a - b`` per sample averaged over those of ``budgets`` where both points exist (``"full"``: the
+    unquantized full point, at every budget), indexed by sample id (sorted), and the budgets used; None when
+    no budget has both. Quantized points (``kv_quant`` set) are ignored."""
     diffs, used = [], []
     for budget in budgets:
-        pa, pb = at(a, budget), at(b, budget)
+        pa, pb = _point_at(points, a, budget), _point_at(points, b, budget)
         if pa and pb:
             j = paired_frame(samples, pa, pb, metric)
             if len(j):
@@ -74,8 +75,36 @@ def pooled_vs(points: pd.DataFrame, samples: pd.DataFrame, a: str, b: str, budge
                 used.append(float(budget))
     if not diffs:
         return None
-    d = pd.concat(diffs).groupby("id")["d"].mean().to_numpy()
-    return paired_bootstrap(d, np.zeros_like(d), n_boot=n_boot, seed=seed), used
+    return pd.concat(diffs).groupby("id")["d"].mean(), used
+
+
+def same_outputs(points: pd.DataFrame, samples: pd.DataFrame, a: str, b: str, c: str,
+                 budgets: Sequence[float]) -> bool:
+    """Whether ``a`` gave the same ``prediction`` as ``c`` on every sample it is paired with ``b`` at each of
+    ``budgets`` (``c`` may be ``b`` itself; ``c`` missing a budget or a sample: not the same)."""
+    if "prediction" not in samples or not budgets:
+        return False
+    for budget in budgets:
+        pa, pb, pc = (_point_at(points, x, budget) for x in (a, b, c))
+        if not (pa and pb and pc):
+            return False
+        ids = set(samples.loc[samples["point"] == pa, "id"]) & set(samples.loc[samples["point"] == pb, "id"])
+        out = paired_frame(samples, pa, pc, "prediction")
+        out = out[out["id"].isin(ids)]
+        same = (out["a"].fillna("") == out["b"].fillna("")).all()
+        if not ids or len(set(out["id"])) < len(ids) or not same:
+            return False
+    return True
+
+
+def pooled_vs(points: pd.DataFrame, samples: pd.DataFrame, a: str, b: str, budgets: Sequence[float],
+              metric: str, n_boot: int = 5000, seed: int = 0) -> tuple[PairedDiff, list[float]] | None:
+    """:func:`pooled_diffs` then a paired bootstrap over samples; None when no budget has both."""
+    r = pooled_diffs(points, samples, a, b, budgets, metric)
+    if r is None:
+        return None
+    d = r[0].to_numpy()
+    return paired_bootstrap(d, np.zeros_like(d), n_boot=n_boot, seed=seed), r[1]
 
 
 def replication(load_smol, load_gemma, findings: Sequence[Finding] = EXP9_FINDINGS, n_boot: int = 5000,
@@ -83,8 +112,10 @@ def replication(load_smol, load_gemma, findings: Sequence[Finding] = EXP9_FINDIN
     """Experiment 9's table: per finding, SmolLM2's and Gemma's pooled paired difference with its CI, how each
     reads (:func:`ci_reading`) and ``holds``: ``yes`` when Gemma's reading equals SmolLM2's, ``no`` when it
     differs, ``partial`` when it matches but Gemma ran fewer budgets, ``pending`` without Gemma's points, and
-    ``n/a`` when the finding compares Ada-KV over a policy with that policy and Gemma's outputs are identical
-    on every sample (with one KV head there are no heads to share a layer's budget among).
+    ``n/a`` when on either model ``a`` gave the same predictions on every paired sample as ``b`` or as an arm
+    already compared with ``b`` on that task (``<who>_same_as``; :func:`same_outputs`): on Gemma's one KV head
+    Ada-KV is its base policy, so Ada-KV(SnapKV) - Keyformer repeats SnapKV - Keyformer. Rows without a
+    ``prediction`` column fall back to Ada-KV over ``b`` scoring as ``b`` on every sample.
     With many comparisons some CIs exclude 0 by chance, so the same is done family-wise: ``<who>_p`` is the
     bootstrap two-sided p, ``<who>_p_holm`` Holm's adjustment over the testable findings (those not ``n/a`` or
     ``pending``), separately per model; ``<who>_reads_holm`` reads a direction only where that is below
@@ -93,6 +124,7 @@ def replication(load_smol, load_gemma, findings: Sequence[Finding] = EXP9_FINDIN
     None."""
     rows = []
     cache: dict[tuple[str, str], tuple[pd.DataFrame, pd.DataFrame] | None] = {}
+    compared: dict[tuple, list[str]] = {}  # (who, data, b, metric) -> the arms a compared with b so far
     for f in findings:
         row: dict = {"source": f.source, "task": f.task, "metric": f.metric, "comparison": f"{f.a} - {f.b}",
                      "budgets": ",".join(f"{b:g}" for b in f.budgets)}
@@ -103,9 +135,14 @@ def replication(load_smol, load_gemma, findings: Sequence[Finding] = EXP9_FINDIN
             r = pooled_vs(*data, f.a, f.b, f.budgets, f.metric, n_boot, seed) if data is not None else None
             if r is not None:
                 d, used = r
+                before = compared.setdefault((who, key, f.b, f.metric), [])
+                same = next((c for c in [f.b, *before] if c != f.a
+                             and same_outputs(*data, f.a, f.b, c, used)), None)
+                before.append(f.a)
                 row.update({f"{who}_diff": d.mean, f"{who}_lo": d.lo, f"{who}_hi": d.hi, f"{who}_n": d.n,
                             f"{who}_budgets": ",".join(f"{b:g}" for b in used),
-                            f"{who}_reads": ci_reading(d.lo, d.hi), f"{who}_p": d.p_two_sided})
+                            f"{who}_reads": ci_reading(d.lo, d.hi), f"{who}_p": d.p_two_sided,
+                            f"{who}_same_as": same})
         row["holds"] = _holds(row, f, "reads")
         rows.append(row)
     t = pd.DataFrame(rows)
@@ -127,8 +164,10 @@ def _holds(row: dict, f: Finding, reads: str) -> str:
     sr, gr = row.get(f"smol_{reads}"), row.get(f"gemma_{reads}")
     if not isinstance(sr, str) or not isinstance(gr, str):
         return "pending"
+    if any(isinstance(row.get(f"{w}_same_as"), str) for w in ("smol", "gemma")):
+        return "n/a"  # a's outputs are b's or an arm's already compared with b: no evidence of its own
     if same and row["gemma_diff"] == row["gemma_lo"] == row["gemma_hi"] == 0:
-        return "n/a"  # identical outputs on every sample: the comparison does not exist here
+        return "n/a"  # rows without predictions: the same scores on every sample stand for the same outputs
     if gr != sr:
         return "no"
     return "yes" if row["gemma_budgets"] == row["smol_budgets"] else "partial"
