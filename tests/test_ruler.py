@@ -615,46 +615,6 @@ def test_exp10_left_queue_drops_committed_complete_points(tmp_path):
     assert len(every) == len(set(every)) == 55 + 44 + 55 + 44 + 264 + 704  # no point in two tiers
 
 
-def test_ruler_brief_line(tmp_path):
-    """The README brief's experiment 10 lines per model: Keyformer's rank among the compressed
-    policies with every task in each setting (H2O 50.0 first, Keyformer 41.7 second; the one-task window is
-    not ranked) and, with no difference surviving Holm's correction on 6 records, says so; a policy far above
-    it is named; Gemma 3's line names its model."""
-    from experiments.exp10_ruler.findings import _ruler_brief
-
-    assert _ruler_brief(tmp_path) == []
-    _fake_results(tmp_path / "exp10_ruler", "aware", SCORES)
-    (line,) = _ruler_brief(tmp_path)
-    assert line == ("* Experiment 10 (RULER 4k, ratio 0.5): question-aware, Keyformer ranks 2 of 2 "
-                    "compressed policies (none survives Holm's correction).")
-    best = {**SCORES, ("snapkv", 0.5): {"vt": [100] * 3, "cwe": [100] * 3}}
-    _fake_results(tmp_path / "b" / "exp10_ruler", "aware", best)
-    _fake_results(tmp_path / "b" / "exp10_ruler", "agnostic", best)
-    (both,) = _ruler_brief(tmp_path / "b")  # one line per ratio, both settings in it
-    assert both == ("* Experiment 10 (RULER 4k, ratio 0.5): question-aware, Keyformer ranks 3 of 3 "
-                    "compressed policies (Holm-surviving differences: snapkv ahead (+58.3)); query-agnostic, "
-                    "Keyformer ranks 3 of 3 compressed policies (Holm-surviving differences: snapkv ahead "
-                    "(+58.3)).")
-    _fake_results(tmp_path / "b" / "exp10_ruler_gemma", "aware", SCORES)
-    (gemma,) = _ruler_brief(tmp_path / "b", "exp10_ruler_gemma")
-    assert gemma.startswith("* Experiment 10 on Gemma 3 270M (RULER 4k, ratio 0.5): question-aware, "
-                            "Keyformer ranks 2 of 2")
-    (tmp_path / "b" / "exp10_ruler_gemma" / "caveat.txt").write_text("prompts  without\n<bos>\n")
-    (noted,) = _ruler_brief(tmp_path / "b", "exp10_ruler_gemma")  # the folder's caveat, after the ratio
-    assert noted == gemma.replace("ratio 0.5)", "ratio 0.5; prompts without <bos>)")
-    alone = {("keyformer", 0.5): SCORES[("keyformer", 0.5)], ("window", 0.5): SCORES[("window", 0.5)]}
-    _fake_results(tmp_path / "c" / "exp10_ruler", "aware", alone)
-    assert _ruler_brief(tmp_path / "c") == []  # Keyformer the only policy with every task: no rank to give
-    # another ratio: one more line after the ratio with the most policies (0.5 on a tie), in short form
-    more = {**SCORES, ("keyformer", 0.25): {"vt": [0] * 3, "cwe": [0] * 3},
-            ("h2o", 0.25): {"vt": [100] * 3, "cwe": [100] * 3}}
-    _fake_results(tmp_path / "d" / "exp10_ruler", "aware", more)
-    head, rest = _ruler_brief(tmp_path / "d")
-    assert head == line
-    assert rest == ("* Experiment 10, the other ratios (Keyformer's rank; Holm-surviving differences in "
-                    "brackets): ratio 0.75 question-aware 2 of 2 (h2o ahead (+100.0)).")
-
-
 def test_ruler_prompt_change_pairs_the_same_records(tmp_path: Path, capsys) -> None:
     """``keyformer-report --section exp10_gemma_bos``: per policy with every task in both folders, the mean
     before and after a prompt change and the paired difference over the same record ids (a policy complete in

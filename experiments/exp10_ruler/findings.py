@@ -158,49 +158,6 @@ def _ruler_model(name: str) -> str:
     return " on Gemma 3 270M" if name.endswith("_gemma") else ""
 
 
-def _ruler_brief(res: Path, name: str = "exp10_ruler") -> list[str]:
-    """Experiment 10's lines: Keyformer's rank among the compressed policies in each setting and the policies
-    whose difference from it survives Holm's correction, in full at the ratio with the most policies, then
-    the other ratios in one line. A ``caveat.txt`` in the experiment's folder is quoted after the ratio."""
-    parts: dict[float, list[tuple[str, int, int, str]]] = {}
-    for folder, label in RULER_SETTINGS:
-        if not (res / name / folder / "points.csv").is_file():
-            continue
-        t = analysis.ruler_leaderboard(*analysis.load_experiment(str(res / name), folder, complete_only=True))
-        avg = t[(t["task"] == "average") & (t["policy"] != "full")] if len(t) else t
-        for _, g in (avg.groupby("budget") if len(avg) else []):
-            kf = g[g["policy"] == "keyformer"]
-            if kf.empty or len(g) < 2:  # a rank needs another policy with every task
-                continue
-            sig = g[g["vs_keyformer_p_holm"] < 0.05]
-            said = ", ".join(f"{r['policy']} {'ahead' if r['vs_keyformer'] > 0 else 'behind'} "
-                             f"({r['vs_keyformer']:+.1f})" for _, r in sig.sort_values("rank").iterrows())
-            parts.setdefault(float(kf["ratio"].iloc[0]), []).append(
-                (label, int(g.loc[kf.index[0], "rank"]), len(g), said))
-    if not parts:
-        return []
-    head = max(parts, key=lambda r: (max(n for _, _, n, _ in parts[r]), r == 0.5))
-    model = _ruler_model(name)
-    note = res / name / "caveat.txt"  # a folder's standing caveat (e.g. how its prompts differ), one line
-    caveat = f"; {' '.join(note.read_text().split())}" if note.is_file() else ""
-    lines = [f"* Experiment 10{model} (RULER 4k, ratio {head:g}{caveat}): " + "; ".join(
-        f"{label}, Keyformer ranks {rank} of {n} compressed policies ("
-        + (f"Holm-surviving differences: {said}" if said else "none survives Holm's correction") + ")"
-        for label, rank, n, said in parts[head]) + "."]
-    rest = [f"ratio {ratio:g} {label} {rank} of {n}" + (f" ({said})" if said else "")
-            for ratio, settings in sorted(parts.items()) if ratio != head
-            for label, rank, n, said in settings]
-    if rest:
-        lines.append(f"* Experiment 10{model}, the other ratios (Keyformer's rank; Holm-surviving "
-                     f"differences in brackets): {'; '.join(rest)}.")
-    return lines
-
-
-def brief(res: Path) -> list[str]:
-    """The headline lines: Keyformer's RULER rank on each model."""
-    return _ruler_brief(res) + _ruler_brief(res, "exp10_ruler_gemma")
-
-
 # name -> section; a page quotes a section between <!-- keyformer-report:NAME --> markers
 SECTIONS: dict[str, Callable[[Path], None]] = {
     'exp10_ruler': ruler,

@@ -116,17 +116,6 @@ def new_stream(res: Path, old: str = "archive/exp1_cnndm_oldstream") -> None:
               f"{fmt_ci(m, lo, hi)}")
 
 
-def brief(res: Path) -> list[str]:
-    """The headline line: experiment 1's pooled Keyformer - H2O."""
-    if not (res / "exp1_cnndm" / "points.csv").exists():
-        return []
-    points, samples = analysis.load_experiment(res, "exp1_cnndm")
-    evict = points[points["policy"] != "full"]
-    d, used = analysis.pooled_difference(samples, evict, "keyformer", "h2o", "rouge2", n_boot=5000)
-    return [f"* Experiment 1 (CNN/DM, {d.n} articles, budgets {', '.join(f'{b:g}' for b in used)}): "
-            f"Keyformer - H2O pooled {fmt_ci(d.mean, d.lo, d.hi)} ROUGE-2."]
-
-
 # name -> section; a page quotes a section between <!-- keyformer-report:NAME --> markers
 SECTIONS: dict[str, Callable[[Path], None]] = {
     'exp1_cnndm': lambda res: curve_experiment(res, "exp1_cnndm", PAIRS),

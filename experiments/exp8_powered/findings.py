@@ -113,18 +113,6 @@ def authors(res: Path, name: str = "exp8_authors", short: str = "exp8_powered") 
             print(f"\n{what} ({d['n']} articles): {fmt_ci(d['diff'], d['ci_lo'], d['ci_hi'])}{short}")
 
 
-def brief(res: Path) -> list[str]:
-    """The headline line: experiment 8's pooled Keyformer - H2O and its pre-registered decision."""
-    if not (res / "exp8_powered" / "points.csv").exists():
-        return []
-    r = exp8.powered_study(*analysis.load_experiment(res, "exp8_powered"))
-    if not r["n"]:
-        return []
-    q = r["pooled"]
-    return [f"* Experiment 8 (powered, {r['n']} articles, two noise seeds per article): Keyformer - H2O "
-            f"pooled {fmt_ci(q['diff'], q['ci_lo'], q['ci_hi'])} ROUGE-2, {q['decision']}."]
-
-
 # name -> section; a page quotes a section between <!-- keyformer-report:NAME --> markers
 SECTIONS: dict[str, Callable[[Path], None]] = {
     'powered': powered,

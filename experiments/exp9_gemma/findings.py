@@ -77,23 +77,6 @@ def _gemma_seeds(res: Path, name: str) -> None:
                   f"{int(r['n'])} |")
 
 
-def brief(res: Path) -> list[str]:
-    """The headline line, read from the committed ``findings.json``: how many of SmolLM2's findings hold on
-    Gemma 3, with and without Holm (:func:`replication_rows`)."""
-    f = res / "exp9_gemma" / "findings.json"
-    if not f.is_file():
-        return []
-    c = _counts(fnd.load(f))
-    if not c["testable"]:
-        return []
-    return [f"* Experiment 9 (SmolLM2's findings of experiments 1 and 7 rerun on Gemma 3 270M): "
-            f"{c['holm']} of the {c['testable']} testable comparisons hold with Holm's correction within "
-            f"each model's pre-registered family, {c['raw']} by the raw CIs"
-            + (f" ({c['partial']} more on fewer budgets)" if c["partial"] else "")
-            + (f"; {c['na']} n/a (identical outputs)" if c["na"] else "")
-            + (f"; {c['pending']} not run yet" if c["pending"] else "") + "."]
-
-
 # name -> section; a page quotes a section between <!-- keyformer-report:NAME --> markers
 SECTIONS: dict[str, Callable[[Path], None]] = {
     'exp9_gemma': gemma,
