@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from keyformer.lab import report
+from keyformer.lab import cli
 from keyformer.lab.leaderboard import BENCHMARKS, rank
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def test_a_committed_policy_rerun_ranks_where_it_is_and_is_na_against_itself(tmp
     out.mkdir()
     sel.to_csv(out / "points.csv", index=False)
     smp.to_csv(out / "samples.csv", index=False)
-    assert report.main(["--leaderboard", "ruler", "--with", str(out), "--results", str(ROOT / "results")]) \
+    assert cli.main(["--leaderboard", "ruler", "--with", str(out), "--results", str(ROOT / "results")]) \
         == 0
     rows = {r.split("|")[2].strip(): r.split("|") for r in capsys.readouterr().out.splitlines()
             if r.startswith("| ")}
@@ -88,14 +88,14 @@ def test_mismatched_sweeps_are_refused_in_one_line(tmp_path: Path, capsys, chang
     out.mkdir()
     sel.to_csv(out / "points.csv", index=False)
     smp.to_csv(out / "samples.csv", index=False)
-    rc = report.main(["--leaderboard", "ruler", "--with", str(out), "--results", str(ROOT / "results"),
+    rc = cli.main(["--leaderboard", "ruler", "--with", str(out), "--results", str(ROOT / "results"),
                       "--setting", "aware"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and why in err[0], err
 
 
 def test_leaderboard_needs_a_collected_folder(tmp_path: Path, capsys) -> None:
-    assert report.main(["--leaderboard", "ruler", "--with", str(tmp_path)]) == 2
+    assert cli.main(["--leaderboard", "ruler", "--with", str(tmp_path)]) == 2
     assert "run keyformer-collect" in capsys.readouterr().err
-    assert report.main(["--leaderboard", "nope", "--with", str(tmp_path)]) == 2
+    assert cli.main(["--leaderboard", "nope", "--with", str(tmp_path)]) == 2
     assert "valid: ruler" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """Results pages rendered from data: each study's ``findings.json``, ``README.md`` and the results index.
 
-A study (``experiments/<study>/``, found by :func:`keyformer.lab.report.studies`) gives, in ``findings.py``:
+A study (``experiments/<study>/``, found by :func:`keyformer.lab.studies.studies`) gives, in ``findings.py``:
 
 * ``RESULTS``: its folder under ``results/`` (default: the study's name);
 * ``QUESTION``: the question it answers, one line;
@@ -26,19 +26,12 @@ from types import ModuleType
 from typing import Any
 
 from keyformer.lab import findings as fnd
-from keyformer.lab import report
+from keyformer.lab import report, studies
+from keyformer.lab.studies import answers, results_folder, study_name
 
 PLACEHOLDER = re.compile(r"\{\{\s*([\w:/.,-]+)\s*\}\}")
 MAX_BULLETS = 8
 INDEX_TEMPLATE = "index.md"  # experiments/index.md: the results index's words
-
-
-def study_name(study: ModuleType) -> str:
-    return study.__name__.split(".")[-2]
-
-
-def results_folder(study: ModuleType) -> str:
-    return getattr(study, "RESULTS", study_name(study))
 
 
 def findings_doc(study: ModuleType, res: Path) -> dict[str, Any] | None:
@@ -106,7 +99,7 @@ def render_page(study: ModuleType, res: Path, doc: dict[str, Any] | None) -> str
 
 def pages(root: Path | None = None) -> list[ModuleType]:
     """The studies that have a page template."""
-    return [s for s in report.studies(root) if Path(s.__file__).with_name("page.md").is_file()]
+    return [s for s in studies.studies(root) if Path(s.__file__).with_name("page.md").is_file()]
 
 
 def study_files(study: ModuleType, res: Path) -> dict[Path, str]:
@@ -120,23 +113,10 @@ def study_files(study: ModuleType, res: Path) -> dict[Path, str]:
     return out
 
 
-def answers(res: Path, root: Path | None = None) -> list[tuple[ModuleType, str]]:
-    """Each study's one-line answer, read from its committed ``findings.json`` (studies without one are left
-    out)."""
-    out = []
-    for study in pages(root):
-        f = res / results_folder(study) / "findings.json"
-        if f.is_file() and hasattr(study, "answer"):
-            out.append((study, study.answer(fnd.load(f))))
-        elif hasattr(study, "answer_rows"):  # a descriptive study: no comparisons, its answer read from rows
-            out.append((study, study.answer_rows(res)))
-    return out
-
-
 def index_file(res: Path, root: Path | None = None) -> dict[Path, str]:
     """The results index ``results/README.md``: its template (``experiments/index.md``) with ``{{ index }}``
     replaced by one row per study (question, one-line answer from its committed ``findings.json``, link)."""
-    template = (root or report.EXPERIMENTS) / INDEX_TEMPLATE
+    template = (root or studies.EXPERIMENTS) / INDEX_TEMPLATE
     if not template.is_file():
         return {}
     said = {study_name(s): a for s, a in answers(res, root)}

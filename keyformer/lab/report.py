@@ -17,23 +17,18 @@ from its study's ``page.md`` (:mod:`keyformer.lab.pages`). Superseded runs live 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import importlib
-import importlib.util
 import io
 import json
 import re
-import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pandas as pd
 
-from keyformer.lab import analysis
+from keyformer.lab import analysis, studies
 
 
 def fmt_ci(m: float, lo: float, hi: float) -> str:
@@ -112,10 +107,8 @@ def demo(res: Path, name: str = "demo") -> None:
 def brief(res: Path) -> None:
     """The headline lines the top-level README quotes: each study's one-line answer, rendered from its
     committed ``findings.json``, with a link to its page."""
-    from keyformer.lab import pages
-
-    lines = [f"* [Experiment {s.TITLE}](results/{pages.results_folder(s)}/README.md): {a}"
-             for s, a in pages.answers(res) if a]
+    lines = [f"* [Experiment {s.TITLE}](results/{studies.results_folder(s)}/README.md): {a}"
+             for s, a in studies.answers(res) if a]
     if lines:
         print("\n".join(lines))
 
@@ -330,39 +323,10 @@ LIBRARY_SECTIONS: dict[str, Callable[[Path], None]] = {
     "bench_floors": bench_floors,
     "bench_long": bench_long,
 }
-EXPERIMENTS = Path("experiments")  # the studies' folder, relative to the checkout's root (the working folder)
-
-
-def _study_key(name: str) -> tuple[int, str]:
-    m = re.match(r"exp(\d+)_", name)
-    return (int(m[1]) if m else 1000, name)
-
-
-def studies(root: Path | None = None) -> list[ModuleType]:
-    """The ``findings`` module of every study under ``root`` (default ``./experiments``), in experiment order.
-
-    A study is a folder ``experiments/<study>/`` with a ``findings.py`` defining ``SECTIONS`` (and optionally
-    ``brief(res) -> list[str]``). The library never imports a study by name: it finds them here and imports
-    each as ``experiments.<study>.findings``, the ``experiments`` package loaded from ``root``.
-    """
-    root = (root or EXPERIMENTS).resolve()
-    if not (root / "__init__.py").is_file():
-        return []
-    pkg = sys.modules.get(root.name)
-    if pkg is None or Path(next(iter(getattr(pkg, "__path__", [])), "")).resolve() != root:
-        spec = importlib.util.spec_from_file_location(root.name, root / "__init__.py",
-                                                      submodule_search_locations=[str(root)])
-        pkg = importlib.util.module_from_spec(spec)
-        sys.modules[root.name] = pkg
-        spec.loader.exec_module(pkg)
-    names = sorted((d.name for d in root.iterdir() if (d / "findings.py").is_file()), key=_study_key)
-    return [importlib.import_module(f"{root.name}.{n}.findings") for n in names]
-
-
 def sections(root: Path | None = None) -> dict[str, Callable[[Path], None]]:
     """Every section name -> its printer: the library's, then each study's."""
     out = dict(LIBRARY_SECTIONS)
-    for study in studies(root):
+    for study in studies.studies(root):
         for name, fn in study.SECTIONS.items():
             if name in out:
                 raise ValueError(f"section {name!r} of {study.__name__} is defined twice")
@@ -424,104 +388,6 @@ def drift(paths: tuple[Path, ...], res: Path) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results", type=Path, default=Path("results"), help="curated results folder")
-    ap.add_argument("--section", action="append", metavar="NAME", help="print only this section (repeatable)")
-    ap.add_argument("--list", action="store_true", help="list the section names")
-    ap.add_argument("--update-readme", nargs="*", type=Path, metavar="FILE",
-                    help="rewrite the marked tables of these files (default: the READMEs and docs/*.md)")
-    ap.add_argument("--check-readme", nargs="*", type=Path, metavar="FILE",
-                    help="exit 1 if a marked table of these files differs from the data")
-    ap.add_argument("--pages", action="store_true",
-                    help="write each study's findings.json and page, and the results index, from the data")
-    ap.add_argument("--check-pages", action="store_true",
-                    help="exit 1 naming each generated page or findings.json that differs from the data")
-    ap.add_argument("--study", metavar="NAME", help="with --pages/--check-pages: only this study")
-    ap.add_argument("--leaderboard", metavar="BENCHMARK",
-                    help="rank a collected sweep (--with FOLDER) in the committed field of BENCHMARK (ruler)")
-    ap.add_argument("--with", dest="with_", type=Path, metavar="FOLDER",
-                    help="with --leaderboard: a keyformer-collect folder (points.csv, samples.csv)")
-    ap.add_argument("--setting", choices=("aware", "agnostic"),
-                    help="with --leaderboard: question-aware or query-agnostic (default: what the sweep ran)")
-    args = ap.parse_args(argv)
-    res = args.results
-    if args.leaderboard is not None:
-        from keyformer.lab.leaderboard import LeaderboardError, leaderboard
-
-        if args.with_ is None:
-            print("error: --leaderboard needs --with FOLDER (a keyformer-collect folder of your sweep)",
-                  file=sys.stderr)
-            return 2
-        try:
-            print(leaderboard(args.leaderboard, args.with_, res, args.setting))
-        except LeaderboardError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        return 0
-    if args.pages or args.check_pages:
-        from keyformer.lab import pages
-
-        known = [pages.study_name(s) for s in pages.pages()]
-        if args.study and args.study not in known:
-            print(f"error: --study {args.study!r}: no such study with a page; valid: {', '.join(known)}",
-                  file=sys.stderr)
-            return 2
-        files = pages.build(res, only=args.study)
-        if args.check_pages:
-            bad = pages.drift(files)
-            for b in bad:
-                print(f"differs from the data: {b} (keyformer-report --pages rewrites it)", file=sys.stderr)
-            return 1 if bad else 0
-        for path in pages.write(files):
-            print(f"wrote {path}")
-        return 0
-    if args.list:
-        print("\n".join(sections()))
-        return 0
-    if args.update_readme is not None:
-        cache: dict[str, str] = {}
-        for path in args.update_readme or readme_files():
-            old = path.read_text(encoding="utf-8")
-            new = update_text(old, res, cache)
-            if new != old:
-                path.write_text(new, encoding="utf-8")
-            print(f"{path}: {len(marked(new))} marked tables, {'updated' if new != old else 'unchanged'}")
-        return 0
-    if args.check_readme is not None:
-        bad = drift(tuple(args.check_readme or readme_files()), res)
-        for b in bad:
-            print(f"differs from keyformer-report: {b}", file=sys.stderr)
-        return 1 if bad else 0
-    if not res.is_dir():
-        print(f"error: --results {res}: no such folder (a curated results/ tree, or a folder written by "
-              "keyformer-collect)", file=sys.stderr)
-        return 2
-    if (res / "points.csv").is_file() and not args.section:  # one collected sweep (keyformer-collect --out)
-        try:
-            text = render_collected(res)
-        except Exception as e:  # noqa: BLE001 - any unreadable table: one line
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            print(f"error: --results {res}: cannot read its points.csv/samples.csv: {why}", file=sys.stderr)
-            return 2
-        print(text)
-        return 0
-    if not args.section and not any(res.glob("**/*.csv")):
-        print(f"error: --results {res}: nothing to report (no points.csv of keyformer-collect, and none of "
-              f"the "
-              "curated experiment tables)", file=sys.stderr)
-        return 2
-    for name in args.section or sections():
-        try:
-            text = render(name, res)
-        except KeyError as e:
-            print(f"error: {e.args[0]}", file=sys.stderr)
-            return 2
-        if text:
-            print("\n" + text)
-    return 0
-
-
 def render_collected(folder: Path) -> str:
     """The curve tables of one collected folder (``points.csv`` + ``samples.csv`` of keyformer-collect)."""
     buf = io.StringIO()
@@ -529,6 +395,3 @@ def render_collected(folder: Path) -> str:
         curve_experiment(folder.parent, folder.name, PAIRS)
     return buf.getvalue().strip("\n")
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
