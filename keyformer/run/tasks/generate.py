@@ -144,6 +144,21 @@ def _with_prefix(tok: Any, rec: Mapping[str, Any], enc: tuple[list[int], int]) -
     return list(enc[0]) + list(tok(prefix, add_special_tokens=False)["input_ids"]), enc[1]
 
 
+def check_uncut(rec: Mapping[str, Any], n_tokens: int, cut: int, limit: int, cfg: Mapping[str, Any]) -> None:
+    """A RULER record is never cut: a prompt of ``n_tokens`` kept + ``cut`` tokens over ``limit`` is a
+    ConfigError naming both numbers (``limit`` is ``max_prompt_tokens``, or lower where the model's positions
+    end)."""
+    if not cut or "ruler_task" not in rec:
+        return
+    mpt = cfg["max_prompt_tokens"]
+    why = (f"max_prompt_tokens={mpt}" if limit == int(mpt) else
+           f"the model's positions minus generation.max_new_tokens={cfg['generation']['max_new_tokens']}")
+    msg = (f"RULER prompt {rec['id']} has {n_tokens + cut} tokens, more than the limit {limit} ({why}); "
+           f"RULER prompts are never cut: raise max_prompt_tokens or lower dataset.length "
+           f"(={rec.get('ruler_length')})")
+    raise ConfigError("max_prompt_tokens", mpt, msg, message=msg)
+
+
 def _unique_ids(records: list[dict]) -> list[dict]:
     seen: dict[str, int] = {}
     for r in records:
@@ -236,6 +251,8 @@ def _generate_all(
     encoded = [encode_prompt(tok, r, ds.get("template", "alpaca"), ds.get("instruction", ""), limit, chat,
                              truncation) for r in todo]
     encoded = [_with_prefix(tok, r, e) for r, e in zip(todo, encoded, strict=True)]
+    for r, e in zip(todo, encoded, strict=True):
+        check_uncut(r, len(e[0]), e[1], limit, cfg)
     device, bs = _device(model), int(cfg["batch_size"])
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     from keyformer.core.quant import kv_quant_from
@@ -368,6 +385,7 @@ def _generate_agnostic(
         queries = record_queries(rec)
         parts = [split_question(tok, q, template, instruction, limit, chat, truncation) for q in queries]
         ctx = parts[0][0]
+        check_uncut(rec, len(ctx) + len(parts[0][1]), parts[0][2], limit, cfg)
         if any(p[0] != ctx for p in parts):
             raise ConfigError("dataset.template", template,
                               "query_agnostic needs every question after the document (one shared context)")
