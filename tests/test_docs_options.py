@@ -42,13 +42,13 @@ def test_configuration_doc_lists_every_option_of_each_group(group):
     options = _options(group)
     assert options, group
     named = set(re.findall(r"`([^`]+)`", row))
-    assert options <= named, f"{group}: conf/{group}/ has {sorted(options - named)}, not in docs/configuration.md"
+    assert options <= named, f"{group}: conf/{group}/ has {sorted(options - named)}, not in the doc"
     # the names the row's list gives (before its first ';' or ':', outside parenthesised notes) all exist
     head = re.split(r"[;:]", _outside_parentheses(row))[0]
     listed = set(re.findall(r"`([A-Za-z0-9_]+)`", head)) - {"null"}
     if group == "hydra/launcher":
         listed -= PLUGIN_LAUNCHERS
-    assert listed and listed <= options, f"{group}: docs/configuration.md lists {sorted(listed - options)}, not in conf/{group}/"
+    assert listed and listed <= options, f"{group}: the doc lists {sorted(listed - options)}, not in conf/{group}/"
 
 
 def test_the_drift_check_sees_a_missing_option(monkeypatch):
