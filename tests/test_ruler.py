@@ -214,8 +214,12 @@ def test_config_checks(monkeypatch):
         check_options({**ds, "tokenizer": "gemma"})
     monkeypatch.delenv("KEYFORMER_DATA_DIR", raising=False)
     check_source(ds)  # niah_single_1: noise haystack, no file needed
+    check_source({**ds, "ruler_task": "niah_single_2"})  # essay_source=generated (the default): no file
     with pytest.raises(DataError, match="essay haystack"):
-        check_source({**ds, "ruler_task": "niah_single_2"})
+        check_source({**ds, "ruler_task": "niah_single_2", "essay_source": "file"})
+    no_key = {k: v for k, v in ds.items() if k != "essay_source"}  # older configs (no key) read the file
+    with pytest.raises(DataError, match="essay haystack"):
+        check_source({**no_key, "ruler_task": "niah_single_2"})
 
 
 class Pairs(WS):
