@@ -68,11 +68,23 @@ def test_a_committed_policy_rerun_ranks_where_it_is_and_is_na_against_itself(tmp
     assert rows["window"][7].strip() == "n/a"
 
 
+def test_a_task_whose_prompts_differ_is_left_out_and_named() -> None:
+    """Another haystack changes one task's prompts: that task is left out, the rest ranked over."""
+    field = _frames({("h2o", 0.5): [10, 10, 20, 20, 0, 0]})
+    user = _frames({("mine", 0.5): [10, 10, 20, 20, 30, 30]})
+    user[1].loc[user[1]["id"].str.contains("qa_1"), "prompt_tokens"] += 50
+    table, found = rank(BENCHMARKS["ruler"], user, field)
+    assert table["strata"].iloc[0] == 2 and table["left_out"].iloc[0] == "qa_1"
+    (f,) = found
+    assert f.estimate == 0 and f.n_strata == 2  # niah_single_1 and vt only
+
+
 @pytest.mark.parametrize("change, why", [
     ({"model": "other/model"}, "has no committed ruler field"),
-    ({"max_prompt_tokens": 2048}, "max_prompt_tokens 2048 differs"),
+    ({"truncated_tokens": 5}, "were cut to fit max_prompt_tokens"),
+    ({"dtype": "bfloat16"}, "dtype bfloat16 differs"),
     ({"budget": 0.3}, "budget 0.3 was never run"),
-    ({"prompt_tokens": 7}, "not the same prompts"),
+    ({"prompt_tokens": 7}, "no record is the same prompt"),
     ({"query_agnostic": True}, "the sweep is agnostic"),
 ])
 def test_mismatched_sweeps_are_refused_in_one_line(tmp_path: Path, capsys, change: dict, why: str) -> None:

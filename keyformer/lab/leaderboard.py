@@ -45,7 +45,7 @@ BENCHMARKS = {
                         "google/gemma-3-270m": "exp10_ruler_gemma"},
                        ("aware", "agnostic")),
 }
-SETTINGS = ("max_prompt_tokens", "chat_template", "num_beams", "dtype")  # must equal the field's
+SETTINGS = ("chat_template", "num_beams", "dtype")  # must equal the field's
 
 
 def _one(points: pd.DataFrame, col: str, where: str) -> object:
@@ -85,24 +85,42 @@ def check(bench: Benchmark, user: tuple[pd.DataFrame, pd.DataFrame], field: tupl
         mine, theirs = _one(up, col, "the sweep"), _one(fp, col, "the field")
         if mine is not None and theirs is not None and str(mine) != str(theirs):
             raise LeaderboardError(f"{col} {mine} differs from the field's {theirs}")
-    missing = set(us["id"]) - set(fs["id"])
-    if missing:
-        raise LeaderboardError(f"{len(missing)} records the field never ran (e.g. {sorted(missing)[0]!r}): "
-                               "another length, seed or task set")
-    if "prompt_tokens" in us and "prompt_tokens" in fs:  # the same record ids must be the same prompts
-        a = us.groupby("id")["prompt_tokens"].first()
-        b = fs.groupby("id")["prompt_tokens"].first().reindex(a.index)
-        bad = a[a != b]
-        if len(bad):
-            rid = bad.index[0]
-            raise LeaderboardError(f"record {rid!r} has {int(bad.iloc[0])} prompt tokens against the field's "
-                                   f"{int(b[rid])}: not the same prompts (model, template or generator "
-                                   "differ)")
+    if "truncated_tokens" in us and (us["truncated_tokens"] > 0).any():
+        n = int((us.groupby("id")["truncated_tokens"].max() > 0).sum())
+        raise LeaderboardError(f"{n} records of the sweep were cut to fit max_prompt_tokens; the field's "
+                               "were not: raise max_prompt_tokens (the ruler benchmark preset sets it)")
+    if not set(us["id"]) & set(fs["id"]):
+        raise LeaderboardError(f"none of the sweep's {us['id'].nunique()} records is one the field ran "
+                               "(another length, seed or task set)")
+    ok, differ = same_prompts(bench, us, fs)
+    if not ok:
+        rid = differ[0]
+        raise LeaderboardError(f"no record is the same prompt as the field's (e.g. {rid!r} has "
+                               f"{_tokens(us, rid)} prompt tokens against the field's {_tokens(fs, rid)}): "
+                               "model, template, generator or haystack differ")
     budgets = set(fp.loc[fp["policy"] != "full", "budget"].astype(float))
     for b in sorted(set(up["budget"].astype(float))):
         if b not in budgets:
             raise LeaderboardError(f"budget {b:g} was never run by the field; valid: "
                                    f"{', '.join(f'{x:g}' for x in sorted(budgets))}")
+
+
+def _tokens(samples: pd.DataFrame, rid: str) -> int:
+    return int(samples.loc[samples["id"] == rid, "prompt_tokens"].iloc[0])
+
+
+def same_prompts(bench: Benchmark, us: pd.DataFrame, fs: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """``(strata, differing records)``: the strata whose every record the sweep shares with the field is the
+    same prompt (the same prompt token count; RULER's essay tasks differ when the haystack does), and the
+    shared records that are not."""
+    common = sorted(set(us["id"]) & set(fs["id"]))
+    if "prompt_tokens" not in us or "prompt_tokens" not in fs:
+        return sorted({bench.stratum(r) for r in common}), []
+    a = us.groupby("id")["prompt_tokens"].first().reindex(common)
+    b = fs.groupby("id")["prompt_tokens"].first().reindex(common)
+    differ = [r for r in common if a[r] != b[r]]
+    bad = {bench.stratum(r) for r in differ}
+    return sorted({bench.stratum(r) for r in common} - bad), differ
 
 
 def _series(points: pd.DataFrame, samples: pd.DataFrame, metric: str, policy: str, budget: float | None,
@@ -138,7 +156,9 @@ def rank(bench: Benchmark, user: tuple[pd.DataFrame, pd.DataFrame], field: tuple
     rows, comps = [], []
     for _, p in up.drop_duplicates(["policy", "budget"]).iterrows():  # one point per (policy, budget)
         mine = _series(up, us, bench.metric, p["policy"], float(p["budget"]), bench.stratum)
-        strata = sorted(mine)
+        mine = {k: v[v.index.isin(fs["id"])] for k, v in mine.items()}  # the records the field ran
+        ok = set(same_prompts(bench, us, fs)[0])
+        strata = sorted(k for k, v in mine.items() if len(v) and k in ok)
         fam = f"leaderboard.{p['policy']}.b{float(p['budget']):g}"
         others = sorted(set(fp["policy"]))
         group = []
@@ -163,8 +183,9 @@ def rank(bench: Benchmark, user: tuple[pd.DataFrame, pd.DataFrame], field: tuple
                                                 seed=seed)
         group.append({"policy": f"{p['policy']} (yours)", "mean": m, "ci_lo": lo, "ci_hi": hi,
                       "n": sum(len(mine[t]) for t in strata)})
+        left = sorted(set(mine) - set(strata))
         g = pd.DataFrame(group).assign(budget=float(p["budget"]), user_policy=str(p["policy"]),
-                                       strata=len(strata))
+                                       strata=len(strata), left_out=", ".join(left))
         g["rank"] = g.loc[g["policy"] != "full", "mean"].rank(ascending=False, method="min")
         rows.append(g)
     found = fnd.evaluate(comps, seed=seed)
@@ -180,6 +201,9 @@ def render(table: pd.DataFrame, found: list[fnd.Finding], bench: Benchmark, sett
         out.append(f"\n### {pol} at budget {budget:g} against the committed field ({bench.dataset}, "
                    f"{setting}; "
                    f"{bench.metric} x 100, mean over {int(g['strata'].iloc[0])} strata, 95 % CIs)\n")
+        if g["left_out"].iloc[0]:
+            out.append(f"Left out (their prompts differ from the field's, e.g. another essay haystack): "
+                       f"{g['left_out'].iloc[0]}.\n")
         out.append("| rank | policy | mean [CI] | n | yours - policy [CI] | p (Holm) | verdict | "
                    "pooled design |")
         out.append("|---|---|---|---|---|---|---|---|")
