@@ -112,7 +112,7 @@ SchedulerParameters=sched_interval=2
 SlurmctldTimeout=30
 SlurmdTimeout=60
 InactiveLimit=0
-KillWait=5
+KillWait=1
 MinJobAge=300
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/slurmdbd
@@ -145,7 +145,7 @@ start() {
   install || return $?
   export PATH="$PATH:/usr/sbin:/sbin"
   if pid_alive "$DIR/run/slurmctld.pid"; then
-    say "already running ($DIR)"; wait_idle; return 0
+    say "already running ($DIR)"; wait_idle; echo "export SLURM_CONF=$SLURM_CONF"; return 0
   fi
   stop_daemons
   for p in "$CTLD_PORT" "$SLURMD_PORT" "$DBD_PORT" "$DB_PORT"; do
