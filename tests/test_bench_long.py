@@ -510,18 +510,35 @@ def _keyformer_imports(roots: list[str]) -> set[str]:
 
 def test_committed_benchmarks_ran_heads_code_but_the_prompt_assembly_they_never_import():
     """results/bench/README.md: since the commits the committed CPU tables ran at (``bench.json``'s and
-    every ``long.json`` session's), ``BENCH_CODE`` changed only in ``keyformer/run/data/prompts.py`` (the
-    `<bos>` fix), and neither benchmark's import closure reaches it (the closure does reach the loader and
-    the core, so a change there would count)."""
+    every ``long.json`` session's), ``BENCH_CODE`` changed in ``keyformer/run/data/prompts.py`` (the
+    `<bos>` fix), which neither benchmark's import closure reaches (the closure does reach the loader and
+    the core, so a change there would count); in ``keyformer/run/results.py`` by additions only (every
+    function and class it had is unchanged); in ``keyformer/run/scaffold.py`` in ``common_metrics`` only,
+    which run.py's jobs call and no benchmark does; and in ``pyproject.toml``'s pytest settings only."""
+    import ast
+    import re
     import subprocess
 
     reach = _keyformer_imports(["keyformer.lab.bench.long", "keyformer.lab.bench.cpu",
                                 "keyformer.run.loading"])
     assert {"keyformer.run.loading", "keyformer.core.cache", "keyformer.core.models"} <= reach
     assert not any(m.startswith("keyformer.run.data") for m in reach)
+    bench_sources = [*(ROOT / "keyformer" / "lab" / "bench").glob("*.py"), ROOT / "keyformer/run/loading.py"]
+    assert not any(w in f.read_text() for f in bench_sources for w in ("common_metrics", "run_job"))
     doc = " ".join((ROOT / "results" / "bench" / "README.md").read_text().split())
-    assert ("changed in one file only, `keyformer/run/data/prompts.py` (the `<bos>` fix, `4574100`), which "
-            "neither benchmark imports") in doc
+    assert ("changed in `keyformer/run/data/prompts.py` (the `<bos>` fix, `4574100`), which neither "
+            "benchmark imports, in `keyformer/run/results.py` by additions only") in doc
+
+    def defs(source: str) -> dict[str, str]:
+        return {n.name: ast.dump(n) for n in ast.parse(source).body
+                if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+
+    def pyproject(source: str) -> str:  # less its [tool.pytest.ini_options] table
+        return re.sub(r"\[tool\.pytest\.ini_options\].*?(?=^\[|\Z)", "", source, flags=re.S | re.M)
+
+    def at(commit: str, path: str) -> str:
+        return subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout
     env = json.loads((ROOT / "results" / "bench" / "bench.json").read_text())["environment"]
     commits = {env["git_commit"]}
     for f in (ROOT / "results" / "bench" / "long").glob("*/long.json"):
@@ -531,4 +548,15 @@ def test_committed_benchmarks_ran_heads_code_but_the_prompt_assembly_they_never_
                            capture_output=True, text=True)
         if r.returncode != 0:
             pytest.skip(f"no git history with {c[:7]} here")
-        assert set(r.stdout.split()) <= {"keyformer/run/data/prompts.py"}, c[:7]
+        changed = set(r.stdout.split())
+        assert changed <= {"keyformer/run/data/prompts.py", "keyformer/run/scaffold.py",
+                           "keyformer/run/results.py", "pyproject.toml"}, c[:7]
+        for path, free in (("keyformer/run/results.py", ()),
+                           ("keyformer/run/scaffold.py", ("common_metrics",))):
+            if path in changed:
+                old = {k: v for k, v in defs(at(c, path)).items() if k not in free}
+                new = defs((ROOT / path).read_text())
+                assert {k: new.get(k) for k in old} == old, (c[:7], path)
+        if "pyproject.toml" in changed:
+            now = pyproject((ROOT / "pyproject.toml").read_text())
+            assert pyproject(at(c, "pyproject.toml")) == now and "[project]" in now, c[:7]
