@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from keyformer.run.paths import CONF_DIR
-from keyformer.run.results import CONFIG, ResultsDir, git_commit, git_dirty_files, versions
+from keyformer.run.results import CONFIG, ResultsDir, git_commit, git_dirty_files, slurm_job, versions
 from keyformer.run.validate import ConfigError, UserError, first_line
 
 TASKS = {"generate": "keyformer.run.tasks.generate:GenerateTask",
@@ -225,7 +225,7 @@ def common_metrics(job: Job, wall_s: float) -> dict[str, Any]:
         "task": job.task.name, "model": cfg["model"]["name"], "model_source": cfg["model"].get("source"),
         "model_revision": ident.get("model_revision"), "device": ident["device"], "dtype": ident["dtype"],
         "seed": cfg["seed"], "versions": vers, "code_version": ident["versions"]["keyformer"],
-        "git_commit": git_commit(dirty=dirty), "git_dirty": dirty, "wall_s": wall_s,
+        "git_commit": git_commit(dirty=dirty), "git_dirty": dirty, "wall_s": wall_s, "slurm": slurm_job(),
     }
 
 
