@@ -74,11 +74,12 @@ def rule(folder: str, point: str, gpu: set[str]) -> dict[str, str]:
         if f"{folder}/{point}" in gpu:
             return {"device": "cuda", "dtype": "float32", "src": GPU_LOG}
         return {"device": "cpu", "dtype": "float32",
-                "src": "experiments/exp7_field.md (the CPU ran the points the H200 did not finish); "
+                "src": "experiments/exp7_field/README.md (the CPU ran the points the H200 did not finish); "
                 + CPU_NOTE}
     if folder == "exp8_authors":
         return {"device": "cuda", "dtype": "float32",
-                "src": "results/README.md + experiments/exp8_powered.md (all ten points on the H200, fp32); "
+                "src": "results/README.md + experiments/exp8_powered/README.md "
+                       "(all ten points on the H200, fp32); "
                 + (
                     GPU_LOG if f"exp8_authors_h200/{point}" in gpu else
                     "results/gpu_studies/points.txt (ran out of GPU memory after 64 articles)")}
@@ -96,7 +97,8 @@ def rule(folder: str, point: str, gpu: set[str]) -> dict[str, str]:
         out.update(git_commit=_full("7e9326a"), src=out["src"] + "; results/README.md (core 7e9326a)")
     core8 = point.split(",")[-1] in ("h2o", "keyformer_s0", "keyformer_s1")
     if (folder == "exp8_powered" and point.endswith(",h2o")) or (folder == "exp8_powered_buggy" and core8):
-        out.update(git_commit=_full("798b976"), src=out["src"] + "; experiments/exp8_powered.md (the 9 core "
+        out.update(git_commit=_full("798b976"), src=out["src"] + "; experiments/exp8_powered/README.md "
+                   "(the 9 core "
                    "points ran from a worktree at 798b976; H2O kept after the fix)")
     return out
 

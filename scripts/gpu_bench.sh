@@ -9,9 +9,9 @@
 # (1) on-device tests: the captured decode step == the eager one (tests/test_graphs.py, tests/test_static_full.py);
 # (2) batch-1 latency at 4k (4096-token prompt, 64 new) at GPT-J-6B and Llama-3-8B shapes (random weights, bf16)
 #     for full, window, H2O and Keyformer at 0.5, decode eager and CUDA-graph captured (keyformer-gpu-bench --graphs);
-# (3) the captured full baseline (keyformer.lab.static_full): full over a preallocated, masked cache with its
+# (3) the captured full baseline (experiments.gpu_studies.static_full): full over a preallocated, masked cache with its
 #     step captured too, against our full (eager) and Keyformer@0.5 (captured), 3 interleaved rounds, both shapes;
-# (4) long generation at a fixed KV memory budget (keyformer.lab.gpu_long): full at batch 4 vs each policy at
+# (4) long generation at a fixed KV memory budget (experiments.gpu_studies.gpu_long): full at batch 4 vs each policy at
 #     256 tokens at the largest batch that fits the same K/V bytes, GPT-J-6B shape, 512+1024, with the bytes model
 #     and the captured full baseline at batch 4;
 # (5) the policy contract tests on CUDA (tests/test_policy_contract.py -m on_device, 8 xdist workers), capped.
@@ -93,12 +93,12 @@ step "batch-1 latency at 4k, eager vs captured: gptj llama3"
 rc "${PIPESTATUS[0]}"
 
 step "the captured full baseline vs Keyformer, batch 1 at 4k: gptj llama3"
-"$PY" -m keyformer.lab.static_full "${static[@]}" --models gptj llama3 --policies keyformer --time-budget-s 90 \
+"$PY" -m experiments.gpu_studies.static_full "${static[@]}" --models gptj llama3 --policies keyformer --time-budget-s 90 \
   --out "$out/static" 2>&1 | grep -v '^\[transformers\]' | tee -a "$log"
 rc "${PIPESTATUS[0]}"
 
 step "long generation at a fixed KV memory budget, gptj"
-"$PY" -m keyformer.lab.gpu_long "${fixed[@]}" --model gptj --time-budget-s 120 --out "$out/fixed" 2>&1 \
+"$PY" -m experiments.gpu_studies.gpu_long "${fixed[@]}" --model gptj --time-budget-s 120 --out "$out/fixed" 2>&1 \
   | grep -v '^\[transformers\]' | tee -a "$log"
 rc "${PIPESTATUS[0]}"
 

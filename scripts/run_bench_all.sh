@@ -16,6 +16,6 @@ tmp="$(mktemp -d)"
 echo "uptime after bench: $(uptime)" >> "$tmp/run_log.txt"
 mv "$tmp/run_log.txt" "$tmp/bench_stdout.txt" "$out/" && rmdir "$tmp"
 [ -x .venv-kvpress/bin/python ] || bash scripts/setup_kvpress_venv.sh
-.venv/bin/keyformer-bench-kvpress 2>&1 | grep -v -e '^USDT' -e 'Loading weights' | tee "$out/kvpress/stdout.txt"
+.venv/bin/python -m experiments.crosscheck_kvpress.kvpress_compare 2>&1 | grep -v -e '^USDT' -e 'Loading weights' | tee "$out/kvpress/stdout.txt"
 echo "uptime after kvpress: $(uptime); finished $(date -Is)" >> "$out/run_log.txt"
 cat "$out/run_log.txt"

@@ -11,6 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
+from experiments.exp1_cnndm import findings as exp1
+from experiments.exp7_field import findings as exp7
+from experiments.exp8_powered import analysis as exp8
+from experiments.exp8_powered import findings as exp8_findings
 from keyformer.lab import analysis
 from keyformer.lab.attention_stats import LayerStats, row_sparsity, topk_acc_mass, topk_row_mass
 
@@ -250,7 +254,6 @@ def test_attention_stats_entry_point(tmp_path):
 def test_report_new_stream_table(tmp_path: Path, capsys) -> None:
     """keyformer-report pairs exp1's Keyformer points with its H2O points and the previous stream's
     Keyformer."""
-    from keyformer.lab import report
 
     rng = np.random.default_rng(3)
     ids = [f"a{i}" for i in range(40)]
@@ -269,7 +272,7 @@ def test_report_new_stream_table(tmp_path: Path, capsys) -> None:
                          "h5": ("h2o", 0.5, base), "n5": ("keyformer", 0.5, base + 1.0)})
     write("archive/exp1_cnndm_oldstream",
           {"k": ("keyformer", 0.2, base + 0.5), "k5": ("keyformer", 0.5, base)})
-    report.new_stream(tmp_path)
+    exp1.new_stream(tmp_path)
     out = capsys.readouterr().out
     assert "| 0.2 | 40 |" in out and "+1.00 [+1.00, +1.00] | +0.50 [+0.50, +0.50] |" in out
     assert "Pooled over 2 budgets (40 articles): now - old +0.75 [+0.75, +0.75]" in out
@@ -299,7 +302,7 @@ def _exp8_frames(shift: float, n: int = 400, noise: float = 1.0):
                                                     (0.4, 10.0, "inconclusive")])
 def test_powered_study_decision_and_estimates(shift, noise, decision):
     points, samples = _exp8_frames(shift, noise=noise)
-    r = analysis.powered_study(points, samples, n_boot=2000)
+    r = exp8.powered_study(points, samples, n_boot=2000)
     p = r["pooled"]
     assert r["n"] == 400 and abs(p["diff"] - shift) < 0.15 * noise and p["ci_lo"] < p["diff"] < p["ci_hi"]
     assert p["decision"].startswith(decision), p
@@ -320,8 +323,8 @@ def test_powered_study_decision_and_estimates(shift, noise, decision):
 def test_powered_study_uses_only_articles_every_core_arm_finished():
     points, samples = _exp8_frames(0.5, n=50)
     samples = samples[~((samples["point"] == "budget=0.5,keyformer_s1") & samples["id"].isin(["a0", "a1"]))]
-    assert analysis.powered_study(points, samples, n_boot=200)["n"] == 48
-    assert analysis.powered_study(points[points["variant"] != "keyformer_s1"], samples)["n"] == 0
+    assert exp8.powered_study(points, samples, n_boot=200)["n"] == 48
+    assert exp8.powered_study(points[points["variant"] != "keyformer_s1"], samples)["n"] == 0
 
 
 def test_collect_task_metrics_needle_fields_and_kv_quant():
@@ -360,7 +363,7 @@ def _authors_frames(n: int = 300, gap_greedy: float = 0.2, gap_beam: float = 1.0
 def test_authors_setting_gaps_beam_effect_and_short_reference():
     points, samples = _authors_frames()
     short = _exp8_frames(0.0, n=300)  # the 512-token study: no gap on articles a0..a299
-    r = analysis.authors_setting(points, samples, short=short, n_boot=1000)
+    r = exp8.authors_setting(points, samples, short=short, n_boot=1000)
     rows = {(x["num_beams"], x["budget"]): x for x in r["rows"]}
     assert set(rows) == {(1, 0.5), (1, 0.3), (4, 0.5), (4, 0.3)} and all(x["n"] == 300 for x in rows.values())
     assert rows[(4, 0.3)]["kf_minus_h2o"]["diff"] == pytest.approx(1.0, abs=0.15)
@@ -371,7 +374,7 @@ def test_authors_setting_gaps_beam_effect_and_short_reference():
     lms = r["long_minus_short"]
     assert lms["n"] == 300 and lms["diff"] == pytest.approx(pooled[1]["diff"] - lms["short_gap"], abs=1e-9)
     # a missing Keyformer point at one budget drops that row and the pooled gap of its decoding
-    r2 = analysis.authors_setting(points[points["point"] != "budget=0.3,generation=4,policy=keyformer"],
+    r2 = exp8.authors_setting(points[points["point"] != "budget=0.3,generation=4,policy=keyformer"],
                                   samples,
                                   n_boot=200)
     assert (len(r2["rows"]) == 3 and [p["num_beams"] for p in r2["pooled"]] == [1]
@@ -379,7 +382,7 @@ def test_authors_setting_gaps_beam_effect_and_short_reference():
     # a full reference that finished fewer articles limits only the comparisons with full
     fewer = samples[~((samples["point"] == "budget=1.0,generation=4,policy=full")
                       & samples["id"].isin(ids_of(100)))]
-    r3 = analysis.authors_setting(points, fewer, n_boot=200)
+    r3 = exp8.authors_setting(points, fewer, n_boot=200)
     beam = [x for x in r3["rows"] if x["num_beams"] == 4]
     assert all(x["n"] == 300 and x["n_full"] == 200 for x in beam)
 
@@ -422,7 +425,6 @@ def test_field_ranking_ranks_policies_and_pairs_them_with_keyformer():
 def test_report_nanfix_pairs_the_rerun_with_the_buggy_run(tmp_path: Path, capsys) -> None:
     """keyformer-report's re-run section: identical outputs per Keyformer point and both pooled gaps, over the
     articles the re-run finished."""
-    from keyformer.lab import report
 
     for name, shift in (("archive/exp8_powered_buggy", 0.0), ("exp8_powered", 1.0)):
         points, samples = _exp8_frames(shift, n=60)
@@ -434,7 +436,7 @@ def test_report_nanfix_pairs_the_rerun_with_the_buggy_run(tmp_path: Path, capsys
         (tmp_path / name).mkdir(parents=True)
         points.to_csv(tmp_path / name / "points.csv", index=False)
         samples.to_csv(tmp_path / name / "samples.csv", index=False)
-    report.nanfix(tmp_path)
+    exp8_findings.nanfix(tmp_path)
     out = capsys.readouterr().out
     assert "40 articles every arm finished" in out and "| budget=0.3,keyformer_s0 | 39/40 |" in out
     assert out.count("/40 |") == 6 and "buggy, same articles:" in out
@@ -443,7 +445,6 @@ def test_report_nanfix_pairs_the_rerun_with_the_buggy_run(tmp_path: Path, capsys
 def test_report_same_config_pairs_points_of_equal_config_only(tmp_path: Path, capsys) -> None:
     """keyformer-report's device/realisation tables pair points with the same config: a quantized point with
     the same policy and budget is not the plain point's twin, and a column one side lacks counts as unset."""
-    from keyformer.lab import report
 
     ids = [f"a{i}" for i in range(10)]
     plain = {"policy": "h2o", "budget": 0.3}
@@ -456,7 +457,7 @@ def test_report_same_config_pairs_points_of_equal_config_only(tmp_path: Path, ca
         (tmp_path / name).mkdir()
         pd.DataFrame(rows).to_csv(tmp_path / name / "points.csv", index=False)
         pd.DataFrame(samples).to_csv(tmp_path / name / "samples.csv", index=False)
-    report.same_config(tmp_path, "gpu", "cpu", "t")
+    exp1.same_config(tmp_path, "gpu", "cpu", "t")
     out = capsys.readouterr().out
     assert "| h2o | 0.3 | 10/10 |" in out and out.count("| h2o |") == 1
 
@@ -464,7 +465,6 @@ def test_report_same_config_pairs_points_of_equal_config_only(tmp_path: Path, ca
 def test_report_field_ranks_policies_and_prices_quantization(tmp_path: Path, capsys) -> None:
     """keyformer-report's experiment 7 section: per budget each policy's mean and rank, the pooled difference
     from Keyformer, and the quantized points against full (left out of the ranking)."""
-    from keyformer.lab import report
 
     rng = np.random.default_rng(0)
     ids = [f"s{i}" for i in range(50)]
@@ -483,7 +483,7 @@ def test_report_field_ranks_policies_and_prices_quantization(tmp_path: Path, cap
     d.mkdir(parents=True)
     pd.DataFrame(points).to_csv(d / "points.csv", index=False)
     pd.DataFrame(samples).to_csv(d / "samples.csv", index=False)
-    report.field(tmp_path)
+    exp7.field(tmp_path)
     out = capsys.readouterr().out
     assert "Full cache: 13.00" in out and "| keyformer | 11.00 (1) | 12.00 (1) | 50 | - | - |" in out
     assert "| h2o |" in out and "-0.50 [-0.50, -0.50] | 0.2,0.5 |" in out

@@ -119,10 +119,10 @@ def test_gpu_bench_tiny(tmp_path: Path) -> None:
 
 
 def test_kvpress_merge_reproduces_the_committed_table(tmp_path: Path) -> None:
-    """The merge side of keyformer-bench-kvpress on the committed side outputs gives the committed table."""
+    """The merge side of kvpress_compare.py on the committed side outputs gives the committed table."""
     import shutil
 
-    from keyformer.lab.bench import kvpress_compare
+    from experiments.crosscheck_kvpress import kvpress_compare
 
     src = ROOT / "results" / "bench" / "kvpress"
     if not (src / "kvpress.json").is_file():

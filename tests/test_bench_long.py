@@ -318,14 +318,11 @@ def test_bench_beams_script_quick(tmp_path):
 
 @pytest.mark.parametrize("model", ["tiny", "tiny_gemma3"])
 def test_kvzip_cost_script_quick(tmp_path, model):
-    """scripts/kvzip_cost.py on the tiny models: the four configs, both KVzip paths keep the same sets, the
-    table and the JSON are written, and the JSON names the code it measured."""
-    import importlib.util
+    """kvzip_cost.py (experiment 10) on the tiny models: the four configs, both KVzip paths keep the same
+    sets, the table and the JSON are written, and the JSON names the code it measured."""
+    from experiments.exp10_ruler import kvzip_cost
 
-    spec = importlib.util.spec_from_file_location("kvzip_cost", ROOT / "scripts" / "kvzip_cost.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    r = mod.main(["--model", model, "--n", "48", "--rounds", "1", "--out", str(tmp_path)])
+    r = kvzip_cost.main(["--model", model, "--n", "48", "--rounds", "1", "--out", str(tmp_path)])
     assert [row["config"] for row in r["rows"]] == ["full", "snapkv", "kvzip", "kvzip_again"]
     assert r["same_kept_sets"] == [True] and r["rows"][0]["ratio_median"] == 1.0
     assert json.loads((tmp_path / "cost.json").read_text())["code"] == r["code"]
@@ -472,75 +469,3 @@ def test_bench_long_section_reads_every_setting(tmp_path):
     rows = [ln.split("|") for ln in render("bench_long", tmp_path).splitlines() if ln.startswith("| 512")]
     assert [(r[1].strip(), r[2].strip(), r[15].strip()) for r in rows] == [
         ("512+2048", "full", "12-04 15:03 1234567"), ("512+2048", "h2o@256", "12-04 22:23 fedcba9")]
-
-
-def _keyformer_imports(roots: list[str]) -> set[str]:
-    """Every ``keyformer`` module the given modules import, transitively, read from their source (absolute
-    and relative imports, nested ones, parent packages' ``__init__`` included). The modules themselves are
-    parsed, not run (``find_spec`` does import the parent packages to locate them)."""
-    import ast
-    import importlib.util
-
-    seen: set[str] = set()
-    todo = list(roots)
-    while todo:
-        mod = todo.pop()
-        if mod in seen or not mod.startswith("keyformer"):
-            continue
-        try:
-            spec = importlib.util.find_spec(mod)
-        except (ModuleNotFoundError, ValueError):
-            spec = None
-        if spec is None or not str(spec.origin).endswith(".py"):
-            continue  # a name imported from a module, not a module
-        seen.add(mod)
-        todo += [mod.rsplit(".", i)[0] for i in range(1, mod.count(".") + 1)]  # parent packages
-        package = mod if spec.submodule_search_locations else mod.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(Path(spec.origin).read_text())):
-            if isinstance(node, ast.Import):
-                todo += [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                    base = f"{up}.{base}" if base else up
-                todo += [base, *(f"{base}.{a.name}" for a in node.names)]
-    return seen
-
-
-# The policy-lifecycle refactor (da09801..fb626a3), which the committed tables predate; its A/B against
-# da09801 is results/bench/ab_refactor/ (no resolved regression, on a loaded host).
-LIFECYCLE_REFACTOR = {
-    *(f"keyformer/core/{f}.py" for f in ("attention", "cache", "generate", "graphs", "scheduler")),
-    *(f"keyformer/core/policies/{f}.py" for f in ("__init__", "adakv", "base", "expected_attention", "full",
-                                                  "keydiff", "keyformer", "kvzip", "rkv", "snapkv", "tova")),
-    *(f"keyformer/lab/bench/{f}.py" for f in ("ab", "ab_worker", "long")),
-    *(f"keyformer/run/{f}.py" for f in ("scaffold", "validate", "tasks/generate", "tasks/lm_eval/task")),
-}
-
-
-def test_committed_benchmarks_ran_heads_code_but_the_prompt_assembly_they_never_import():
-    """results/bench/README.md: since the commits the committed CPU tables ran at (``bench.json``'s and
-    every ``long.json`` session's), ``BENCH_CODE`` changed only in ``keyformer/run/data/prompts.py`` (the
-    `<bos>` fix), and neither benchmark's import closure reaches it (the closure does reach the loader and
-    the core, so a change there would count)."""
-    import subprocess
-
-    reach = _keyformer_imports(["keyformer.lab.bench.long", "keyformer.lab.bench.cpu",
-                                "keyformer.run.loading"])
-    assert {"keyformer.run.loading", "keyformer.core.cache", "keyformer.core.models"} <= reach
-    assert not any(m.startswith("keyformer.run.data") for m in reach)
-    doc = " ".join((ROOT / "results" / "bench" / "README.md").read_text().split())
-    assert ("changed in one file only, `keyformer/run/data/prompts.py` (the `<bos>` fix, `4574100`), which "
-            "neither benchmark imports") in doc
-    assert "policy-lifecycle refactor (`da09801..fb626a3`" in doc
-    env = json.loads((ROOT / "results" / "bench" / "bench.json").read_text())["environment"]
-    commits = {env["git_commit"]}
-    for f in (ROOT / "results" / "bench" / "long").glob("*/long.json"):
-        commits |= set(json.loads(f.read_text())["environment"]["sessions_commits"])
-    for c in sorted(commits):
-        r = subprocess.run(["git", "diff", "--name-only", c, "HEAD", "--", *lb.BENCH_CODE], cwd=ROOT,
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"no git history with {c[:7]} here")
-        assert set(r.stdout.split()) <= {"keyformer/run/data/prompts.py", *LIFECYCLE_REFACTOR}, c[:7]

@@ -58,14 +58,15 @@ def test_groups_have_expected_options():
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_option_composes(group, option):
-    cfg = make_cfg(f"{group}={option}")
+    cfg = make_cfg(f"{group}={option}", *(["model.name=org/some-model"] if option == "hub" else []))
     c = OmegaConf.to_container(cfg, resolve=True)
     assert c[group]["_target_" if group == "policy" else "name"]
     if group == "policy" and option != "full":
         assert c["policy"]["budget"] == c["budget"]  # the top-level budget reaches the policy
     if group == "model":
         assert c["model"]["source"] in ("hub", "smollm2_gguf", "gemma3_gguf", "tiny")
-        assert "defaults" not in c["model"] and model_config(option) == c["model"]  # inheritance applied
+        want = {**model_config(option), **({"name": "org/some-model"} if option == "hub" else {})}
+        assert "defaults" not in c["model"] and want == c["model"]  # inheritance applied
 
 
 def test_model_variants_inherit():

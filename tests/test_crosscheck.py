@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from keyformer.lab.bench import kvpress_crosscheck as xc
+from experiments.crosscheck_kvpress import kvpress_crosscheck as xc
 
 
 def test_kept_encoding_roundtrip_and_jaccard() -> None:

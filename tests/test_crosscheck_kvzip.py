@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from keyformer.lab.bench import kvpress_crosscheck as xc
-from keyformer.lab.bench import kvpress_kvzip as kz
+from experiments.crosscheck_kvpress import kvpress_crosscheck as xc
+from experiments.crosscheck_kvpress import kvpress_kvzip as kz
 
 
 def test_kept_sets_are_the_complement_of_the_masked_indices():

@@ -199,7 +199,7 @@ def test_issue_command_runs_offline(tmp_path):
 
 
 
-# -- experiment 9's analysis (keyformer.lab.analysis.pooled_vs / replication), on hand-made rows -------------
+# -- experiment 9's analysis (experiments/exp9_gemma/analysis.py), on hand-made rows -------------
 def _rows(values: dict[tuple[str, float], dict[str, float]]):
     """points/samples frames from {(policy, budget): {sample id: metric}}."""
     import pandas as pd
@@ -214,7 +214,7 @@ def _rows(values: dict[tuple[str, float], dict[str, float]]):
 def test_pooled_vs_averages_each_sample_over_budgets_then_bootstraps():
     """By hand: x: (3-1 + 2-2)/2 = 1, y: (5-1 + 2-0)/2 = 3, mean 2; the bootstrap of two samples spans [1,
     3]. The full point (budget 1.0) counts at both budgets; a budget the other policy lacks is skipped."""
-    from keyformer.lab.analysis import ci_reading, pooled_vs
+    from experiments.exp9_gemma.analysis import ci_reading, pooled_vs
 
     points, samples = _rows({("a", 0.2): {"x": 3, "y": 5}, ("b", 0.2): {"x": 1, "y": 1},
                              ("a", 0.5): {"x": 2, "y": 2}, ("b", 0.5): {"x": 2, "y": 0},
@@ -232,7 +232,7 @@ def test_pooled_vs_averages_each_sample_over_budgets_then_bootstraps():
 def test_replication_says_whether_each_finding_holds():
     """yes: same reading on the same budgets; partial: same reading on fewer budgets; no: another reading;
     pending: no Gemma points."""
-    from keyformer.lab.analysis import Finding, replication
+    from experiments.exp9_gemma.analysis import Finding, replication
 
     up = {"x": 3.0, "y": 4.0, "z": 5.0}
     zero = {"x": 0.0, "y": 0.0, "z": 0.0}
@@ -267,7 +267,8 @@ def test_replication_family_wise_reading():
     """Two findings whose per-comparison CIs exclude 0 on both models (15 of 20 samples +1, 5 of them -1: a
     bootstrap two-sided p near 0.03) hold; under Holm's correction over the two (p x 2 > 0.05) both read tied
     on both models, so they still hold, now as ties; a strong finding beside them keeps its direction."""
-    from keyformer.lab.analysis import Finding, paired_bootstrap, replication
+    from experiments.exp9_gemma.analysis import Finding, replication
+    from keyformer.lab.analysis import paired_bootstrap
 
     ids = [f"s{i}" for i in range(20)]
     marginal = _rows({("a", 0.2): {i: (1.0 if k < 15 else -1.0) for k, i in enumerate(ids)},
@@ -295,7 +296,7 @@ def test_seed_replicates_by_hand():
     """a - b with b at seed 0 and at seed 1, then a - mean over seeds per record. By hand: seed 0: x: (3-1 +
     2-2)/2 = 1, y: (5-1 + 2-0)/2 = 3, mean 2; seed 1 (b = x: 3, 2; y: 5, 2; z only here): x 0, y 0, mean 0;
     over the seeds' mean: x 0.5, y 1.5, mean 1 (z: seed 0 never ran it, so it is left out)."""
-    from keyformer.lab.analysis import seed_replicates
+    from experiments.exp9_gemma.analysis import seed_replicates
 
     base = _rows({("a", 0.2): {"x": 3, "y": 5, "z": 1}, ("b", 0.2): {"x": 1, "y": 1},
                   ("a", 0.5): {"x": 2, "y": 2, "z": 1}, ("b", 0.5): {"x": 2, "y": 0},
@@ -317,7 +318,7 @@ def test_report_section_prints_the_replication_table(tmp_path, capsys):
     results/exp9_gemma/."""
     import pandas as pd
 
-    from keyformer.lab.report import gemma
+    from experiments.exp9_gemma.findings import gemma
 
     gemma(tmp_path)
     assert capsys.readouterr().out == ""

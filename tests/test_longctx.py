@@ -400,7 +400,7 @@ class EchoCore:
         self.tok = WordTokenizer()
 
     def backend(self) -> Backend:
-        return Backend(load=lambda cfg: (None, self.tok), make_policy=lambda name, **kw: name,
+        return Backend(load=lambda cfg: (None, self.tok),
                        generate=self.generate)
 
     def generate(self, model, input_ids, attention_mask, policy, max_new_tokens=4, **kw):

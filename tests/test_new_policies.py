@@ -535,7 +535,7 @@ def test_kvzip_instruction_from_the_models_tokenizer():
     from keyformer.core.policies.kvzip import instruction_ids
 
     assert instruction_ids(tiny_model("llama").config.name_or_path) is None
-    from keyformer.lab.bench.kvpress_compare import default_model_dir
+    from experiments.crosscheck_kvpress.kvpress_compare import default_model_dir
 
     path = default_model_dir()  # the runner's converted SmolLM2
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):

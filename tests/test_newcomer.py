@@ -172,7 +172,7 @@ class _NoModel:
     def __init__(self):
         from keyformer.run.tasks.generate import Backend
 
-        self.backend = (Backend(load=self.load, make_policy=lambda *a, **k: None, generate=lambda
+        self.backend = (Backend(load=self.load, generate=lambda
                                 *a, **k: None))
 
     def load(self, cfg):
@@ -375,7 +375,7 @@ def test_attention_stats_default_out(monkeypatch):
 
 
 def test_report_refuses_unreadable_folders(tmp_path, capsys):
-    from keyformer.lab.report import main
+    from keyformer.lab.cli import main
 
     assert main(["--results", str(tmp_path / "nonexistent")]) == 2
     assert capsys.readouterr().err.startswith(f"error: --results {tmp_path / 'nonexistent'}: no such folder")
@@ -393,7 +393,7 @@ def test_report_on_a_collected_folder(tmp_path, capsys):
     src = ROOT / "results" / "exp1_cnndm"
     if not (src / "points.csv").is_file():
         pytest.skip("results/exp1_cnndm not in this checkout")
-    from keyformer.lab.report import main
+    from keyformer.lab.cli import main
 
     points = pd.read_csv(src / "points.csv")
     keep = points[points["policy"].isin(["full", "h2o"])].head(3)

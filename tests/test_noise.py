@@ -364,12 +364,15 @@ def test_native_build_failure_falls_back_to_the_compiled_kernels(monkeypatch, tm
 def test_noise_kernels_script_runs(tmp_path, monkeypatch):
     """scripts/noise_kernels.py (the timing behind results/bench/noise_kernels.txt) runs: it checks the
     native kernels equal inductor's (and within one ulp of torch.log's) before timing them."""
-    import runpy
+    import os
+    import subprocess
+    import sys
     from pathlib import Path
 
-    monkeypatch.setenv("KEYFORMER_COMPILE", "1")  # what runs use on CPU (the suite's default is eager)
-    main = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "noise_kernels.py"))["main"]
-    main(["--quick", "--pairs", "1", "--out", str(tmp_path / "t.txt")])
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "KEYFORMER_COMPILE": "1"}  # what runs use on CPU (the suite's default is eager)
+    subprocess.run([sys.executable, str(root / "scripts" / "noise_kernels.py"), "--quick", "--pairs", "1",
+                    "--out", str(tmp_path / "t.txt")], check=True, cwd=root, env=env)
     rows = [x.split() for x in (tmp_path / "t.txt").read_text().splitlines() if x[:1] != "#"]
     assert [r[0] for r in rows] == ["kernel", "decode", "block"] and all(float(r[-7]) > 0 for r in rows[1:])
 

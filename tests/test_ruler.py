@@ -214,8 +214,12 @@ def test_config_checks(monkeypatch):
         check_options({**ds, "tokenizer": "gemma"})
     monkeypatch.delenv("KEYFORMER_DATA_DIR", raising=False)
     check_source(ds)  # niah_single_1: noise haystack, no file needed
+    check_source({**ds, "ruler_task": "niah_single_2"})  # essay_source=generated (the default): no file
     with pytest.raises(DataError, match="essay haystack"):
-        check_source({**ds, "ruler_task": "niah_single_2"})
+        check_source({**ds, "ruler_task": "niah_single_2", "essay_source": "file"})
+    no_key = {k: v for k, v in ds.items() if k != "essay_source"}  # older configs (no key) read the file
+    with pytest.raises(DataError, match="essay haystack"):
+        check_source({**no_key, "ruler_task": "niah_single_2"})
 
 
 class Pairs(WS):
@@ -249,14 +253,11 @@ def test_length_is_counted_in_the_runs_model_tokens(monkeypatch):
 def test_gemma_exp10_points_generate_in_gemma_tokens():
     """The Gemma 3 tiers of experiment 10 compose to Gemma with its own tokenizer, and their records fill 4096
     Gemma tokens (minus the answer tokens)."""
-    import runpy
-
+    from experiments.exp10_ruler import queue as exp10_make
     from keyformer.run.loading import gemma3_available, load_tokenizer
     from keyformer.run.paths import compose
 
-    exp10_make = runpy.run_path(str(ROOT / "experiments" / "queues" / "exp10_make.py"))  # a script's globals
-
-    tiers = exp10_make["gemma_tiers"]()
+    tiers = exp10_make.gemma_tiers()
     lines = [ln for _, ls in tiers.values() for ln in ls]
     assert len(lines) == len({ln.split()[0] for ln in lines}) == 990  # one folder a point
     assert len([ln for _, ls in list(tiers.values())[:4] for ln in ls]) == 198  # 1-2b: 9 policies x 11 x 2
@@ -432,8 +433,8 @@ def test_ruler_leaderboard_kv_held_by_hand(tmp_path, capsys):
     """``kv_held``: the mean over a policy's samples of kv_bytes / kv_bytes_full, on the averages only."""
     import pandas as pd
 
+    from experiments.exp10_ruler.findings import ruler
     from keyformer.lab.analysis import load_experiment, ruler_leaderboard
-    from keyformer.lab.report import ruler
 
     root = tmp_path / "exp10_ruler"
     _fake_results(root, "aware", SCORES)
@@ -460,7 +461,7 @@ def test_ruler_leaderboard_kv_held_by_hand(tmp_path, capsys):
 
 
 def test_ruler_report_section(tmp_path, capsys):
-    from keyformer.lab.report import ruler
+    from experiments.exp10_ruler.findings import ruler
 
     ruler(tmp_path)
     assert "no complete points" in capsys.readouterr().out
@@ -480,8 +481,8 @@ def test_ruler_report_prompt_sharing(tmp_path, capsys):
     1-2) are in neither group; no line without both groups."""
     import pandas as pd
 
+    from experiments.exp10_ruler.findings import ruler
     from keyformer.lab.collect import point_rows
-    from keyformer.lab.report import ruler
 
     preds = [{"id": f"r{i}", "prompt_tokens": 9, "generated_tokens": 2, "prediction": "x", "rouge1": 0.0,
               "rouge2": 0.0, "rougeL": 0.0, "rougeLsum": 0.0, "prompt_reused": i > 0} for i in range(3)]
@@ -596,74 +597,33 @@ def test_agnostic_runs_every_policy_within_its_rule(one_thread):
 
 
 def test_exp10_left_queue_drops_committed_complete_points(tmp_path):
-    """experiments/queues/exp10_make.py's left(): a line whose point is complete in
+    """experiments/exp10_ruler/queue.py's left(): a line whose point is complete in
     results/<setting>/points.csv is dropped; an incomplete point, the same point in the other setting and an
     uncollected one stay."""
-    import runpy
+    from experiments.exp10_ruler import queue as mk
 
-    mk = runpy.run_path(str(ROOT / "experiments" / "queues" / "exp10_make.py"))
-    lines = [mk["line"](s, "vt", p, 0.5) for s in ("aware", "agnostic")
+    lines = [mk.line(s, "vt", p, 0.5) for s in ("aware", "agnostic")
              for p in ("h2o", "keyformer", "kvzip")]
     (tmp_path / "aware").mkdir()
     (tmp_path / "aware" / "points.csv").write_text(
         "point,policy,complete\n\"task=vt,budget=0.5,policy=h2o\",h2o,True\n"
         "\"task=vt,budget=0.5,policy=keyformer\",keyformer,False\n")
-    kept = [ln.split()[0].split("/", 2)[2] for ln in mk["left"](lines, tmp_path)]
+    kept = [ln.split()[0].split("/", 2)[2] for ln in mk.left(lines, tmp_path)]
     assert kept == ["aware/task=vt,budget=0.5,policy=keyformer", "aware/task=vt,budget=0.5,policy=kvzip",
                     "agnostic/task=vt,budget=0.5,policy=h2o", "agnostic/task=vt,budget=0.5,policy=keyformer",
                     "agnostic/task=vt,budget=0.5,policy=kvzip"]
-    tiers = mk["tiers"]()
+    tiers = mk.tiers()
     assert list(tiers) == ["exp10_core.txt", "exp10_current.txt", "exp10_core_agnostic.txt",
                            "exp10_current_agnostic.txt", "exp10_budgets.txt", "exp10_field.txt"]
     every = [ln.split()[0] for _, ls in tiers.values() for ln in ls]
     assert len(every) == len(set(every)) == 55 + 44 + 55 + 44 + 264 + 704  # no point in two tiers
 
 
-def test_ruler_brief_line(tmp_path):
-    """The README brief's experiment 10 lines per model: Keyformer's rank among the compressed
-    policies with every task in each setting (H2O 50.0 first, Keyformer 41.7 second; the one-task window is
-    not ranked) and, with no difference surviving Holm's correction on 6 records, says so; a policy far above
-    it is named; Gemma 3's line names its model."""
-    from keyformer.lab.report import _ruler_brief
-
-    assert _ruler_brief(tmp_path) == []
-    _fake_results(tmp_path / "exp10_ruler", "aware", SCORES)
-    (line,) = _ruler_brief(tmp_path)
-    assert line == ("* Experiment 10 (RULER 4k, ratio 0.5): question-aware, Keyformer ranks 2 of 2 "
-                    "compressed policies (none survives Holm's correction).")
-    best = {**SCORES, ("snapkv", 0.5): {"vt": [100] * 3, "cwe": [100] * 3}}
-    _fake_results(tmp_path / "b" / "exp10_ruler", "aware", best)
-    _fake_results(tmp_path / "b" / "exp10_ruler", "agnostic", best)
-    (both,) = _ruler_brief(tmp_path / "b")  # one line per ratio, both settings in it
-    assert both == ("* Experiment 10 (RULER 4k, ratio 0.5): question-aware, Keyformer ranks 3 of 3 "
-                    "compressed policies (Holm-surviving differences: snapkv ahead (+58.3)); query-agnostic, "
-                    "Keyformer ranks 3 of 3 compressed policies (Holm-surviving differences: snapkv ahead "
-                    "(+58.3)).")
-    _fake_results(tmp_path / "b" / "exp10_ruler_gemma", "aware", SCORES)
-    (gemma,) = _ruler_brief(tmp_path / "b", "exp10_ruler_gemma")
-    assert gemma.startswith("* Experiment 10 on Gemma 3 270M (RULER 4k, ratio 0.5): question-aware, "
-                            "Keyformer ranks 2 of 2")
-    (tmp_path / "b" / "exp10_ruler_gemma" / "caveat.txt").write_text("prompts  without\n<bos>\n")
-    (noted,) = _ruler_brief(tmp_path / "b", "exp10_ruler_gemma")  # the folder's caveat, after the ratio
-    assert noted == gemma.replace("ratio 0.5)", "ratio 0.5; prompts without <bos>)")
-    alone = {("keyformer", 0.5): SCORES[("keyformer", 0.5)], ("window", 0.5): SCORES[("window", 0.5)]}
-    _fake_results(tmp_path / "c" / "exp10_ruler", "aware", alone)
-    assert _ruler_brief(tmp_path / "c") == []  # Keyformer the only policy with every task: no rank to give
-    # another ratio: one more line after the ratio with the most policies (0.5 on a tie), in short form
-    more = {**SCORES, ("keyformer", 0.25): {"vt": [0] * 3, "cwe": [0] * 3},
-            ("h2o", 0.25): {"vt": [100] * 3, "cwe": [100] * 3}}
-    _fake_results(tmp_path / "d" / "exp10_ruler", "aware", more)
-    head, rest = _ruler_brief(tmp_path / "d")
-    assert head == line
-    assert rest == ("* Experiment 10, the other ratios (Keyformer's rank; Holm-surviving differences in "
-                    "brackets): ratio 0.75 question-aware 2 of 2 (h2o ahead (+100.0)).")
-
-
 def test_ruler_prompt_change_pairs_the_same_records(tmp_path: Path, capsys) -> None:
     """``keyformer-report --section exp10_gemma_bos``: per policy with every task in both folders, the mean
     before and after a prompt change and the paired difference over the same record ids (a policy complete in
     one folder only is left out; a setting missing from either folder prints nothing)."""
-    from keyformer.lab.report import ruler_prompt_change
+    from experiments.exp10_ruler.findings import ruler_prompt_change
 
     ruler_prompt_change(tmp_path, "new", "old")
     assert "(no policy complete in both new and old yet)" in capsys.readouterr().out

@@ -1,35 +1,30 @@
-"""The two diagnostics of KVzip's query-agnostic loss (scripts/ruler_cut_overlap.py and
-scripts/ruler_question_reading.py; both scripts themselves need the real model and the experiment's records):
+"""The two diagnostics of KVzip's query-agnostic loss (experiments/exp10_ruler/ruler_cut_overlap.py and
+ruler_question_reading.py; both scripts themselves need the real model and the experiment's records):
 the kept-set overlap by hand, and the hybrid cut keeping exactly the context positions it is given."""
 
 from __future__ import annotations
 
-import runpy
-from pathlib import Path
-
 import pytest
 import torch
 
+from experiments.exp10_ruler import ruler_cut_overlap as OVERLAP
+from experiments.exp10_ruler import ruler_question_reading as READING
 from keyformer import generate, make_policy, tiny_model
 from keyformer.core.models import layer_windows
 from keyformer.core.policies import Prompt
-
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-OVERLAP = runpy.run_path(str(SCRIPTS / "ruler_cut_overlap.py"))
-READING = runpy.run_path(str(SCRIPTS / "ruler_question_reading.py"))
 
 
 def test_overlap_by_hand() -> None:
     a = torch.tensor([[1.0, 1, 0, 0], [1, 0, 1, 0]])
     b = torch.tensor([[1.0, 0, 1, 0], [1, 0, 1, 0]])
-    jac, share = OVERLAP["overlap"](a, b)
+    jac, share = OVERLAP.overlap(a, b)
     assert jac == pytest.approx((1 / 3 + 1) / 2) and share == pytest.approx((1 / 2 + 1) / 2)
-    jac, share = OVERLAP["overlap"](b, a)  # the share is of the first set
+    jac, share = OVERLAP.overlap(b, a)  # the share is of the first set
     assert jac == pytest.approx((1 / 3 + 1) / 2) and share == pytest.approx((1 / 2 + 1) / 2)
     c = torch.tensor([[1.0, 1, 0, 0], [1, 1, 1, 0]])
-    assert OVERLAP["overlap"](c, c) == (1.0, 1.0)
-    assert OVERLAP["overlap"](a, c) == pytest.approx(((1 + 2 / 3) / 2, 1.0))  # a lies inside c
-    assert OVERLAP["overlap"](c, a) == pytest.approx(((1 + 2 / 3) / 2, (1 + 2 / 3) / 2))
+    assert OVERLAP.overlap(c, c) == (1.0, 1.0)
+    assert OVERLAP.overlap(a, c) == pytest.approx(((1 + 2 / 3) / 2, 1.0))  # a lies inside c
+    assert OVERLAP.overlap(c, a) == pytest.approx(((1 + 2 / 3) / 2, (1 + 2 / 3) / 2))
 
 
 def _kept_sets(model, n_ctx: int, k: int, seed: int) -> dict[int, torch.Tensor]:
@@ -62,7 +57,7 @@ def test_fixed_keep_keeps_exactly_the_given_context_and_the_question(arch, n_q, 
     assert len({tuple(m.sum(1).tolist()) for m in kept.values()}) > 1 or any(
         len(set(m.sum(1).tolist())) > 1 for m in kept.values())  # the heads' counts differ somewhere
     ids = torch.randint(3, 256, (1, n_ctx + n_q), generator=torch.Generator().manual_seed(1))
-    pol = READING["fixed_keep"](make_policy("kvzip", budget=0.5, repeat_ids=[7]), kept,
+    pol = READING.fixed_keep(make_policy("kvzip", budget=0.5, repeat_ids=[7]), kept,
                                 model.config.num_hidden_layers, n_ctx, n_q)
     assert pol.budget == max(int(m.sum(1).max()) for m in kept.values()) + n_q
     for li, want in kept.items():  # the question outranks every context position, not by a tie-break
@@ -72,6 +67,6 @@ def test_fixed_keep_keeps_exactly_the_given_context_and_the_question(arch, n_q, 
     out = generate(model, ids, None, pol, max_new_tokens=3)
     for li, want in kept.items():
         pos = out.cache.layers[li].pos[0]
-        assert torch.equal(READING["held"](pos, n_ctx), want), f"layer {li}"
-        q_held = READING["held"](pos, n_ctx + n_q)[:, n_ctx:]
+        assert torch.equal(READING.held(pos, n_ctx), want), f"layer {li}"
+        q_held = READING.held(pos, n_ctx + n_q)[:, n_ctx:]
         assert bool((q_held == 1).all()), f"layer {li}: a question position was cut"

@@ -65,7 +65,7 @@ class FakeCore:
         self.calls, self.loads, self.fail_after = 0, 0, fail_after
 
     def backend(self) -> Backend:
-        return (Backend(load=self.load, make_policy=lambda name, **kw: {"name": name, **kw},
+        return (Backend(load=self.load,
                         generate=self.generate))
 
     def load(self, cfg):
@@ -224,7 +224,7 @@ def test_code_or_package_version_change_refuses(tmp_path, monkeypatch):
 
     run(cfg_dict(tmp_path, "n_samples=1"), FakeCore().backend())
     (tmp_path / "metrics.json").unlink()
-    monkeypatch.setattr(job, "code_version", lambda files=(): "0.1.0+000000000000")
+    monkeypatch.setattr(job, "code_version", lambda modules, data=(): "0.1.0+000000000000")
     with pytest.raises(ResumeError, match=r"resolved\.versions\.keyformer"):
         run(cfg_dict(tmp_path, "n_samples=1"), FakeCore().backend())
     cfg = OmegaConf.load(tmp_path / "config.yaml")  # a folder from before identities were recorded

@@ -1,4 +1,4 @@
-"""The captured full baseline (:mod:`keyformer.lab.static_full`): full attention over transformers'
+"""The captured full baseline (:mod:`experiments.gpu_studies.static_full`): full attention over transformers'
 ``StaticCache``, the GPU comparison that separates eviction's gain from the capture's.
 
 On CPU: its greedy tokens equal our full policy's (an independent path: transformers' own sdpa attention and
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from experiments.gpu_studies.gpu_long import timed_run
+from experiments.gpu_studies.static_full import main, static_decode
 from keyformer.lab.bench.gpu import build_model
-from keyformer.lab.gpu_long import timed_run
-from keyformer.lab.static_full import main, static_decode
 
 RES = Path(__file__).resolve().parents[1] / "results"
 
@@ -60,7 +60,7 @@ def tiny_run(tmp_path_factory):
     runs (static/, fixed/)."""
     import shutil
 
-    from keyformer.lab import gpu_long
+    from experiments.gpu_studies import gpu_long
 
     src = RES / "bench" / "gpu" / "2026-12-04"
     res = tmp_path_factory.mktemp("res")

@@ -109,6 +109,8 @@ def point_config(cfg: dict, metrics: dict | None = None) -> dict:
         "variant": cfg.get("variant"),
         "kv_quant": ((cfg.get("kv_quant") or {}).get("bits")),
     }
+    if "query_agnostic" in (cfg.get("dataset") or {}):  # RULER's setting (dataset.query_agnostic)
+        row["query_agnostic"] = bool(cfg["dataset"]["query_agnostic"])
     for k, v in pol.items():
         row[f"policy.{k}"] = v
     return row

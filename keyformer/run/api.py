@@ -20,22 +20,53 @@ from collections.abc import Iterator
 from typing import Any
 
 
-def load(name: str = "smollm2", device: str = "auto", dtype: str = "auto", seed: int = 0) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` for ``conf/model/<name>.yaml`` (``smollm2``, ``tiny_llama``, ``mpt``...): the HF
-    model in eval mode, prepared for the evicting cache (:func:`keyformer.prepare_model`; it behaves as before
-    with any ordinary cache). ``device``/``dtype`` as in ``run.py`` (``auto``: cuda when available, bfloat16
-    there, else cpu/float32). A bad name or value raises :class:`~keyformer.run.validate.ConfigError` (one
-    line)."""
+def load(name: str = "smollm2", device: str = "auto", dtype: str = "auto",
+         seed: int = 0) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for ``conf/model/<name>.yaml`` (``smollm2``, ``tiny_llama``, ``mpt``...) or a
+    Hugging Face hub id or local checkpoint folder (``"Qwen/Qwen3-8B"``: any name with a ``/``, loaded as
+    ``conf/model/hub.yaml``): the HF model in eval mode, prepared for the evicting cache
+    (:func:`keyformer.prepare_model`; it behaves as before with any ordinary cache). ``device``/``dtype``
+    as in ``run.py`` (``auto``: cuda when available, bfloat16 there, else cpu/float32). A bad name or value
+    raises :class:`~keyformer.run.validate.ConfigError`, a hub model that cannot be fetched
+    :class:`~keyformer.run.validate.JobError` (one line each)."""
     from keyformer.run.loading import load_model, model_config
     from keyformer.run.paths import CONF_DIR
     from keyformer.run.validate import ConfigError, resolve_device, resolve_dtype
 
     names = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml") if p.stem != "base")
-    if name not in names:
-        raise ConfigError("model", name, f"allowed: {', '.join(names)}")
+    if name not in names and "/" not in name:
+        raise ConfigError("model", name, f"allowed: {', '.join(names)}, or a hub id such as Qwen/Qwen3-8B")
     dev = resolve_device(device)
-    return load_model({"model": model_config(name), "device": dev, "dtype": resolve_dtype(dtype, dev),
-                       "seed": int(seed)})
+    cfg = {"model": model_config(name) if name in names else {**model_config("hub"), "name": name},
+           "device": dev, "dtype": resolve_dtype(dtype, dev), "seed": int(seed)}
+    if name in names:
+        return load_model(cfg)
+    return _load_hub(cfg)
+
+
+def _load_hub(cfg: dict[str, Any]) -> tuple[Any, Any]:
+    """:func:`load_model` for a hub id; a repo that cannot be fetched is one JobError line with the fix."""
+    import os
+    from pathlib import Path
+
+    from keyformer.run.loading import load_model
+    from keyformer.run.validate import JobError, first_line, hub_cached, hub_offline, hub_reachable
+
+    name = cfg["model"]["name"]
+    fix = "fetch it once on a machine with network access, or use a conf/model name such as 'smollm2'"
+    if not Path(name).is_dir() and not hub_cached(name):  # a local checkpoint folder needs no hub
+        if hub_offline():
+            raise JobError(f"model {name!r} is not in the local Hugging Face cache and the hub is offline "
+                           f"(HF_HUB_OFFLINE=1): unset HF_HUB_OFFLINE and {fix}")
+        proxy = any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
+        if not proxy and not hub_reachable():  # one 2 s probe instead of a minute of retries
+            raise JobError(f"model {name!r} is not in the local Hugging Face cache and the hub is "
+                           f"unreachable (no network): {fix}")
+    try:
+        return load_model(cfg)
+    except OSError as e:  # huggingface_hub reports unreachable or unknown repos as OSError subclasses
+        raise JobError(f"model {name!r} could not be loaded from the Hugging Face hub: {first_line(e)} "
+                       "(check the id, the network, and HF_TOKEN for gated models)") from None
 
 
 @contextlib.contextmanager

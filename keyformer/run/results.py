@@ -8,8 +8,9 @@
     rougeLsum, kv_bytes, kv_bytes_full, batch, batch_size, prefill_ms, decode_ms, n_decode_steps``
     (timings are per batch, repeated on each of its samples).
   * ``metrics.json``: aggregate metrics (see ``keyformer.run.metrics.aggregate``) plus ``model, dataset,
-    policy, budget, recent, policy_params, seed, n_samples, versions, git_commit, sentence_splitter`` and
-    ``complete: true`` once every sample is done.
+    policy, budget, recent, policy_params, seed, n_samples, versions, git_commit, sentence_splitter``,
+    ``slurm`` (the SLURM job that wrote it, :func:`slurm_job`; null outside SLURM) and ``complete: true``
+    once every sample is done.
 
 Resume: a directory whose metrics.json says ``complete`` is skipped; otherwise samples whose ids are
 already in predictions.jsonl are not recomputed. A torn last line (a kill mid-write) is dropped.
@@ -255,6 +256,31 @@ def code_tree(repo: str | os.PathLike | None = None, paths: Sequence[str] = CODE
     if not diff:
         return tree
     return f"{tree}-dirty.{hashlib.sha256(diff.encode()).hexdigest()[:8]}"  # which uncommitted changes
+
+
+# metrics.json's ``slurm`` fields and the variables SLURM sets in a job's environment
+SLURM_ENV = {"job_id": "SLURM_JOB_ID", "array_job_id": "SLURM_ARRAY_JOB_ID",
+             "array_task_id": "SLURM_ARRAY_TASK_ID", "node": "SLURMD_NODENAME",
+             "cluster": "SLURM_CLUSTER_NAME", "partition": "SLURM_JOB_PARTITION",
+             "restart_count": "SLURM_RESTART_COUNT"}
+SLURM_INTS = frozenset({"job_id", "array_job_id", "array_task_id", "restart_count"})
+
+
+def slurm_job(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The SLURM job this process runs in, from its environment: ``job_id`` (the job's own id, unique per
+    array task), ``array_job_id`` and ``array_task_id`` (null outside an array), ``node``, ``cluster``,
+    ``partition`` and ``restart_count`` (0 unless SLURM requeued the job); None outside a SLURM job."""
+    env = os.environ if environ is None else environ
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    out: dict[str, Any] = {}
+    for field, var in SLURM_ENV.items():
+        value = env.get(var) or None
+        if value is not None and field in SLURM_INTS:
+            value = int(value) if value.isdigit() else value  # ids are integers; keep anything else verbatim
+        out[field] = value
+    out["restart_count"] = out["restart_count"] or 0
+    return out
 
 
 def versions() -> dict[str, str]:

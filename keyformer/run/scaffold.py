@@ -23,8 +23,6 @@ job starts).
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib
 import logging
 import sys
@@ -33,12 +31,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from keyformer.run.paths import CONF_DIR, PACKAGE
-from keyformer.run.results import CONFIG, ResultsDir, git_commit, git_dirty_files, versions
+from keyformer.run.paths import CONF_DIR
+from keyformer.run.results import CONFIG, ResultsDir, git_commit, git_dirty_files, slurm_job, versions
 from keyformer.run.validate import ConfigError, UserError, first_line
 
-# Source files (relative to the package) whose code changes what every task computes.
-CORE_CODE = ("core", "run/loading.py")
 TASKS = {"generate": "keyformer.run.tasks.generate:GenerateTask",
          "lm_eval": "keyformer.run.tasks.lm_eval.task:LmEvalTask"}
 
@@ -49,8 +45,9 @@ class Task:
     name = "task"
     #: results resume sample by sample (``True``), or a partial folder is recomputed (``False``)
     resumable = True
-    #: files/folders of the package whose code changes this task's outputs (the identity's code version)
-    code: tuple[str, ...] = CORE_CODE
+    #: non-Python files or folders (relative to the package) the task reads; its modules' code is found
+    #: from the import closure of the task's own module (:func:`code_version`)
+    data: tuple[str, ...] = ()
 
     def validate(self, cfg: Mapping[str, Any]) -> Any:
         """Check ``cfg`` before any model loads (one-line :class:`UserError`s) and return the job's policy,
@@ -82,24 +79,19 @@ def task_for(cfg: Mapping[str, Any]) -> Task:
 
 
 # -- identity ------------------------------------------------------------------------------------------------
-@functools.cache
-def code_version(files: Sequence[str] = CORE_CODE) -> str:
-    """``<package version>+<12 hex>``: a hash of the source files that change outputs, so a resumed run
-    never mixes results of different code (a refactor elsewhere does not count). Taken once per process:
-    a sweep's later jobs run the code imported by its first, whatever is on disk by then."""
+def code_version(modules: Sequence[str], data: Sequence[str] = ()) -> str:
+    """``<package version>+<12 hex>``: a hash of every project module ``modules`` import, transitively, and
+    of the ``data`` files they read (:mod:`keyformer.run.code_identity`), so a resumed run never mixes
+    results of different code. A module or path that does not exist is an error."""
     from importlib import metadata
 
-    h = hashlib.sha256()
-    for rel in sorted(files):
-        p = PACKAGE / rel
-        for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
-            if f.is_file() and f.suffix in (".py", ".yaml") and "__pycache__" not in f.parts:
-                h.update(str(f.relative_to(PACKAGE)).encode() + b"\0" + f.read_bytes() + b"\0")
+    from keyformer.run.code_identity import code_hash
+
     try:
         base = metadata.version("keyformer-lab")
     except metadata.PackageNotFoundError:
         base = "0"
-    return f"{base}+{h.hexdigest()[:12]}"
+    return f"{base}+{code_hash(tuple(modules), tuple(data))}"
 
 
 def model_revision(model: Mapping[str, Any]) -> str | None:
@@ -144,7 +136,8 @@ def resolved(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
         out["gpu"] = torch.cuda.get_device_name(torch.device(device))
     v = versions()
     out["versions"] = {"torch": v.get("torch"), "transformers": v.get("transformers"),
-                       "keyformer": code_version(task.code), **task.versions()}
+                       "keyformer": code_version((type(task).__module__,), task.data),
+                       **task.versions()}
     return out
 
 
@@ -234,7 +227,7 @@ def common_metrics(job: Job, wall_s: float) -> dict[str, Any]:
         "task": job.task.name, "model": cfg["model"]["name"], "model_source": cfg["model"].get("source"),
         "model_revision": ident.get("model_revision"), "device": ident["device"], "dtype": ident["dtype"],
         "seed": cfg["seed"], "versions": vers, "code_version": ident["versions"]["keyformer"],
-        "git_commit": git_commit(dirty=dirty), "git_dirty": dirty, "wall_s": wall_s,
+        "git_commit": git_commit(dirty=dirty), "git_dirty": dirty, "wall_s": wall_s, "slurm": slurm_job(),
     }
 
 

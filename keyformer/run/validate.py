@@ -343,7 +343,7 @@ def check_keys(argv: list[str], composed: Mapping[str, Any]) -> str | None:
         key = arg.split("=", 1)[0]
         plus = key.startswith("+")
         key = key.lstrip("+")
-        if "@" in key or key.startswith("hydra") or key in ("output_dir",) or key.startswith("experiment"):
+        if "@" in key or key.startswith(("hydra", "experiment", "benchmark")) or key in ("output_dir",):
             continue
         if "/" in key:  # a group path (hydra/launcher=..., experiment/...): Hydra's groups
             continue

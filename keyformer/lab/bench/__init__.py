@@ -5,7 +5,6 @@
 * :mod:`keyformer.lab.bench.gpu` (``keyformer-gpu-bench``): GPT-J-6B- and MPT-7B-shaped models on CUDA,
   latency and throughput, full vs a policy.
 * :mod:`keyformer.lab.bench.gpu_profile` (``keyformer-gpu-profile``): where a GPU decode step's time goes.
-* :mod:`keyformer.lab.bench.kvpress_compare` (``keyformer-bench-kvpress``): side by side with NVIDIA kvpress.
 
 Importing this package loads nothing heavy; each module imports torch itself.
 """

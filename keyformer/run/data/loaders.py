@@ -76,37 +76,56 @@ def check_source(ds: Mapping[str, Any]) -> None:
         )
 
 
+def essay_source(ds: Mapping[str, Any]) -> str:
+    """``dataset.essay_source`` of a ruler config; ``file`` when the key is absent (configs written before it
+    existed read the essay file)."""
+    return str(ds.get("essay_source") or "file")
+
+
 def _check_ruler_source(ds: Mapping[str, Any]) -> None:
-    """DataError when a ruler task with an essay haystack has no local essay file."""
+    """DataError when a ruler task with an essay haystack reads an essay file that is not there."""
     from keyformer.run.data.ruler import essay_path, needs_essay
 
-    if not needs_essay(str(ds.get("ruler_task"))):
+    if not needs_essay(str(ds.get("ruler_task"))) or essay_source(ds) == "generated":
         return
     path = essay_path(str(ds.get("essay_file") or "cnn_dailymail.jsonl"), ds.get("essay_path"))
     if path is None or not path.is_file():
         raise DataError(f"dataset 'ruler': task {ds.get('ruler_task')} needs the essay haystack, local file "
                         f"{path} "
-                        f"not found; set {DATA_DIR_ENV} to a folder holding {ds.get('essay_file')} or set "
-                        "dataset.essay_path=/path/to/file.jsonl")
+                        f"not found; set dataset.essay_source=generated (no file), {DATA_DIR_ENV} to a "
+                        f"folder holding {ds.get('essay_file')}, or dataset.essay_path=/path/to/file.jsonl")
 
 
 def load_ruler(ds: Mapping[str, Any], n: int | None, model: Mapping[str, Any] | None = None) -> list[dict]:
     """Generate the ``ruler`` records (``keyformer/run/data/ruler.py``). Lengths are counted in the tokens
     of ``dataset.tokenizer``: ``model`` (default) = the run's model node ``model`` (SmolLM2's tokenizer when
     none is given, and for tiny models), ``smollm2`` = SmolLM2's whatever the model."""
-    from keyformer.run.data.ruler import essay_path, essay_words, generate_ruler, needs_essay
+    from keyformer.run.data.ruler import (
+        essay_path,
+        essay_words,
+        generate_ruler,
+        generated_essay_words,
+        needs_essay,
+    )
     from keyformer.run.loading import load_tokenizer, smollm2_tokenizer
 
     task = str(ds["ruler_task"])
     essay = None
-    if needs_essay(task):
+    if needs_essay(task) and essay_source(ds) == "generated":
+        essay = generated_essay_words(int(ds["length"]))  # the search never needs more words than tokens
+    elif needs_essay(task):
         _check_ruler_source(ds)
         path = essay_path(str(ds.get("essay_file") or "cnn_dailymail.jsonl"), ds.get("essay_path"))
         essay = essay_words(str(path), str(ds.get("essay_field") or "article"))
     count = max(n or 0, int(ds.get("n", 100)))
     which = str(ds.get("tokenizer") or "model")
     tok = load_tokenizer(model) if which == "model" and model is not None else smollm2_tokenizer()
-    return generate_ruler(task, int(ds["length"]), count, tok, int(ds.get("seed", 0)), essay)
+    from keyformer.run.data.ruler import RulerError
+
+    try:
+        return generate_ruler(task, int(ds["length"]), count, tok, int(ds.get("seed", 0)), essay)
+    except RulerError as e:  # a length too short for the task: one line naming the key
+        raise ConfigError(f"dataset.{e.key}", ds.get(e.key), str(e)) from None
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -282,6 +301,11 @@ def check_options(ds: Mapping[str, Any]) -> None:
         if ds.get("ruler_task") not in RULER_TASKS:
             raise ConfigError("dataset.ruler_task", ds.get("ruler_task"), f"allowed: "
                                                                           f"{', '.join(RULER_TASKS)}")
+        from keyformer.run.data.ruler import ESSAY_SOURCES
+
+        if essay_source(ds) not in ESSAY_SOURCES:
+            raise ConfigError("dataset.essay_source", ds.get("essay_source"),
+                              f"the essay haystack; allowed: {', '.join(ESSAY_SOURCES)}")
         if str(ds.get("tokenizer") or "model") not in RULER_TOKENIZERS:
             raise ConfigError("dataset.tokenizer", ds.get("tokenizer"),
                               f"whose tokens measure dataset.length; allowed: {', '.join(RULER_TOKENIZERS)}")

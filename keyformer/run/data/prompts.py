@@ -56,10 +56,48 @@ LONGBENCH_MULTIFIELDQA_EN = (
     "{question}\nAnswer:"
 )
 
+# Base models (model.prompt_style=base) get a completion to continue instead of the Alpaca scaffolding
+# (experiment 9: Gemma 3 270M answered the Alpaca prompt with "The following is a response to the
+# instruction.").
+BASE_SUMMARY = "Article: {document}\n\nSummary:"
+BASE_QA = "{instruction}\n\n{document}\n\nQuestion: {question}\nAnswer:"
+
 TEMPLATES = {"alpaca": ALPACA, "soda": SODA, "chat": CHAT, "alpaca_qa": ALPACA_QA, "chat_qa": CHAT_QA,
              "longbench_multi_news": LONGBENCH_MULTI_NEWS, "longbench_qasper": LONGBENCH_QASPER,
-             "longbench_multifieldqa_en": LONGBENCH_MULTIFIELDQA_EN}
+             "longbench_multifieldqa_en": LONGBENCH_MULTIFIELDQA_EN, "base_summary": BASE_SUMMARY,
+             "base_qa": BASE_QA}
 CHAT_TEMPLATES = {"alpaca": "chat", "alpaca_qa": "chat_qa"}  # what an instruct model gets instead
+BASE_TEMPLATES = {"alpaca": "base_summary", "alpaca_qa": "base_qa"}  # what a base model gets instead
+PROMPT_STYLES = ("instruct", "base", "auto")  # model.prompt_style
+CHAT_CHOICES = ("auto", True, False)  # model.chat_template
+
+
+def use_chat_template(model: Mapping[str, Any], tokenizer: Any) -> bool:
+    """Whether prompts go through the tokenizer's chat template: ``model.chat_template`` ``true`` (required:
+    a ValueError when the tokenizer has none), ``auto`` (when it has one) or ``false``."""
+    choice = model.get("chat_template", False)
+    has = getattr(tokenizer, "chat_template", None) is not None
+    if choice == "auto":
+        return has
+    if choice is True and not has:
+        raise ValueError(f"model.chat_template=true but the tokenizer of {model.get('name')} has no chat "
+                         "template; use model.chat_template=auto or false")
+    return bool(choice)
+
+
+def styled_template(template: str, style: str, chat: bool) -> str:
+    """The dataset template a model of prompt style ``style`` gets: ``base`` (or ``auto`` without a chat
+    template) turns the Alpaca templates into completions (:data:`BASE_TEMPLATES`); other templates and the
+    ``instruct`` style keep the dataset's own."""
+    if style == "base" or (style == "auto" and not chat):
+        return BASE_TEMPLATES.get(template, template)
+    return template
+
+
+def chat_kwargs(tokenizer: Any) -> dict[str, Any]:
+    """Extra ``apply_chat_template`` arguments: ``enable_thinking=False`` where the template reads it
+    (Qwen3: no ``<think>`` block before the answer)."""
+    return {"enable_thinking": False} if "enable_thinking" in str(tokenizer.chat_template or "") else {}
 _SLOT = "\x00DOCUMENT\x00"
 TRUNCATIONS = ("end", "middle")  # which part of a too-long document is cut (dataset.truncation)
 
@@ -84,7 +122,8 @@ def prompt_parts(
     text = render(CHAT_TEMPLATES.get(template, template) if chat else template, record, instruction)
     if chat:
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True,
+            **chat_kwargs(tokenizer),
         )
     before, after = text.split(_SLOT)
     return before, after

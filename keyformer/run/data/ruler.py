@@ -16,6 +16,8 @@ are not built.
   ``KEYFORMER_DATA_DIR``, concatenated in file order and split at whitespace; needles go between sentences
   (``keyformer.run.metrics.regex_sentences``, as nltk's punkt is not available offline) at depths drawn from
   40 evenly spaced depths in [0, 100] %.
+* **Generated essay haystack** (``essay_source: generated``): deterministic English-like sentences built from
+  ``wonderwords``' lists (MIT licence) by :func:`generated_essay_words`, so the essay tasks need no file.
 * **Words** come from ``wonderwords``' noun, adjective and verb lists (as RULER).
 * **Determinism**: sample ``i`` of (task, length, seed) is drawn from ``random.Random`` seeded with a string
   naming all four, so it does not depend on how many samples are generated.
@@ -34,6 +36,7 @@ import json
 import math
 import os
 import random
+import re
 import string
 import uuid
 from collections.abc import Callable, Sequence
@@ -67,6 +70,19 @@ FWE_PREFIX = " Answer: According to the coded text above, the three most frequen
 DEPTHS = [round(100 * i / 39) for i in range(40)]  # RULER: np.round(np.linspace(0, 100, 40))
 LENGTHS = (4096, 8192, 16384, 32768)
 ESSAY_FILE, ESSAY_FIELD = "cnn_dailymail.jsonl", "article"
+ESSAY_SOURCES = ("generated", "file")  # dataset.essay_source: sentences made here | essay_file's text
+ESSAY_SEED = "keyformer-ruler-essay-v1"
+# Sentence frames of the generated essay, filled from wonderwords' adjectives, nouns and (base-form) verbs.
+ESSAY_FRAMES = (
+    "The {a} {n} will {v} the {n}.",
+    "A {n} is {a}, and the {n} is {a}.",
+    "Nobody knew why the {n} would {v} every {a} {n}.",
+    "In the {a} {n}, a {n} might {v}.",
+    "It is {a} to {v} a {n} before the {n} is {a}.",
+    "Every {n} near the {a} {n} tried to {v}.",
+    "They said the {n} could {v} the {a} {n} again.",
+    "Later that day, the {a} {n} began to {v}.",
+)
 
 
 @dataclass(frozen=True)
@@ -186,6 +202,27 @@ def essay_words(path: str, field: str = ESSAY_FIELD) -> tuple[str, ...]:
     if not words:
         raise RulerError("essay_field", f"{path} has no text in field {field!r}")
     return tuple(words)
+
+
+@lru_cache(maxsize=4)
+def generated_essay_words(n_words: int) -> tuple[str, ...]:
+    """The first ``n_words`` words of the generated essay: sentences of :data:`ESSAY_FRAMES` filled with
+    wonderwords' adjectives, nouns and verbs, drawn from one fixed seed, so a shorter essay is a prefix of a
+    longer one. No digits (the needles' values are numbers)."""
+    adjs, nouns = _key_parts()
+    verbs = tuple(sorted(set(wonder_list("verblist.txt"))))
+    rng = random.Random(ESSAY_SEED)
+    words: list[str] = []
+    while len(words) < n_words:
+        frame = rng.choice(ESSAY_FRAMES)
+        sentence = frame.replace("{a}", "\0a").replace("{n}", "\0n").replace("{v}", "\0v")
+        filled = []
+        for part in sentence.split("\0")[1:]:
+            pool = {"a": adjs, "n": nouns, "v": verbs}[part[0]]
+            filled.append(rng.choice(pool) + part[1:])
+        text = re.sub(r"\b([Aa]) (?=[aeiou])", r"\1n ", sentence.split("\0")[0] + "".join(filled))
+        words.extend(text.split())
+    return tuple(words[:n_words])
 
 
 # -- one sample per task -------------------------------------------------------------------------------------
@@ -369,9 +406,9 @@ def generate_ruler(task: str, length: int, n: int, tokenizer: Any, seed: int = 0
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise RulerError("n", f"n {n!r}: an integer >= 1 (samples)")
     if needs_essay(task) and not essay:
-        raise RulerError("essay_file", f"ruler task {task} needs the essay haystack: set KEYFORMER_DATA_DIR "
-                                       f"to a "
-                         f"folder holding {ESSAY_FILE} (or dataset.essay_path)")
+        raise RulerError("essay_file", f"ruler task {task} needs the essay haystack: set "
+                                       f"essay_source=generated, or KEYFORMER_DATA_DIR to a folder holding "
+                                       f"{ESSAY_FILE} (or essay_path)")
     target = length - tokens_to_generate(task)
 
     def count(text: str) -> int:

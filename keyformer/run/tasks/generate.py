@@ -15,7 +15,7 @@ from typing import Any
 
 from keyformer.run.data import encode_prompt, load_records
 from keyformer.run.metrics import ROUGE_KEYS, aggregate, score, sentence_splitter
-from keyformer.run.scaffold import CORE_CODE, Job, Task, policy_fields, run_job
+from keyformer.run.scaffold import Job, Task, policy_fields, run_job
 from keyformer.run.validate import ConfigError, JobError, first_line
 
 
@@ -26,7 +26,6 @@ class Backend:
     load: Callable[[Mapping[str, Any]], tuple[Any, Any]]  # cfg -> (model, tokenizer)
     generate: Callable[..., Any]  # keyformer.core.generate.generate
     generate_from_context: Callable[..., Any] | None = None  # keyformer.core.generate.generate_from_context
-    make_policy: Callable[..., Any] | None = None  # unused: the scaffold builds the policy (Job.policy)
 
 
 def core_backend() -> Backend:
@@ -145,6 +144,50 @@ def _with_prefix(tok: Any, rec: Mapping[str, Any], enc: tuple[list[int], int]) -
     return list(enc[0]) + list(tok(prefix, add_special_tokens=False)["input_ids"]), enc[1]
 
 
+def check_prompt_options(model: Mapping[str, Any]) -> None:
+    """ConfigError for a hub model without a name, or a ``chat_template`` / ``prompt_style`` outside their
+    choices."""
+    from keyformer.run.data.prompts import CHAT_CHOICES, PROMPT_STYLES
+
+    if model.get("source") == "hub" and not model.get("name"):
+        raise ConfigError("model.name", model.get("name"),
+                          "model=hub needs the hub id: model.name=<org/name>, e.g. model.name=Qwen/Qwen3-8B")
+    if model.get("chat_template", False) not in CHAT_CHOICES:
+        raise ConfigError("model.chat_template", model.get("chat_template"), "allowed: auto, true, false")
+    if str(model.get("prompt_style") or "instruct") not in PROMPT_STYLES:
+        raise ConfigError("model.prompt_style", model.get("prompt_style"),
+                          f"allowed: {', '.join(PROMPT_STYLES)}")
+
+
+def prompt_setup(cfg: Mapping[str, Any], tok: Any) -> tuple[bool, str]:
+    """(chat template on?, the dataset template for this model's prompt style): ``model.chat_template`` and
+    ``model.prompt_style`` (``keyformer.run.data.prompts``)."""
+    from keyformer.run.data.prompts import styled_template, use_chat_template
+
+    try:
+        chat = use_chat_template(cfg["model"], tok)
+    except ValueError as e:
+        raise ConfigError("model.chat_template", cfg["model"].get("chat_template"), str(e)) from None
+    template = styled_template(str(cfg["dataset"].get("template", "alpaca")),
+                               str(cfg["model"].get("prompt_style") or "instruct"), chat)
+    return chat, template
+
+
+def check_uncut(rec: Mapping[str, Any], n_tokens: int, cut: int, limit: int, cfg: Mapping[str, Any]) -> None:
+    """A RULER record is never cut: a prompt of ``n_tokens`` kept + ``cut`` tokens over ``limit`` is a
+    ConfigError naming both numbers (``limit`` is ``max_prompt_tokens``, or lower where the model's positions
+    end)."""
+    if not cut or "ruler_task" not in rec:
+        return
+    mpt = cfg["max_prompt_tokens"]
+    why = (f"max_prompt_tokens={mpt}" if limit == int(mpt) else
+           f"the model's positions minus generation.max_new_tokens={cfg['generation']['max_new_tokens']}")
+    msg = (f"RULER prompt {rec['id']} has {n_tokens + cut} tokens, more than the limit {limit} ({why}); "
+           f"RULER prompts are never cut: raise max_prompt_tokens or lower dataset.length "
+           f"(={rec.get('ruler_length')})")
+    raise ConfigError("max_prompt_tokens", mpt, msg, message=msg)
+
+
 def _unique_ids(records: list[dict]) -> list[dict]:
     seen: dict[str, int] = {}
     for r in records:
@@ -160,7 +203,6 @@ class GenerateTask(Task):
     ROUGE plus the dataset's ``metrics`` (:func:`keyformer.run.metrics.score`)."""
 
     name = "generate"
-    code = (*CORE_CODE, "data", "metrics.py", "runner.py")
 
     def __init__(self, backend: Backend | None = None):
         self.backend = backend
@@ -169,6 +211,7 @@ class GenerateTask(Task):
         from keyformer.run.data import check_options, check_source
         from keyformer.run.validate import validate
 
+        check_prompt_options(cfg["model"])
         policy = validate(cfg)
         check_options(cfg["dataset"])  # truncation, metrics, the needle grid: ConfigError
         check_source(cfg["dataset"])  # a missing local file or an offline hub: DataError
@@ -234,11 +277,13 @@ def _generate_all(
     policy = job.policy  # built once by the scaffold
     ds, gen = cfg["dataset"], cfg["generation"]
     limit = prompt_limit(cfg, model)
-    chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
+    chat, template = prompt_setup(cfg, tok)
     truncation, metrics = str(ds.get("truncation", "end")), tuple(ds.get("metrics") or ())
-    encoded = [encode_prompt(tok, r, ds.get("template", "alpaca"), ds.get("instruction", ""), limit, chat,
+    encoded = [encode_prompt(tok, r, template, ds.get("instruction", ""), limit, chat,
                              truncation) for r in todo]
     encoded = [_with_prefix(tok, r, e) for r, e in zip(todo, encoded, strict=True)]
+    for r, e in zip(todo, encoded, strict=True):
+        check_uncut(r, len(e[0]), e[1], limit, cfg)
     device, bs = _device(model), int(cfg["batch_size"])
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     from keyformer.core.quant import kv_quant_from
@@ -358,9 +403,9 @@ def _generate_agnostic(
     if int(gen["num_beams"]) != 1:
         raise ConfigError("generation.num_beams", gen["num_beams"], "query_agnostic decodes greedily: use 1")
     limit = prompt_limit(cfg, model)
-    chat = bool(cfg["model"].get("chat_template")) and getattr(tok, "chat_template", None) is not None
+    chat, template = prompt_setup(cfg, tok)
     truncation, metrics = str(ds.get("truncation", "end")), tuple(ds.get("metrics") or ())
-    template, instruction = ds.get("template", "alpaca"), ds.get("instruction", "")
+    instruction = ds.get("instruction", "")
     device = _device(model)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     kv_quant = kv_quant_from(cfg.get("kv_quant"))
@@ -371,6 +416,7 @@ def _generate_agnostic(
         queries = record_queries(rec)
         parts = [split_question(tok, q, template, instruction, limit, chat, truncation) for q in queries]
         ctx = parts[0][0]
+        check_uncut(rec, len(ctx) + len(parts[0][1]), parts[0][2], limit, cfg)
         if any(p[0] != ctx for p in parts):
             raise ConfigError("dataset.template", template,
                               "query_agnostic needs every question after the document (one shared context)")

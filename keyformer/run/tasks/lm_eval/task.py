@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from keyformer.run.scaffold import CORE_CODE, Job, Task, policy_fields, run_job
+from keyformer.run.scaffold import Job, Task, policy_fields, run_job
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 LOCAL_TASKS = ("piqa", "winogrande", "openbookqa", "copa", "hellaswag", "arc_easy", "arc_challenge",
@@ -166,7 +166,7 @@ class LmEvalTask(Task):
 
     name = "lm_eval"
     resumable = False
-    code = (*CORE_CODE, "lmeval")
+    data = ("run/tasks/lm_eval/tasks",)  # the kf_* task YAMLs lm-eval reads
 
     def __init__(self, model: Any = None, tokenizer: Any = None):
         self.model, self.tokenizer = model, tokenizer

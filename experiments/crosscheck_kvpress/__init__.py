@@ -1,0 +1,1 @@
+"""Experiment crosscheck_kvpress: its definition is README.md beside this file."""

@@ -1,0 +1,62 @@
+"""The kvpress cross-check's report sections: its committed tables."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+
+def kvpress(res: Path, name: str = "crosscheck_kvpress") -> None:
+    """The kvpress cross-check's table as committed by ``kvpress_crosscheck.py``
+    (``table.md``)."""
+    f = res / name / "table.md"
+    if not f.exists():
+        return
+    rows = [line for line in f.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+    print(f"\n### {name}: ours vs kvpress, kept sets after the prompt and greedy outputs ({name}/table.md)\n")
+    print("\n".join(rows))
+
+
+# name -> section; a page quotes a section between <!-- keyformer-report:NAME --> markers
+SECTIONS: dict[str, Callable[[Path], None]] = {
+    'kvpress': kvpress,
+    'kvpress_new': lambda res: kvpress(res, "crosscheck_kvpress/new_policies"),
+    'kvpress_kvzip': lambda res: kvpress(res, "crosscheck_kvpress/kvzip"),
+    'kvpress_kvzip_long': lambda res: kvpress(res, "crosscheck_kvpress/kvzip_long"),
+}
+
+
+# -- page (keyformer.lab.pages): a correctness check, no paired statistics --------------------------------
+TITLE = "Cross-check: kvpress"
+QUESTION = "Do our policies keep the same tokens and give the same outputs as NVIDIA kvpress's?"
+
+
+def _rows(res: Path, folder: str) -> list[dict[str, str]]:
+    f = res / folder / "table.md"
+    if not f.is_file():
+        return []
+    lines = [ln for ln in f.read_text(encoding="utf-8").splitlines() if ln.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(head, (c.strip() for c in ln.strip("|").split("|")), strict=False)) for ln in lines[2:]]
+
+
+def agreement(res: Path, doc: dict | None) -> str:
+    """Per committed run: how many (method, budget) rows keep identical sets everywhere, and the lowest
+    mean Jaccard of the others, read from each run's table.md."""
+    out = []
+    for folder in ("crosscheck_kvpress", "crosscheck_kvpress/new_policies", "crosscheck_kvpress/kvzip",
+                   "crosscheck_kvpress/kvzip_long"):
+        rows = _rows(res, folder)
+        if not rows:
+            continue
+        same = [r for r in rows if r.get("ident.") == "1.000"]
+        rest = [r for r in rows if r.get("ident.") != "1.000"]
+        low = min(rest, key=lambda r: float(r["Jaccard"])) if rest else None
+        lowest = (f"; the lowest mean Jaccard: {low['method']} at budget {low['budget']} ({low['Jaccard']})"
+                  if low else "")
+        out.append(f"- `{folder}`: {len(same)} of {len(rows)} rows (method, budget; the `[kv: ...]` variants "
+                   f"included) keep identical sets in every layer and head{lowest}.")
+    return "\n".join(out)
+
+
+PLACEHOLDERS = {"agreement": agreement}

@@ -1,0 +1,1 @@
+"""Experiment exp1_cnndm: its definition is README.md beside this file."""

@@ -1,0 +1,1 @@
+"""Experiment exp2_dialogsum: its definition is README.md beside this file."""

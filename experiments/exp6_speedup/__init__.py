@@ -1,0 +1,1 @@
+"""Experiment exp6_speedup: its definition is README.md beside this file."""

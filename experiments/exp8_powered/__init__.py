@@ -1,0 +1,1 @@
+"""Experiment exp8_powered: its definition is README.md beside this file."""

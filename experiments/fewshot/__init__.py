@@ -1,0 +1,1 @@
+"""Experiment fewshot: its definition is README.md beside this file."""

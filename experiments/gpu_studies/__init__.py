@@ -1,0 +1,1 @@
+"""Experiment gpu_studies: its definition is README.md beside this file."""
