@@ -12,18 +12,15 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from transformers import AttentionInterface, LogitsProcessor, LogitsProcessorList
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from keyformer import generate, make_cache, make_policy, tiny_model
+from keyformer.contract import adaptive, naive_logits, policy_row_score
 from keyformer.core.models import layer_windows
-from keyformer.core.noise import prompt_noise
 from keyformer.core.policies import POLICIES
-from keyformer.core.policies.base import Context, Policy
+from keyformer.core.policies.base import Policy
 
 N, NEW = 36, 10
 # The naive forward needs the AttentionInterface (MPT: physical == mask only). gemma3_text: hybrid
@@ -48,9 +45,7 @@ def _policy(name: str, **kw):
     return make_policy(name, **kw)
 
 
-def _adaptive(policy) -> bool:
-    """Whether the policy shares a layer's budget among its heads (Ada-KV): it writes ``head_budgets``."""
-    return type(policy).head_budgets is not Policy.head_budgets
+_adaptive = adaptive  # whether the policy shares a layer's budget among its heads (Ada-KV)
 
 
 def _prompt(seed: int, n: int = N) -> torch.Tensor:
@@ -180,29 +175,6 @@ def test_padded_batch_equals_alone(model, name):
 
 
 # -- the naive reference -------------------------------------------------------------------------------------
-_REF: dict = {}
-
-
-def _naive_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    B, Hq, S, D = query.shape
-    G = Hq // key.shape[1]
-    kk, vv = key.repeat_interleave(G, dim=1), value.repeat_interleave(G, dim=1)
-    logits = (query @ kk.transpose(-1, -2)).float() * (scaling or D**-0.5)  # [1, Hq, S, S]
-    if kwargs.get("softcap") is not None:  # Gemma 2: the policy scores the capped logits' softmax
-        logits = torch.tanh(logits / kwargs["softcap"]) * kwargs["softcap"]
-    if kwargs.get("sliding_window") is not None:  # a sliding layer: the model's band, no policy
-        i, j = torch.arange(S).view(-1, 1), torch.arange(S).view(1, -1)
-        mask = ((j <= i) & (j > i - kwargs["sliding_window"])).expand(Hq, S, S)
-    else:
-        mask = _REF["mask_fn"](logits[0], module.layer_idx).repeat_interleave(G, dim=0)  # [Hq, S, S]
-    probs = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
-    return (probs.to(vv.dtype) @ vv).transpose(1, 2), None
-
-
-AttentionInterface.register("kf_contract_naive", _naive_attention)
-AttentionMaskInterface.register("kf_contract_naive", sdpa_mask)
-
-
 def _row_score(policy, probs: torch.Tensor, noise: torch.Tensor, step: int, horizon: int) -> torch.Tensor:
     """One query row's scores [S] from its attention probabilities [S]; H2O and Keyformer as plain math."""
     if policy.name == "h2o":
@@ -211,113 +183,15 @@ def _row_score(policy, probs: torch.Tensor, noise: torch.Tensor, step: int, hori
         # logits + Gumbel, up to a row constant
         x = probs.log() - noise.log() if policy.noise else probs.log()
         return torch.softmax(x / policy.tau(step, horizon), -1)
-    ctx = Context(step=step, horizon=horizon, noise=lambda draw=0: noise.view(1, 1, 1, 1, -1))
-    return policy.score(probs.view(1, 1, 1, 1, -1).clone(), ctx).view(-1)
+    return policy_row_score(policy, probs, noise, step, horizon)
 
 
-def naive_masks(policy, n: int, hkv: int, seed: int, horizon: int):
-    """Mask function for :func:`_naive_attention`: python sets, row by row, per KV head."""
-    k = int(policy.budget_tokens(torch.tensor([n]))[0]) if policy.evicts else 10**9
-    w = min(int(policy.recent_tokens(torch.tensor([k]))[0]), k) if policy.evicts else 0
-    rows = n if policy.observe_rows is None else min(n, policy.observe_rows)
-
-    def prio_of(state, kept, cur, step):
-        pos = torch.tensor(kept).view(1, 1, -1)
-        ctx = Context(step=step, pos=pos, newest=torch.tensor([cur]), recent_window=torch.tensor([w]))
-        p = policy.priority(state[kept].view(1, 1, -1).clone(), ctx)
-        return {j: float(v) for j, v in zip(kept, p.view(-1).tolist(), strict=True)}
-
-    def fold(state, idx, s, ctx):
-        """The policy's accumulation rule (sum for most; TOVA replaces) on the entries ``idx``."""
-        part = state[idx].view(1, 1, -1).clone()
-        policy.accumulate(part, s.view(1, 1, -1), ctx)
-        state[idx] = part.view(-1)
-
-    def layer_k(layer: int) -> int:
-        if not policy.evicts:
-            return k
-        return layer_budgets(policy, k, n, _REF["acts"], _REF["layers"])[layer]  # hybrid: global layers
-
-    def ranked(items):  # (priority, position, head): kept first; ties to the more recent position
-        return sorted(items, key=lambda t: (-t[0], -t[1], t[2]))
-
-    def cut(prios: list[dict[int, float]], kl: int) -> list[list[int]]:
-        """The prompt cut of every head: recent window + top priorities, per head or shared (Ada-KV)."""
-        heads = range(len(prios))
-        pr = [{j: (torch.inf if j > n - 1 - w else p) for j, p in prios[h].items()} for h in heads]
-        quota = [min(n, kl)] * len(prios)
-        if _adaptive(policy) and kl < n:
-            safe = int(kl * policy.alpha_safeguard)
-            boosted = []
-            for h in heads:
-                top = {j for _, j, _ in ranked([(p, j, h) for j, p in pr[h].items()])[:safe]}
-                boosted += [(torch.inf if j in top else p, j, h) for j, p in pr[h].items()]
-            chosen = ranked(boosted)[: kl * len(prios)]
-            quota = [sum(1 for _, _, hh in chosen if hh == h) for h in heads]
-        return [sorted(j for _, j, _ in ranked([(p, j, h) for j, p in pr[h].items()])[: quota[h]])
-                for h in heads]
-
-    def fn(logits, layer):  # logits [Hq, S, S] -> [Hkv, S, S]
-        Hq, S, _ = logits.shape
-        G = Hq // hkv
-        kl = layer_k(layer)
-        masks, states, prios, accs = [], [], [], []
-        # one set per layer (TOVA): mean of heads
-        layer_mean = getattr(policy, "head_reduction", None) == "layer"
-        for h in range(hkv):  # the prompt: full attention, scores of the observed rows
-            m = torch.zeros(S, S, dtype=torch.bool)
-            acc = torch.zeros(n)
-            for r in range(n):
-                m[r, : r + 1] = True
-                if policy.needs_attention and r >= n - rows:
-                    pn = prompt_noise(seed, layer, r, r + 1, Hq, "cpu")[:, 0]
-                    for g in range(G):
-                        probs = torch.softmax(logits[h * G + g, r, : r + 1], -1)
-                        acc[: r + 1] += _row_score(policy, probs, pn[h * G + g, : r + 1], 0, horizon)
-            masks.append(m)
-            accs.append(acc)
-        if layer_mean:
-            accs = [torch.stack(accs).mean(0)] * hkv
-        for h in range(hkv):  # folded into the state, pooled, prioritised
-            state = torch.zeros(S)
-            if policy.needs_attention:
-                ctx = (Context(step=0, horizon=horizon, pos=torch.arange(n).view(1, 1, -1),
-                               newest=torch.tensor([n - 1])))
-                fold(state, list(range(n)), accs[h], ctx)
-                state[:n] = policy.after_prompt(state[:n].view(1, 1, -1).clone(), ctx).view(-1)
-            states.append(state)
-            prios.append(prio_of(state, list(range(n)), n - 1, 0))
-        cuts = cut(prios, kl) if kl < n else [list(range(n))] * hkv
-        for h in range(hkv):  # decode: each head at its own budget
-            m, state, kept = masks[h], states[h], cuts[h]
-            kh = len(kept) if _adaptive(policy) else kl
-            for i in range(n, S):
-                t = i - n + 1
-                vis = [*kept, i]
-                m[i, vis] = True
-                if policy.schedule.when == "prompt" or not policy.evicts:
-                    kept = vis
-                    continue
-                if policy.needs_attention:
-                    pn = prompt_noise(seed, layer, i, i + 1, Hq, "cpu")[:, 0]
-                    row = torch.zeros(len(vis))
-                    # layer mean: every head holds this same set
-                    for hh in (range(hkv) if layer_mean else [h]):
-                        for g in range(G):
-                            probs = torch.softmax(logits[hh * G + g, i, vis], -1)
-                            row += _row_score(policy, probs, pn[hh * G + g, vis], t, horizon)
-                    row = row / hkv if layer_mean else row
-                    fold(state, vis, row, Context(step=t, horizon=horizon))
-                kept = vis
-                if policy.schedule.cuts_at(t):  # every step, or every n steps (a buffer cut at once)
-                    prio = prio_of(state, kept, i, t)
-                    while len(kept) > kh:
-                        cands = [j for j in kept if not j > i - w]
-                        victim = min(cands or kept, key=lambda j: (prio[j], j))
-                        kept = [j for j in kept if j != victim]
-        return torch.stack(masks)
-
-    return fn
+def _layer_k(policy, n: int, model):
+    """Each layer's budget by the hand formula of :func:`layer_budgets` (hybrid models: global layers)."""
+    k = int(policy.budget_tokens(torch.tensor([n]))[0]) if policy.evicts else n
+    acts = [li for li, w in enumerate(layer_windows(model.config)) if w is None]
+    per = layer_budgets(policy, k, n, acts, model.config.num_hidden_layers) if policy.evicts else None
+    return (lambda layer: per[layer]) if per else None
 
 
 @pytest.mark.parametrize("arch_name", ARCHS)
@@ -332,15 +206,8 @@ def test_matches_naive_reference(arch_name, name):
         pol = make_policy(name, budget=0.5, recent=0.2)
     out = generate(model, ids, None, pol, max_new_tokens=NEW, output_logits=True, seed=11)
     seq = torch.cat([ids, out.sequences[:, :-1]], dim=1)
-    naive = model.__class__(copy.deepcopy(model.config)).eval()
-    naive.load_state_dict(model.state_dict())
-    naive.set_attn_implementation("kf_contract_naive")
-    hkv = getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads
-    _REF["layers"] = model.config.num_hidden_layers
-    _REF["acts"] = [li for li, w in enumerate(layer_windows(model.config)) if w is None]
-    _REF["mask_fn"] = naive_masks(pol, N, hkv, seed=11, horizon=NEW)
-    with torch.inference_mode():
-        logits = naive(input_ids=seq, use_cache=False).logits[:, N - 1:]
+    logits = naive_logits(model, pol, seq, N, seed=11, horizon=NEW, layer_k=_layer_k(pol, N, model),
+                          row_score=_row_score)
     assert (logits - out.logits).abs().max() < 1e-4
     assert torch.equal(logits.argmax(-1), out.sequences)
 
@@ -357,14 +224,8 @@ def test_prefill_only_matches_naive_reference(name):
     # the last token is not cached yet
     assert all(len(s) == k + NEW - 1 for s in out.cache.kept_positions(0)[0])
     seq = torch.cat([ids, out.sequences[:, :-1]], dim=1)
-    naive = model.__class__(copy.deepcopy(model.config)).eval()
-    naive.load_state_dict(model.state_dict())
-    naive.set_attn_implementation("kf_contract_naive")
-    _REF["layers"] = model.config.num_hidden_layers
-    _REF["acts"] = [li for li, w in enumerate(layer_windows(model.config)) if w is None]
-    _REF["mask_fn"] = naive_masks(pol, N, model.config.num_key_value_heads, seed=3, horizon=NEW)
-    with torch.inference_mode():
-        logits = naive(input_ids=seq, use_cache=False).logits[:, N - 1:]
+    logits = naive_logits(model, pol, seq, N, seed=3, horizon=NEW, layer_k=_layer_k(pol, N, model),
+                          row_score=_row_score)
     assert (logits - out.logits).abs().max() < 1e-4
 
 
