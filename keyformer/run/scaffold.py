@@ -202,14 +202,16 @@ def uses_recent(policy_cls: type) -> bool:
 
 
 def policy_fields(policy: Any) -> dict[str, Any]:
-    """``policy, budget, recent, policy_params, policy_spec`` of metrics.json, from the job's policy itself:
-    ``policy_spec`` is its name and every parameter (``dataclasses.asdict``), what ``keyformer-collect``
+    """``policy, policy_target, budget, recent, policy_params, policy_spec`` of metrics.json, from the job's
+    policy itself: ``policy_target`` its class path (a built-in one or ``mypkg.MyPolicy``), ``policy_spec``
+    its name and every parameter (``dataclasses.asdict``), what ``keyformer-collect``
     reads; ``recent`` is null when the policy has no ``recent x k`` window (:func:`uses_recent`)."""
     import dataclasses
 
     params = dataclasses.asdict(policy)
     return {
         "policy": policy.name,
+        "policy_target": f"{type(policy).__module__}.{type(policy).__qualname__}",
         "budget": policy.budget,
         "recent": policy.recent if uses_recent(type(policy)) else None,
         "policy_params": params,

@@ -183,6 +183,11 @@ class Policy:
         cls.evicts = cls.cuts.evicts
         cls.needs_attention = "attention" in cls.reads
         if "name" in cls.__dict__:  # a concrete policy: registered under its name
+            taken = Policy.registry.get(cls.name)
+            where = lambda c: f"{c.__module__}.{c.__qualname__}"  # noqa: E731
+            if taken is not None and where(taken) != where(cls):  # a reloaded module may re-register
+                raise TypeError(f"{where(cls)}: policy name {cls.name!r} is taken by {where(taken)}; choose "
+                                f"another name")
             Policy.registry[cls.name] = cls
 
     def __post_init__(self) -> None:
