@@ -29,6 +29,7 @@ REQUIRES = {
     "exp8_powered": ["results/exp8_powered/points.csv", "results/exp8_powered/samples.csv"],
     "exp8_authors": ["results/exp8_authors/points.csv", "results/exp8_authors/samples.csv"],
     "fewshot": ["results/fewshot"],
+    "new_policy": ["results/exp10_ruler/aware/points.csv", "results/exp10_ruler/aware/samples.csv"],
 }
 
 
