@@ -22,15 +22,17 @@ _EXPORTS = {
     "POLICIES": "core.policies",
     "Policy": "core.policies",
     "make_policy": "core.policies",
+    "check_policy": "core.contract",
     "load": "run.api",
     "apply": "run.api",
 }
 
 __all__ = ["KVCache", "GenerationOutput", "generate", "make_cache", "SUPPORTED_ARCHS", "prepare_model",
-           "tiny_model", "POLICIES", "Policy", "make_policy", "load", "apply"]
+           "tiny_model", "POLICIES", "Policy", "make_policy", "check_policy", "load", "apply"]
 
 if TYPE_CHECKING:
     from .core.cache import KVCache
+    from .core.contract import check_policy
     from .core.generate import GenerationOutput, generate, make_cache
     from .core.models import SUPPORTED_ARCHS, prepare_model, tiny_model
     from .core.policies import POLICIES, Policy, make_policy

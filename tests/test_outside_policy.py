@@ -1,5 +1,5 @@
 """A policy from outside the package (``policy._target_=mypkg.MyPolicy``, a module on PYTHONPATH) gets the
-built-in policies' validation and recording through ``run.py``, and :func:`keyformer.contract.check_policy`
+built-in policies' validation and recording through ``run.py``, and :func:`keyformer.check_policy`
 passes it or names the check it breaks."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from keyformer.contract import CHECKS, ContractError, check_policy
+from keyformer.core.contract import CHECKS, ContractError, check_policy
 from keyformer.core.policies import POLICIES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,9 +80,9 @@ def pkg(tmp_path_factory) -> Path:
     """``outside_pol.py`` in a fresh folder, importable in this process (and the subprocesses' PYTHONPATH)."""
     root = tmp_path_factory.mktemp("pkg")
     (root / "outside_pol.py").write_text(MODULE)
-    sys.path.insert(0, str(root))
-    yield root
-    sys.path.remove(str(root))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(root))
+        yield root
     sys.modules.pop("outside_pol", None)
     for name in ("outside_squared", "outside_hoarder", "outside_shuffler"):
         POLICIES.pop(name, None)

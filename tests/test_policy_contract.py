@@ -17,7 +17,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from keyformer import generate, make_cache, make_policy, tiny_model
-from keyformer.contract import adaptive, naive_logits, policy_row_score
+from keyformer.core.contract import adaptive, naive_logits, policy_row_score
 from keyformer.core.models import layer_windows
 from keyformer.core.policies import POLICIES
 from keyformer.core.policies.base import Policy

@@ -12,7 +12,7 @@
 A failing check raises :class:`ContractError` (an ``AssertionError``) naming the check, the policy, the
 architecture and the first differing token::
 
-    from keyformer.contract import check_policy
+    from keyformer.core.contract import check_policy
     check_policy(mypkg.MyPolicy)                       # a Policy subclass, built with budget=...
     check_policy(lambda budget: MyPolicy(budget=budget, sharpen=3.0), archs=("llama",))
 """
