@@ -224,7 +224,8 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
              pad_token_id: int | None = None, min_new_tokens: int = 0, beam_scores: str = "per_beam",
              kv_quant: KVQuant | None = None, prompt_once: bool = True, prompt_memo: PromptMemo | None = None,
              **kwargs) -> GenerationOutput:
-    """Greedy or beam generation with ``policy`` over a left-padded batch.
+    """Greedy, beam or sampled generation with ``policy`` over a left-padded batch (``do_sample=True`` with
+    ``temperature``/``top_p``/``top_k`` in ``kwargs``: transformers' sampling, drawn from torch's generator).
 
     ``seed``/``seeds`` set Keyformer's Gumbel noise (one seed for all samples, or one per sample);
     ``mode`` is ``physical`` or ``mask`` (simulation); ``beam_scores`` is ``per_beam`` (each beam row its own
@@ -263,7 +264,8 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
     with _prefill_once(model, cache), _prefill_shared(model, cache, prompt_memo, key):
         out = model.generate(
             input_ids=input_ids, attention_mask=attention_mask, cache=cache, max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens, num_beams=num_beams, do_sample=False, pad_token_id=pad,
+            min_new_tokens=min_new_tokens, num_beams=num_beams, do_sample=kwargs.pop("do_sample", False),
+            pad_token_id=pad,
             logits_processor=LogitsProcessorList([clock]), return_dict_in_generate=True, **kwargs,
         )
     sync()

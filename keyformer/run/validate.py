@@ -162,8 +162,25 @@ def validate(cfg: Mapping[str, Any]) -> Any:
         raise ConfigError("generation.beam_scores", beam_scores,
                           "allowed: per_beam, shared (the authors' code)")
     _int_at_least(cfg, "generation.min_new_tokens", 0)
+    _check_sampling(cfg.get("generation") or {})
     _check_dataset(cfg)
     return policy
+
+
+def _check_sampling(gen: Mapping[str, Any]) -> None:
+    """``generation.do_sample`` (bool) and, when true, temperature > 0, 0 < top_p <= 1, top_k >= 0."""
+    sample = gen.get("do_sample", False)
+    if not isinstance(sample, bool):
+        raise ConfigError("generation.do_sample", sample, "must be true or false")
+    if not sample:
+        return
+    t, p, k = gen.get("temperature", 1.0), gen.get("top_p", 1.0), gen.get("top_k", 0)
+    if isinstance(t, bool) or not isinstance(t, int | float) or t <= 0:
+        raise ConfigError("generation.temperature", t, "must be a number > 0")
+    if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p <= 1:
+        raise ConfigError("generation.top_p", p, "must be in (0, 1]")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ConfigError("generation.top_k", k, "must be an int >= 0 (0: no top-k)")
 
 
 def _check_model(cfg: Mapping) -> None:

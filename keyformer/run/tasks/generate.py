@@ -259,6 +259,15 @@ def load_model_or_fail(backend: Backend, cfg: Mapping[str, Any]) -> tuple[Any, A
         raise JobError(f"model {cfg['model']['name']!r} could not be loaded: {first_line(e)}") from None
 
 
+def sampling(gen: Mapping[str, Any]) -> dict[str, Any]:
+    """``generate`` kwargs for ``generation.do_sample=true`` (temperature, top_p, top_k); empty for greedy and
+    beam search."""
+    if not gen.get("do_sample"):
+        return {}
+    return {"do_sample": True, "temperature": float(gen.get("temperature", 1.0)),
+            "top_p": float(gen.get("top_p", 1.0)), "top_k": int(gen.get("top_k", 0))}
+
+
 def run(cfg: Mapping[str, Any], backend: Backend | None = None) -> dict[str, Any]:
     """Run one generation job described by the resolved config ``cfg`` (a plain dict); return its metrics."""
     return run_job(cfg, GenerateTask(backend))
@@ -299,7 +308,7 @@ def _generate_all(
     gen_kwargs = dict(max_new_tokens=int(gen["max_new_tokens"]), num_beams=int(gen["num_beams"]),
                       seed=int(cfg["seed"]), mode=gen.get("mode", "physical"), eos_token_id=tok.eos_token_id,
                       pad_token_id=pad_id, min_new_tokens=int(gen.get("min_new_tokens", 0)),
-                      beam_scores=gen.get("beam_scores", "per_beam"), kv_quant=kv_quant)
+                      beam_scores=gen.get("beam_scores", "per_beam"), kv_quant=kv_quant, **sampling(gen))
     memo = prompt_memo(cfg)
     job.begin(model)
     with torch.inference_mode():
@@ -312,6 +321,8 @@ def _generate_all(
             batch, enc = todo[start:start + bs], encoded[start:start + bs]
             ids, mask = _left_pad([e[0] for e in enc], pad_id, device)
             seeds = [sample_seed(int(cfg["seed"]), rec["id"]) for rec in batch]  # per article, not per batch
+            if gen_kwargs.get("do_sample"):  # sampled tokens: seeded per batch, by its first record
+                torch.manual_seed(seeds[0])
             out = backend.generate(model, ids, mask, policy, **{**gen_kwargs, "seeds": seeds},
                                    **({"prompt_memo": memo} if memo is not None else {}))
             reused = bool(getattr(out, "prompt_reused", False))
