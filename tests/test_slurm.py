@@ -40,6 +40,8 @@ LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=null", "hydra.
 # its processes get SIGTERM (which submitit ignores), then SIGKILL a few seconds later (KillWait=1, and srun
 # waits 2 s more): 200 samples are about 12 s of generation here.
 LONG = 200
+# ... and tokens enough a sample that on a quiet machine too the job outlives the kill's grace period
+LONG_TOKENS = 64
 
 
 # -- no cluster needed ---------------------------------------------------------------------------------------
@@ -225,7 +227,7 @@ def test_scancel_mid_sweep_then_rerun_loses_and_duplicates_nothing(cluster, tmp_
     finished job and resumes the cancelled one after its last finished sample."""
     out = tmp_path / "sweep"
     args = ["model=tiny_llama", "policy=window,h2o", "budget=0.5", f"n_samples={LONG}",
-            "generation.max_new_tokens=4", "warmup=false", "progress=false", *LAUNCHER,
+            f"generation.max_new_tokens={LONG_TOKENS}", "warmup=false", "progress=false", *LAUNCHER,
             "hydra.launcher.array_parallelism=1"]
     driver = sweep(cluster, out, *args, wait=False)
     try:
@@ -271,7 +273,7 @@ def test_failed_then_drained_node_requeues_the_job_and_it_resumes(cluster, tmp_p
     job id, restart count 1); a rerun of the sweep then skips it."""
     out = tmp_path / "sweep"
     args = ["model=tiny_llama", "policy=window", "budget=0.5", f"n_samples={LONG}",
-            "generation.max_new_tokens=4", "warmup=false", "progress=false", *LAUNCHER]
+            f"generation.max_new_tokens={LONG_TOKENS}", "warmup=false", "progress=false", *LAUNCHER]
     driver = sweep(cluster, out, *args, wait=False)
     node = ["scontrol", "update", f"nodename={NODE}"]
     try:
@@ -318,7 +320,8 @@ def test_queue_as_a_job_array_is_collected(cluster, local_sweep, tmp_path):
                          f"generation.max_new_tokens=4 warmup=false\n"
                          for p in ("window", "h2o", "keyformer") for b in (0.2, 0.5)))
     cmd = [sys.executable, "-m", "keyformer.lab.queue", str(q), "--root", str(tmp_path), "--slurm",
-           "--parallel", "2", "--sbatch=--cpus-per-task=1 --mem=2G --time=15"]
+           "--parallel", "2", "--sbatch=--cpus-per-task=1 --mem=2G --time=15 --begin=now+20"]
+    # --begin holds the array queued for 20 s, so the second submission below always meets it unfinished
     first = subprocess.Popen([*cmd, "--wait"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=cluster)
     try:
