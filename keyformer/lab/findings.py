@@ -169,6 +169,9 @@ def evaluate(comparisons: Sequence[Comparison], alpha: float = ALPHA, seed: int 
     for design in (STRATIFIED, POOLED):
         res = {}
         for c in comparisons:
+            if design == POOLED and len(c.strata) == 1:  # one stratum: the pooled design is the same draw
+                res[c.id] = results[STRATIFIED][c.id]
+                continue
             b = n_boot
             r = bootstrap_test(c.strata, b, seed, design)
             m = sizes.get(c.family, 1) if c.family is not None else 1

@@ -154,10 +154,10 @@ def rank(bench: Benchmark, user: tuple[pd.DataFrame, pd.DataFrame], field: tuple
     up, us = user
     fp, fs = field
     rows, comps = [], []
+    ok = set(same_prompts(bench, us, fs)[0])  # the strata whose records are the field's prompts
     for _, p in up.drop_duplicates(["policy", "budget"]).iterrows():  # one point per (policy, budget)
         mine = _series(up, us, bench.metric, p["policy"], float(p["budget"]), bench.stratum)
         mine = {k: v[v.index.isin(fs["id"])] for k, v in mine.items()}  # the records the field ran
-        ok = set(same_prompts(bench, us, fs)[0])
         strata = sorted(k for k, v in mine.items() if len(v) and k in ok)
         fam = f"leaderboard.{p['policy']}.b{float(p['budget']):g}"
         others = sorted(set(fp["policy"]))
