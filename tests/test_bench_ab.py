@@ -86,10 +86,35 @@ def test_sides_alternate_and_rows_pair_rounds():
     assert all(r["ratio"] == 1.0 and r["verdict"] == "unresolved" for r in rows)
 
 
-@pytest.mark.parametrize("bad", [["--rounds", "0"], ["--budget", "1.5"], ["--confidence", "1"]])
+@pytest.mark.parametrize("bad", [["--rounds", "0"], ["--budget", "1.5"], ["--confidence", "1"],
+                                 ["--rows", "6", "--batch", "4"], ["--rows", "2", "--batch", "4"],
+                                 ["--decode-rounds", "0"]])
 def test_bad_options_are_refused(bad):
     with pytest.raises(SystemExit, match=bad[0]):
         parse_args(["--against", "HEAD", *bad])
+
+
+def test_worker_widens_the_decode_batch(capsys, monkeypatch):
+    """``rows``: the decode runs at that many rows, each prompt row repeated (the cache's rows are copies,
+    so the first decode steps of the copies agree), and ``decode_rounds`` decodes are timed."""
+    from keyformer.lab.bench import ab_worker, cpu
+
+    widths = []
+    real_decode = cpu.decode
+
+    def spy(model, snap, n):
+        widths.append((snap.first_token.shape[0], snap.cache.layers[0].keys.shape[0]))
+        return real_decode(model, snap, n)
+
+    monkeypatch.setattr(cpu, "decode", spy)
+    spec = {"tree": str(ROOT), "model": "tiny", "dtype": "float32", "prompt": "random", "prompt_len": 24,
+            "batch": 2, "budget": 0.5, "new_tokens": 2, "policies": ["window", "h2o"], "warmup_len": 8,
+            "threads": 1, "seed": 0, "rows": 6, "decode_rounds": 3}
+    ab_worker.main([json.dumps(spec)])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out["metrics"]) == {"full", "window", "h2o"}
+    timed = widths[-4 * 3:]  # full, window, h2o, full: 3 timed decodes each (the warm-up's come first)
+    assert timed == [(6, 6)] * 12
 
 
 @pytest.mark.slow

@@ -319,8 +319,6 @@ def test_shared_prompt_equals_its_own(model, name):
     no prompt forward; a padded batch with per-sample seeds, in both modes."""
     from keyformer.core.prompt_memo import PromptMemo
 
-    if not POLICIES[name].evicts:
-        pytest.skip("keeps everything: no budget to share a prompt across (the memo is not used)")
     lengths = (30, 36)
     ids = torch.zeros(2, max(lengths), dtype=torch.long)
     mask = torch.zeros_like(ids)

@@ -157,9 +157,8 @@ def _decode_with_scores(layer, query, key, value, mask, bias, scaling, softcap=N
     probs = torch.softmax(logits, dim=-1)
     out = torch.matmul(probs.to(value.dtype), value)  # [B, Hkv, G, Dv]
     ctx = layer.context(query=query, keys=key, values=value, group=G)
-    if policy.uses_noise:
-        thunk = layer.cache.noise_fn(layer, G)
-        ctx.noise = lambda draw=0: thunk(draw).unsqueeze(3)
+    thunk = layer.cache.noise_fn(layer, G)  # computed only if the policy draws it
+    ctx.noise = lambda draw=0: thunk(draw).unsqueeze(3)
     s = policy.score(probs.unsqueeze(3), ctx)  # [B, Hkv, G, 1, S]
     policy.accumulate(layer.score[:, :, :S], layer.cache.pool_beams(s.sum((2, 3))), ctx)
     return out.reshape(B, Hq, 1, -1).transpose(1, 2)
@@ -231,9 +230,8 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
         a = max(r0, rows_from)
         if a >= r1:
             continue
-        if policy.uses_noise:
-            sctx.noise, sctx.noised = _prompt_noise(seeds, layer.layer_idx, heads, kpos_s[:, a:r1],
-                                                    kpos_s[:, :r1], Hkv, G)
+        sctx.noise, sctx.noised = _prompt_noise(seeds, layer.layer_idx, heads, kpos_s[:, a:r1],
+                                                kpos_s[:, :r1], Hkv, G)  # thunks: drawn only if used
         ps = p[:, :, :, a - r0 :]
         s = policy.score(ps.repeat_interleave(nb, dim=0) if nb > 1 else ps, sctx)  # [Bs, Hkv, G, r1 - a, r1]
         wrow = (kpos_s[:, a:r1] >= 0).to(f32).repeat(1, G).view(Bs, 1, 1, G * (r1 - a))

@@ -187,8 +187,7 @@ class EvictingLayer(CacheLayerMixin):
         # a one-token step moves its row into the victim's slot; a prompt's rows are in the buffers already,
         # and holding them would keep every layer's uncut prompt K/V alive through the whole prompt forward
         self.new_kv = rows if q == 1 else None
-        if scheduler.keeps_scores(self.cache.policy):
-            self.score[:, :, L : L + q] = 0.0
+        self.score[:, :, L : L + q] = 0.0  # the policy's state of a new slot (all zeros for non-scorers)
         if self.cache.mode == "mask":
             self.alive[:, :, L : L + q] = new_real.unsqueeze(1)
         self.seen += q
@@ -296,20 +295,21 @@ class EvictingLayer(CacheLayerMixin):
             self._evict_window()
             return
         policy = cache.policy
-        buffered = L > 0 and not scheduler.one_per_step(policy)  # a decode-step cut of a buffer (R-KV)
-        if not scheduler.cuts_now(policy, cache.step_of(self), prompt=L == 0):
+        cut = scheduler.cut(policy, cache.step_of(self), prompt=L == 0)  # the one question asked here
+        if cut == scheduler.KEEP:
             if cache.mode == "physical" and not (self.dense and cache.fwd_all_real):
                 self.count = torch.full_like(self.count, S)
                 self.dense = False
             self.length = S
             return
-        if self.steady and q == 1 and not buffered:
+        one = cut == scheduler.ONE and q == 1  # a decode step that evicts one token
+        if one and self.steady:
             self._evict_steady()  # every sample is at its budget: the common decode step
             return
         live = self.live_mask().expand(-1, self.keys.shape[1], -1)  # [B, H, S]
         n_live = live.sum(-1)  # [B, H]
         k = self.budget()
-        if cache.mode == "physical" and q == 1 and L > 0 and not buffered:
+        if one and cache.mode == "physical":
             self._evict_one(live, n_live > k)
             return
         keep_n = torch.minimum(n_live, k)
@@ -393,8 +393,7 @@ class EvictingLayer(CacheLayerMixin):
         for name, r in zip(self.slots, self.new_kv, strict=True):
             getattr(self, name).scatter_(2, vic.expand(-1, -1, 1, r.shape[-1]), r)
         self.pos.scatter_(2, victim, self.cache.cur.view(-1, 1, 1).expand_as(victim))
-        if scheduler.keeps_scores(self.cache.policy):
-            self.score.scatter_(2, victim, self.score[:, :, L : L + 1].clone())
+        self.score.scatter_(2, victim, self.score[:, :, L : L + 1].clone())
 
     def _evict_one(self, live: torch.Tensor, over: torch.Tensor) -> None:
         """Decode step while some sample is still below its budget (absolute budgets above a prompt):
@@ -608,12 +607,8 @@ class KVCache(Cache):
     def _init_budget(self) -> None:
         """The policy's budget ``k`` [B] and recent window ``w`` [B] for the prompt's real lengths ``n``:
         the only state of a prompt forward that depends on the budget (see :meth:`adopt_prompt`)."""
-        if self.policy.evicts:
-            self.k = self.policy.budget_tokens(self.n)
-            self.w = torch.minimum(self.policy.recent_tokens(self.k), self.k)
-        else:
-            self.k = torch.full_like(self.n, LONG_MAX)
-            self.w = torch.zeros_like(self.n)
+        self.k = self.policy.budget_tokens(self.n)  # the full policy's: every token (LONG_MAX)
+        self.w = torch.minimum(self.policy.recent_tokens(self.k), self.k)
         self.recent_floor = (self.next_pos - 1 - self.w).view(-1, 1, 1)  # recent window: pos > this
         self._layer_k: dict[int, torch.Tensor] = {}
 
@@ -656,14 +651,11 @@ class KVCache(Cache):
     def layer_k(self, layer_idx: int) -> torch.Tensor:
         """[B] budget of one layer (the policy's ``layer_budget``; the same for every layer by default)."""
         if layer_idx not in self._layer_k:
-            k = self.k
-            if self.policy.evicts:
-                acts = [i for i, lay in enumerate(self.layers) if lay.window is None]  # not sliding
-                ctx = Context(layer=layer_idx, num_layers=len(self.layers), horizon=self.max_new_tokens,
-                              policy_layer=acts.index(layer_idx) if layer_idx in acts else 0,
-                              policy_layers=len(acts))
-                k = self.policy.layer_budget(k, self.n, ctx)
-            self._layer_k[layer_idx] = k
+            acts = [i for i, lay in enumerate(self.layers) if lay.window is None]  # not sliding
+            ctx = Context(layer=layer_idx, num_layers=len(self.layers), horizon=self.max_new_tokens,
+                          policy_layer=acts.index(layer_idx) if layer_idx in acts else 0,
+                          policy_layers=len(acts))
+            self._layer_k[layer_idx] = self.policy.layer_budget(self.k, self.n, ctx)
         return self._layer_k[layer_idx]
 
     def cur_pos(self) -> torch.Tensor:
@@ -701,7 +693,7 @@ class KVCache(Cache):
         """Rows per sample the prompt scores need: nb when prompt-once beams share scores (``beam_groups``
         > 1) and the policy's noise differs per beam, else 1 (every beam's score equals the sample's)."""
         nb = self.prompt_expand
-        return nb if nb > 1 and self.beam_groups > 1 and self.policy.uses_noise else 1
+        return scheduler.prompt_score_rows(self.policy, nb if self.beam_groups > 1 else 1)
 
     def pool_prompt(self, s: torch.Tensor) -> torch.Tensor:
         """The prompt's scores, pooled over beams as :meth:`pool_beams` does: ``s`` [B * prompt_beam_rows(),

@@ -159,9 +159,8 @@ def _prefill_once(model: PreTrainedModel, cache: KVCache):
 
 def _memo_key(memo: PromptMemo | None, model: PreTrainedModel, cache: KVCache, ids: torch.Tensor,
               mask: torch.Tensor | None, **settings) -> str | None:
-    """``memo``'s key for this prompt forward, or None where the memo does not apply (no memo, or a policy
-    that keeps everything: there is no budget to share a prompt across)."""
-    if memo is None or not cache.policy.evicts:
+    """``memo``'s key for this prompt forward, or None without a memo."""
+    if memo is None:
         return None
     return memo.key(model, cache.policy, ids, mask, windows=[lay.window for lay in cache.layers], **settings)
 

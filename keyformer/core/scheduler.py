@@ -16,14 +16,17 @@ def scores_forward(policy: Policy, prompt: bool) -> bool:
     return "attention" in policy.reads and (prompt or policy.schedule.when in ("step", "every"))
 
 
-def cuts_now(policy: Policy, step: int, prompt: bool) -> bool:
-    """Whether this forward (the prompt's, or that of decode step ``step``) ends with a cut to the budget."""
-    return policy.schedule.cuts_at(step, prompt)
+KEEP, ONE, ALL = "keep", "one", "all"
 
 
-def one_per_step(policy: Policy) -> bool:
-    """Whether a decode-step cut evicts exactly one token (every step cuts), not a buffer at once."""
-    return policy.schedule.when == "step"
+def cut(policy: Policy, step: int, prompt: bool) -> str:
+    """How this forward (the prompt's, or that of decode step ``step``) ends: ``KEEP`` (no cut: the new tokens
+    are appended), ``ONE`` (a decode step of a policy that cuts every step: one victim per new token) or
+    ``ALL`` (a cut of everything above the budget at once: the prompt's, or a buffer's every ``n`` steps)."""
+    schedule = policy.schedule
+    if not schedule.cuts_at(step, prompt):
+        return KEEP
+    return ONE if not prompt and schedule.when == "step" else ALL
 
 
 def room(policy: Policy, max_new_tokens: int) -> int:
@@ -37,14 +40,15 @@ def step_headroom(policy: Policy, max_new_tokens: int) -> int:
     return 1 + (room(policy, max_new_tokens) if policy.schedule.evicts else 0)
 
 
-def keeps_scores(policy: Policy) -> bool:
-    """Whether the cache holds a per-slot score state for the policy (it reads attention)."""
-    return "attention" in policy.reads
-
-
 def reads_tensors(policy: Policy) -> bool:
     """Whether the policy's :class:`Context` carries held keys, live slots and the layer state."""
     return "tensors" in policy.reads
+
+
+def prompt_score_rows(policy: Policy, beams: int) -> int:
+    """Rows of prompt scores per sample when ``beams`` prompt-once beams share one kept set (1 otherwise):
+    one per beam where the policy's noise differs by beam, else 1 (every beam's scores equal the sample's)."""
+    return beams if policy.uses_noise else 1
 
 
 def prepares_on_prompt(policy: Policy) -> bool:

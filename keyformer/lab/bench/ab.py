@@ -198,6 +198,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--budget", type=float, default=0.5)
     p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--rows", type=int, default=None, help="decode batch: the prompt forward's batch copied "
+                   "row-wise to this many rows (a multiple of --batch; default --batch)")
+    p.add_argument("--decode-rounds", type=int, default=1, help="timed decodes per configuration and process "
+                   "(their median is reported; default 1)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"besides full (default {DEFAULT_POLICIES})")
     p.add_argument("--model", default="smollm2", choices=("smollm2", "gemma3_270m", "tiny", "tiny_gemma3"))
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
@@ -221,6 +225,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             raise SystemExit(f"--{key.replace('_', '-')}={getattr(args, key)} must be >= 1")
     if not 0.0 < args.budget <= 1.0:
         raise SystemExit(f"--budget={args.budget} must be a fraction in (0, 1]")
+    if args.rows is not None and (args.rows < args.batch or args.rows % args.batch):
+        raise SystemExit(f"--rows={args.rows} must be a multiple of --batch={args.batch}")
+    if args.decode_rounds < 1:
+        raise SystemExit(f"--decode-rounds={args.decode_rounds} must be >= 1")
     if not 0.0 < args.confidence < 1.0:
         raise SystemExit(f"--confidence={args.confidence} must be in (0, 1)")
     args.data_dir = args.data_dir or os.environ.get("KEYFORMER_DATA_DIR")
@@ -241,7 +249,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     spec = {"model": args.model, "dtype": args.dtype, "prompt": args.prompt, "data_dir": args.data_dir,
             "prompt_len": args.prompt_len, "batch": args.batch, "budget": args.budget,
             "new_tokens": args.new_tokens, "policies": [p for p in args.policies.split(",") if p],
-            "warmup_len": args.warmup_len, "threads": args.threads, "seed": args.seed}
+            "warmup_len": args.warmup_len, "threads": args.threads, "seed": args.seed,
+            "rows": args.rows, "decode_rounds": args.decode_rounds}
     trees = {"A": a_tree, "B": b_tree}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still removes its worktrees
     runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
@@ -273,7 +282,11 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     text = "\n".join([
         f"A/B: A = {a_sha[:12]}, B = {b_sha[:12]}{' + uncommitted changes' if dirty else ''}; "
         f"{args.model} {args.dtype}, L={args.prompt_len} B={args.batch} budget={args.budget} "
-        f"new_tokens={args.new_tokens}; {args.rounds} rounds (AB/BA alternating, fresh processes); "
+        f"new_tokens={args.new_tokens}"
+        f"{f' decode rows={args.rows}' if args.rows and args.rows != args.batch else ''}"
+        f"{f' decode_rounds={args.decode_rounds}' if args.decode_rounds > 1 else ''}"
+        f"{f' threads={args.threads}' if args.threads else ''}; {args.rounds} rounds (AB/BA alternating, "
+        "fresh processes); "
         f"{_cpu()}, {os.cpu_count()} cores; 1-min load {min(loads):.2f}-{max(loads):.2f}",
         f"B/A = exp(median per-round log ratio); interval: sign-test {args.confidence:.0%} (exact coverage "
         f"given); resolved when it excludes 1",
