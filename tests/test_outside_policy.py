@@ -163,3 +163,28 @@ def test_contract_refuses_unknown_checks_and_non_policies():
         check_policy(POLICIES["h2o"], checks=("speed",))
     with pytest.raises(TypeError, match="not a Policy"):
         check_policy(lambda budget: object(), archs=("llama",))
+
+
+def test_a_policy_yaml_in_a_config_dir_of_ones_own(pkg, tmp_path):
+    """``--config-dir myconf policy=mine`` runs ``myconf/policy/mine.yaml``; a misspelt name is refused in one
+    line that lists it among the options."""
+    conf = tmp_path / "myconf" / "policy"
+    conf.mkdir(parents=True)
+    (conf / "mine.yaml").write_text("_target_: outside_pol.Squared\nbudget: ${budget}\nrecent: ${recent}\n"
+                                    "sharpen: 3.0\n")
+    env = {**os.environ, "PYTHONPATH": f"{pkg}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
+
+    def run(policy: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / "run.py"), "--config-dir", str(tmp_path / "myconf"),
+                               "model=tiny_llama", "n_samples=2", f"policy={policy}",
+                               f"output_dir={tmp_path / policy}"],
+                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+    r = run("mine")
+    assert r.returncode == 0, r.stderr[-2000:]
+    metrics = json.loads((tmp_path / "mine" / "metrics.json").read_text())
+    assert (metrics["policy_target"], metrics["policy_spec"]["sharpen"]) == ("outside_pol.Squared", 3.0)
+    r = run("mien")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "unknown policy='mien'" in lines[0], r.stderr[-2000:]
+    assert "mine" in lines[0].split("allowed: ")[1].split(", ")

@@ -364,12 +364,25 @@ _FLAGS_WITH_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--c
                      "--experimental-rerun", "-p", "--package"}
 
 
+def extra_config_dirs(argv: Sequence[str]) -> list[Path]:
+    """The folders ``--config-dir``/``-cd`` add to Hydra's search path (``-cd X``, ``--config-dir X`` or
+    ``--config-dir=X``)."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg in ("-cd", "--config-dir") and i + 1 < len(argv):
+            out.append(Path(argv[i + 1]))
+        elif arg.startswith("--config-dir="):
+            out.append(Path(arg.split("=", 1)[1]))
+    return out
+
+
 def check_overrides(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> str | None:
     """One-line message for a command-line group override naming an option that does not exist
     (``policy=foo``, ``model=a,b``), instead of Hydra's 15-line error; None when all are known.
 
-    Only this project's groups (folders of ``conf/``, ``hydra/`` excluded) are checked; anything Hydra's
-    parser cannot read is left to Hydra."""
+    Only this project's groups (folders of ``conf/``, ``hydra/`` excluded) are checked, with the options
+    in ``conf/`` and in any folder ``--config-dir`` adds (``--config-dir myconf policy=mine`` finds
+    ``myconf/policy/mine.yaml``); anything Hydra's parser cannot read is left to Hydra."""
     try:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -395,8 +408,8 @@ def check_overrides(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> str | Non
                       else [o.get_value_element_as_str()])
         except Exception:  # noqa: BLE001 - ranges, globs...: left to Hydra
             continue
-        allowed = sorted(str(p.relative_to(conf_dir / group).with_suffix(""))
-                         for p in (conf_dir / group).rglob("*.yaml"))
+        allowed = sorted({str(p.relative_to(d / group).with_suffix(""))
+                          for d in (conf_dir, *extra_config_dirs(argv)) for p in (d / group).rglob("*.yaml")})
         for v in values:
             if v not in allowed and v != "null":
                 return f"error: unknown {group}={v!r}; allowed: {', '.join(allowed)}"
