@@ -159,7 +159,7 @@ SITES = {
     ("cache.py", "scheduler.reads_tensors"): 1,  # the Context carries keys, live slots, layer state
     ("cache.py", "scheduler.one_per_step"): 1,  # evict(): one victim per step or a buffer at once
     ("cache.py", "scheduler.cuts_now"): 1,  # evict(): cut now or append
-    ("cache.py", "policy.evicts"): 3,  # all-sliding refusal, budget init, per-layer budgets
+    ("cache.py", "policy.evicts"): 3,  # which sliding layers it compresses, budget init, per-layer budgets
     ("cache.py", "policy.uses_noise"): 1,  # prompt-once beams: per-beam noise rows
     ("cache.py", "scheduler.room"): 1,  # buffer capacity (a value)
     ("cache.py", "scheduler.step_headroom"): 1,  # decode headroom (a value)
