@@ -546,15 +546,15 @@ class KVCache(Cache):
         if len(windows) != len(self.layers):
             raise ValueError(f"windows has {len(windows)} entries for {len(self.layers)} layers")
         evicts, sliding, every = self.policy.evicts, self.policy.sliding, all(w is not None for w in windows)
-        if evicts and every and sliding == "window":
-            raise ValueError(f"policy={self.policy.name!r} with sliding='window': every layer of this model "
-                             f"slides (window {windows[0]}), so the policy would act on no layer; use "
-                             "sliding=auto (it compresses them within their window) or policy=full")
-        compress = evicts and (sliding == "policy" or every)
+        compress = evicts and (sliding == "policy" or (sliding == "auto" and every))
         for layer, w in zip(self.layers, windows, strict=True):
             if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 2):
                 raise ValueError(f"sliding window={w!r} must be an int >= 2")
             layer.window, layer.keeps_window = w, w is not None and not compress
+        if evicts and every and not compress:
+            raise ValueError(f"policy={self.policy.name!r} with sliding='window': every layer of this model "
+                             f"slides (window {windows[0]}), so the policy would act on no layer; use "
+                             "sliding=auto (it compresses them within their window) or policy=full")
 
     def prompt_kv(self, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Sample ``b``'s prompt keys and values per layer, [1, Hkv, n_b, D] each (its real positions in
