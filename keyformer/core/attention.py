@@ -174,8 +174,8 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
     gives both the attention output (``P @ V``) and the scores, whose column sums (over the scored rows and
     the query heads of a GQA group) are a weighted GEMV. No n x n matrix is held. Prompts are left-padded:
     pad keys are masked, pad rows are never scored; a sliding layer's row i sees keys (i - W, i] only (the
-    model's band). ALiBi (MPT) adds ``slope * key position`` (a per-row
-    shift of the true distance, which the softmax ignores). Returns [B, N, Hq, Dv].
+    model's band). ALiBi (MPT) adds ``slope * key position`` (a per-row shift of the true distance, which the
+    softmax ignores). Returns [B, N, Hq, Dv].
 
     A policy that observes only its last ``observe_rows`` rows (SnapKV, TOVA) gets the output from SDPA (the
     flash path, as a policy without scores does; ``module`` and ``mask`` are what it needs) and logits for

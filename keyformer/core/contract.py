@@ -81,8 +81,8 @@ def compresses_sliding(policy: Policy, windows: Sequence[int | None]) -> bool:
 
 
 # -- the naive reference -------------------------------------------------------------------------------------
-MaskFn = Callable[[torch.Tensor, int, "int | None"], torch.Tensor]
-_ACTIVE: list[tuple[MaskFn, bool]] = []  # the running forward's mask function; whether it has sliding layers
+MaskFn = Callable[[torch.Tensor, int, int | None], torch.Tensor]  # (logits, layer, sliding window) -> masks
+_ACTIVE: list[tuple[MaskFn, bool]] = []  # the running forward's: mask function, policy on sliding layers
 
 
 def _naive_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -141,8 +141,7 @@ def naive_logits(model: Any, policy: Policy, seq: torch.Tensor, n: int, seed: in
 
 
 def naive_masks(policy: Policy, n: int, hkv: int, seed: int, horizon: int,
-                layer_k: Callable[[int], int] | None = None, row_score: RowScore | None = None
-                ) -> Callable[[torch.Tensor, int], torch.Tensor]:
+                layer_k: Callable[[int], int] | None = None, row_score: RowScore | None = None) -> MaskFn:
     """Mask function of the naive attention: python sets, row by row, per KV head. ``layer_k(layer)`` is a
     layer's budget (default: ``k`` everywhere), ``row_score`` one query row's scores (default: the policy's
     own ``score`` hook). On a sliding layer (``window`` W) a row i sees keys (i - W, i] at the prompt, the
