@@ -9,8 +9,11 @@ transformers model it wraps:
 * sliding layers hold exactly the model's window (positions (cur - W + 1, cur], W - 1 tokens, tensors of W - 1
   slots + the spare) at every step, whatever the policy; global layers hold the policy's budget;
 * ``kv_bytes_full`` equals the bytes the stock ``DynamicCache`` really holds (sliding layers capped);
-* refusals: unsupported archs in one line with the reason; evicting policies on an all-sliding model; a cache
-  built without the model's windows; image inputs.
+* refusals: unsupported archs in one line with the reason; an evicting policy kept off the layers of an
+  all-sliding model (``sliding='window'``); a cache built without the model's windows; image inputs.
+
+A policy on the sliding layers themselves (all-sliding models, ``sliding='policy'`` on hybrid ones) runs in
+``tests/test_all_sliding.py``.
 
 Physical == mask, the budget rules and the hand-written naive reference (with the window and the cap) run for
 the hybrid archs in ``tests/test_policy_contract.py``.
@@ -164,11 +167,16 @@ def test_kv_bytes_full_is_what_the_stock_cache_holds(arch):
     assert h2o.kv_bytes == [sum((N // 2 if w is None else w - 1) * per_token for w in windows)]
 
 
-def test_all_sliding_model_refuses_evicting_policies():
+def test_all_sliding_model_refuses_a_policy_kept_off_its_layers():
+    """Every layer slides and ``sliding='window'`` keeps the policy off them: it would act on no layer, so it
+    is refused in one line (the default, ``auto``, compresses them: ``tests/test_all_sliding.py``)."""
     model, ids = tiny_model("mistral", sliding_window=TINY_WINDOW), _prompt(4)
-    with pytest.raises(ValueError, match="every layer of this model slides.*use policy=full"):
-        generate(model, ids, None, make_policy("h2o", budget=0.5), max_new_tokens=2)
-    assert generate(model, ids, None, make_policy("full"), max_new_tokens=2).sequences.shape == (1, 2)
+    why = "every layer of this model slides.*act on no layer.*sliding=auto"
+    with pytest.raises(ValueError, match=why) as e:
+        generate(model, ids, None, make_policy("h2o", budget=0.5, sliding="window"), max_new_tokens=2)
+    assert "\n" not in str(e.value)
+    full = make_policy("full", sliding="window")
+    assert generate(model, ids, None, full, max_new_tokens=2).sequences.shape == (1, 2)
 
 
 def test_cache_without_the_models_windows_is_refused():

@@ -565,7 +565,7 @@ def test_every_referenced_policy_has_a_mutation():
 def test_yaml_defaults_equal_dataclass_defaults(name):
     """Each ``conf/policy/<name>.yaml`` builds its policy's class, names only its fields, and its literal
     values are the dataclass's defaults; ``${budget}`` / ``${recent}`` (the top-level knobs) resolve to them
-    too. Every knob beyond budget, recent and prefill_only is written out."""
+    too. Every knob beyond budget, recent, prefill_only and sliding is written out."""
     from omegaconf import OmegaConf
 
     from keyformer.core.policies import policy_class
@@ -584,7 +584,7 @@ def test_yaml_defaults_equal_dataclass_defaults(name):
         assert value == defaults[key] and type(value) is type(defaults[key]) or (
             isinstance(value, (int, float)) and not isinstance(value, bool) and value == defaults[key]), (
             f"{path.name}: {key}={value!r} but {cls.__name__}.{key} defaults to {defaults[key]!r}")
-    knobs = set(defaults) - {"budget", "recent", "prefill_only"}
+    knobs = set(defaults) - {"budget", "recent", "prefill_only", "sliding"}
     assert knobs <= set(raw), f"{path.name} does not document {sorted(knobs - set(raw))}"
 
 

@@ -80,13 +80,14 @@ def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor,
 
     query [B, Hq, q, D]; key/value [B, Hkv, S, D] (S = L + q slots); ``slopes`` [Hq] for ALiBi; ``softcap``:
     logits become ``tanh(x / softcap) * softcap`` before the softmax, and a policy scores these capped
-    probabilities (the model's own attention). A sliding layer (``layer.window``) is never scored: it keeps
-    its window (:meth:`EvictingLayer._evict_window`). Returns [B, q, Hq, Dv].
+    probabilities (the model's own attention). A sliding layer the policy leaves alone
+    (``layer.keeps_window``) is never scored: it keeps its window (:meth:`EvictingLayer._evict_window`).
+    Returns [B, q, Hq, Dv].
     """
     policy = layer.cache.policy
     G = query.shape[1] // key.shape[1]
     q = query.shape[2]
-    scoring = layer.window is None and scheduler.scores_forward(policy, prompt=layer.length == 0)
+    scoring = not layer.keeps_window and scheduler.scores_forward(policy, prompt=layer.length == 0)
     if scoring and layer.length > 0 and q > 1:
         raise NotImplementedError("multi-token forwards over a non-empty evicting cache (chunked prefill) "
                                   "are not supported by scoring policies")
@@ -171,8 +172,9 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
     Blocks of ``R`` query rows see keys [0, r1) only. Each block's logits are computed once; their softmax
     gives both the attention output (``P @ V``) and the scores, whose column sums (over the scored rows and
     the query heads of a GQA group) are a weighted GEMV. No n x n matrix is held. Prompts are left-padded:
-    pad keys are masked, pad rows are never scored. ALiBi (MPT) adds ``slope * key position`` (a per-row
-    shift of the true distance, which the softmax ignores). Returns [B, N, Hq, Dv].
+    pad keys are masked, pad rows are never scored; a sliding layer's row i sees keys (i - W, i] only (the
+    model's band). ALiBi (MPT) adds ``slope * key position`` (a per-row shift of the true distance, which the
+    softmax ignores). Returns [B, N, Hq, Dv].
 
     A policy that observes only its last ``observe_rows`` rows (SnapKV, TOVA) gets the output from SDPA (the
     flash path, as a policy without scores does; ``module`` and ``mask`` are what it needs) and logits for
@@ -220,6 +222,8 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
         if slope is not None:
             x += slope * kpos[:, :r1].to(f32).view(B, 1, 1, 1, r1)
         x[..., r0:r1].masked_fill_(_upper(r0, r1, dev)[:, r0:], float("-inf"))
+        if layer.window is not None and r1 > layer.window:  # keys the model's window has left
+            x.masked_fill_(_outside_band(r0, r1, layer.window, dev), float("-inf"))
         if padded:  # pad keys are invisible; a pad row sees only itself (nothing ever attends to a pad)
             diag = torch.arange(r1, device=dev).view(1, -1) == torch.arange(r0, r1, device=dev).view(-1, 1)
             hide = (kpos[:, :r1] < 0).view(B, 1, r1) & ~diag
@@ -262,6 +266,12 @@ def _prompt_noise(seeds, layer_idx, heads, qpos, kpos, Hkv, G):
         return gumbel.gumbel_fast(*keys(draw), probs)
 
     return noise, (noised if gumbel.gumbel_fast_available(kpos) else None)
+
+
+def _outside_band(r0: int, r1: int, window: int, device) -> torch.Tensor:
+    """[r1 - r0, r1] True where key j is older than row i's window: j <= i - window."""
+    rows = torch.arange(r0, r1, device=device).view(-1, 1)
+    return torch.arange(r1, device=device).view(1, -1) <= rows - window
 
 
 def _upper(r0: int, r1: int, device) -> torch.Tensor:

@@ -50,7 +50,8 @@ class EvictingLayer(CacheLayerMixin):
 
     is_sliding = False
     is_croppable = False
-    window: int | None = None  # sliding layer: the model's window W: W - 1 newest tokens, no policy
+    window: int | None = None  # sliding layer: the model's window W (a query at position i sees (i - W, i])
+    keeps_window = False  # a sliding layer the policy leaves alone: it holds its W - 1 newest tokens
 
     def __init__(self, cache: KVCache, layer_idx: int):
         super().__init__()
@@ -275,12 +276,11 @@ class EvictingLayer(CacheLayerMixin):
     # -- eviction ---------------------------------------------------------------------------------------
     def budget(self) -> torch.Tensor:
         """Tokens this layer keeps: [B, H] per-head budgets (Ada-KV, after the prompt) or [B, 1]; a sliding
-        layer: its window minus one, [B, 1]."""
-        if self.window is not None:
+        layer: at most its window minus one ([B, 1] when it keeps its window)."""
+        if self.keeps_window:
             return torch.full_like(self.count, self.window - 1).view(-1, 1)
-        if self.k_bh is not None:
-            return self.k_bh
-        return self.cache.layer_k(self.layer_idx).view(-1, 1)
+        k = self.k_bh if self.k_bh is not None else self.cache.layer_k(self.layer_idx).view(-1, 1)
+        return k if self.window is None else k.clamp(max=self.window - 1)
 
     def evict(self) -> None:
         """Cut the cache back to the budget after this forward's attention (see module docstring). With
@@ -291,12 +291,15 @@ class EvictingLayer(CacheLayerMixin):
             return
         S = L + q
         self.pending = False
-        if self.window is not None:
+        if self.keeps_window:
             self._evict_window()
             return
         policy = cache.policy
         cut = scheduler.cut(policy, cache.step_of(self), prompt=L == 0)  # the one question asked here
         if cut == scheduler.KEEP:
+            if self.window is not None:  # no cut, but the tokens leaving the model's window still go
+                self._trim_window()
+                return
             if cache.mode == "physical" and not (self.dense and cache.fwd_all_real):
                 self.count = torch.full_like(self.count, S)
                 self.dense = False
@@ -310,8 +313,14 @@ class EvictingLayer(CacheLayerMixin):
         n_live = live.sum(-1)  # [B, H]
         k = self.budget()
         if one and cache.mode == "physical":
-            self._evict_one(live, n_live > k)
+            over = n_live > k
+            if self.window is not None:  # a token leaving the model's window goes (first), over budget or not
+                over = over | (live & ~self._in_window(S)).any(-1)
+            self._evict_one(live, over)
             return
+        if self.window is not None:  # a token outside the model's window is never kept
+            live = live & self._in_window(S)
+            n_live = live.sum(-1)
         keep_n = torch.minimum(n_live, k)
         prio = self._keep_priority(live, S)
         pos = self.pos[:, :, :S]
@@ -334,12 +343,11 @@ class EvictingLayer(CacheLayerMixin):
         self._compact(idx, new_len, keep_n)
 
     def _evict_window(self) -> None:
-        """A sliding layer keeps the model's own window whatever the policy: after a forward whose newest
+        """A sliding layer the policy leaves alone keeps the model's own window: after a forward whose newest
         token is ``cur``, the tokens at positions (cur - W + 1, cur], i.e. the ``W - 1`` newest, as the stock
         ``DynamicSlidingWindowLayer`` holds; the next query attends to them and itself (W tokens). Never
         scored."""
         cache, q, L = self.cache, self.q_len, self.length
-        S = L + q
         if cache.mode == "physical" and q == 1 and L > 0:
             if self.steady:  # static shapes: the oldest token (leaving the window) gives its slot to the new
                 victim = self.pos[:, :, :L].argmin(dim=-1, keepdim=True)  # [B, H, 1]
@@ -351,36 +359,53 @@ class EvictingLayer(CacheLayerMixin):
             live = self.live_mask().expand(-1, self.keys.shape[1], -1)
             self._evict_one(live, live.sum(-1) > self.window - 1)  # growing: at most one token leaves
             return
+        self._trim_window()
+
+    def _in_window(self, S: int) -> torch.Tensor:
+        """[B, H, S] bool: slots [0, S) at positions the next query still sees, (cur - W + 1, cur]."""
+        return self.pos[:, :, :S] > self.cache.cur.view(-1, 1, 1) - self.window + 1
+
+    def _trim_window(self) -> None:
+        """Evict the held tokens the model's window has left, nothing else: mask mode clears their flags,
+        physical mode compacts the others (per head: a sliding layer under a policy may then hold different
+        numbers of tokens in its heads)."""
+        S = self.length + self.q_len
         pos = self.pos[:, :, :S]
-        keep = self.live_mask().expand_as(pos) & (pos > cache.cur.view(-1, 1, 1) - self.window + 1)
-        if cache.mode == "mask":
+        keep = self.live_mask().expand_as(pos) & self._in_window(S)
+        if self.cache.mode == "mask":
             self.alive[:, :, :S] = keep
             self.length = S
             return
-        n_keep = keep.sum(-1)  # [B, H], the same in every head
+        n_keep = keep.sum(-1)  # [B, H]
         new_len = int(n_keep.max())
         idx = torch.where(keep, pos, LONG_MAX).argsort(dim=-1, stable=True)[..., :new_len]
-        self._compact(idx, new_len, n_keep[:, 0])
+        self._compact(idx, new_len, n_keep)
 
     def _priority(self, S: int) -> torch.Tensor:
         return self.cache.policy.priority(self.score[:, :, :S], self.context_at(S))
 
     def _keep_priority(self, live: torch.Tensor, S: int) -> torch.Tensor:
-        """Priority over slots: recent window +inf, other live tokens the policy's priority, dead -inf (a
-        sliding layer: the position, so the oldest goes first)."""
-        if self.window is not None:
+        """Priority over slots: recent window +inf, other live tokens the policy's priority, dead -inf; on a
+        sliding layer a token outside the model's window -inf, recent or not (a sliding layer the policy
+        leaves alone: the position, so the oldest goes first)."""
+        if self.keeps_window:
             return torch.where(live, self.pos[:, :, :S].to(torch.float64), -torch.inf)
         recent = self.pos[:, :, :S] > self.cache.recent_floor
         prio = torch.where(recent, torch.inf, self._priority(S).to(torch.float64))
+        if self.window is not None:
+            prio = prio.masked_fill(~self._in_window(S), -torch.inf)
         return torch.where(live, prio, -torch.inf)
 
     def _evict_steady(self) -> None:
         """Static-shape decode step: every sample holds its budget. Evict the lowest-priority non-recent token
-        of each (sample, head) (ties: the oldest) and move the new token (slot L) into its slot."""
+        of each (sample, head) (ties: the oldest; a sliding layer: the token leaving the model's window
+        first) and move the new token (slot L) into its slot."""
         L = self.length
         S = L + 1
         pos = self.pos[:, :, :S]
         prio = self._priority(S).masked_fill(pos > self.cache.recent_floor, torch.inf)
+        if self.window is not None:
+            prio = prio.masked_fill((pos >= 0) & ~self._in_window(S), -torch.inf)
         # samples below the longest budget: their dead slots (position -1) are never victims
         if not self.dense:
             prio = prio.masked_fill(pos < 0, torch.inf)
@@ -423,7 +448,7 @@ class EvictingLayer(CacheLayerMixin):
         """Gather slots ``idx`` [B, H, new_len] into fresh buffers sized for the budget plus a spare slot;
         ``count`` [B] or [B, H]: live slots per sample (or per head), at the front of each head."""
         count = count.view(count.shape[0], -1).expand(*idx.shape[:2])
-        extra = 1 if self.window is not None else self.cache.headroom()
+        extra = 1 if self.window is not None else self.cache.headroom()  # sliding: compacts when not cut
         gk = idx.unsqueeze(-1)
         for name in self.slots:
             t = getattr(self, name)
@@ -511,21 +536,20 @@ class KVCache(Cache):
 
     def _set_windows(self, windows: list[int | None] | None) -> None:
         """Sliding layers (``windows[i]`` = the model's window W, None = full attention; see
-        ``keyformer.core.models.layer_windows``) keep their W - 1 newest tokens and are never
-        policy-evicted."""
+        ``keyformer.core.models.layer_windows``) either keep their W - 1 newest tokens, never policy-evicted,
+        or are compressed by the policy within their window, as its ``sliding`` says (``auto``: compressed
+        where every layer slides)."""
         self.windows_known = windows is not None
         if windows is None:
             return
         if len(windows) != len(self.layers):
             raise ValueError(f"windows has {len(windows)} entries for {len(self.layers)} layers")
-        for layer, w in zip(self.layers, windows, strict=True):
+        for w in windows:
             if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 2):
                 raise ValueError(f"sliding window={w!r} must be an int >= 2")
-            layer.window = w
-        if self.policy.evicts and all(w is not None for w in windows):
-            raise ValueError(f"policy={self.policy.name!r}: every layer of this model slides (window "
-                             f"{windows[0]}) and a policy acts on full-attention layers only, so it would "
-                             "change nothing; use policy=full")
+        compress = self.policy.compresses_sliding(windows)
+        for layer, w in zip(self.layers, windows, strict=True):
+            layer.window, layer.keeps_window = w, w is not None and not compress
 
     def prompt_kv(self, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Sample ``b``'s prompt keys and values per layer, [1, Hkv, n_b, D] each (its real positions in
@@ -651,7 +675,7 @@ class KVCache(Cache):
     def layer_k(self, layer_idx: int) -> torch.Tensor:
         """[B] budget of one layer (the policy's ``layer_budget``; the same for every layer by default)."""
         if layer_idx not in self._layer_k:
-            acts = [i for i, lay in enumerate(self.layers) if lay.window is None]  # not sliding
+            acts = [i for i, lay in enumerate(self.layers) if not lay.keeps_window]
             ctx = Context(layer=layer_idx, num_layers=len(self.layers), horizon=self.max_new_tokens,
                           policy_layer=acts.index(layer_idx) if layer_idx in acts else 0,
                           policy_layers=len(acts))
@@ -748,7 +772,7 @@ class KVCache(Cache):
 
     def all_layers_steady(self, S: int) -> bool:
         if self._uniform is None:
-            self._uniform = all(lay.steady and lay.length + 1 == S and lay.window is None
+            self._uniform = all(lay.steady and lay.length + 1 == S and not lay.keeps_window
                                 for lay in self.layers)
         return self._uniform
 

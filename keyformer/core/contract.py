@@ -72,8 +72,17 @@ def policy_row_score(policy: Policy, probs: torch.Tensor, noise: torch.Tensor, s
     return policy.score(probs.view(1, 1, 1, 1, -1).clone(), ctx).view(-1)
 
 
+def compresses_sliding(policy: Policy, windows: Sequence[int | None]) -> bool:
+    """Whether ``policy`` acts on the sliding layers of a model whose layers have these ``windows``
+    (:func:`keyformer.core.models.layer_windows`): an evicting policy with ``sliding='policy'``, or
+    ``'auto'`` where every layer slides (docs/models.md)."""
+    every = all(w is not None for w in windows)
+    return policy.evicts and (policy.sliding == "policy" or (policy.sliding == "auto" and every))
+
+
 # -- the naive reference -------------------------------------------------------------------------------------
-_ACTIVE: list[Callable[[torch.Tensor, int], torch.Tensor]] = []  # the mask function of the running forward
+MaskFn = Callable[[torch.Tensor, int, int | None], torch.Tensor]  # (logits, layer, sliding window) -> masks
+_ACTIVE: list[tuple[MaskFn, bool]] = []  # the running forward's: mask function, policy on sliding layers
 
 
 def _naive_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -85,25 +94,29 @@ def _naive_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     logits = (query @ kk.transpose(-1, -2)).float() * (scaling or D**-0.5)  # [1, Hq, S, S]
     if kwargs.get("softcap") is not None:  # Gemma 2: the policy scores the capped logits' softmax
         logits = torch.tanh(logits / kwargs["softcap"]) * kwargs["softcap"]
-    if kwargs.get("sliding_window") is not None:  # a sliding layer: the model's band, no policy
+    window = kwargs.get("sliding_window")
+    mask_fn, sliding = _ACTIVE[-1]
+    if window is not None and not sliding:  # a sliding layer the policy leaves alone: the model's band
         i, j = torch.arange(S).view(-1, 1), torch.arange(S).view(1, -1)
-        mask = ((j <= i) & (j > i - kwargs["sliding_window"])).expand(Hq, S, S)
+        mask = ((j <= i) & (j > i - window)).expand(Hq, S, S)
     else:
-        mask = _ACTIVE[-1](logits[0], module.layer_idx).repeat_interleave(G, dim=0)  # [Hq, S, S]
+        mask = mask_fn(logits[0], module.layer_idx, window).repeat_interleave(G, dim=0)  # [Hq, S, S]
     probs = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
     return (probs.to(vv.dtype) @ vv).transpose(1, 2), None
 
 
 @contextlib.contextmanager
-def naive_attention(mask_fn: Callable[[torch.Tensor, int], torch.Tensor]) -> Iterator[str]:
+def naive_attention(mask_fn: MaskFn, sliding: bool = False) -> Iterator[str]:
     """Within the block, models set to the attention implementation it yields (:data:`NAIVE_ATTENTION`)
-    attend through ``mask_fn(logits [Hq, S, S], layer) -> [Hkv, S, S]``. Registration is idempotent."""
+    attend through ``mask_fn(logits [Hq, S, S], layer, window) -> [Hkv, S, S]``: on full-attention layers
+    (``window`` None), and on sliding layers (``window`` = the model's) with ``sliding``; without it a
+    sliding layer attends within the model's band. Registration is idempotent."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(NAIVE_ATTENTION, _naive_attention)
     AttentionMaskInterface.register(NAIVE_ATTENTION, sdpa_mask)
-    _ACTIVE.append(mask_fn)
+    _ACTIVE.append((mask_fn, sliding))
     try:
         yield NAIVE_ATTENTION
     finally:
@@ -114,23 +127,26 @@ def naive_logits(model: Any, policy: Policy, seq: torch.Tensor, n: int, seed: in
                  layer_k: Callable[[int], int] | None = None,
                  row_score: RowScore | None = None) -> torch.Tensor:
     """Logits [1, S - n + 1, V] from position ``n - 1`` on of one eager forward over ``seq`` [1, S] (a prompt
-    of ``n`` tokens and the tokens generated from it) under :func:`naive_masks`, on a copy of ``model``."""
+    of ``n`` tokens and the tokens generated from it) under :func:`naive_masks`, on a copy of ``model``
+    (its sliding layers under the policy where :func:`compresses_sliding` says so)."""
     naive = model.__class__(copy.deepcopy(model.config)).eval()
     naive.load_state_dict(model.state_dict())
     hkv = getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads
+    sliding = compresses_sliding(policy, layer_windows(model.config))
     with naive_attention(naive_masks(policy, n, hkv, seed=seed, horizon=horizon, layer_k=layer_k,
-                                     row_score=row_score)) as impl:
+                                     row_score=row_score), sliding) as impl:
         naive.set_attn_implementation(impl)
         with torch.inference_mode():
             return naive(input_ids=seq, use_cache=False).logits[:, n - 1:]
 
 
 def naive_masks(policy: Policy, n: int, hkv: int, seed: int, horizon: int,
-                layer_k: Callable[[int], int] | None = None, row_score: RowScore | None = None
-                ) -> Callable[[torch.Tensor, int], torch.Tensor]:
+                layer_k: Callable[[int], int] | None = None, row_score: RowScore | None = None) -> MaskFn:
     """Mask function of the naive attention: python sets, row by row, per KV head. ``layer_k(layer)`` is a
     layer's budget (default: ``k`` everywhere), ``row_score`` one query row's scores (default: the policy's
-    own ``score`` hook)."""
+    own ``score`` hook). On a sliding layer (``window`` W) a row i sees keys (i - W, i] at the prompt, the
+    layer holds at most W - 1 tokens, and after each forward the token the window has left is dropped
+    before the policy evicts (docs/models.md)."""
     row_score = row_score or policy_row_score
     k = int(policy.budget_tokens(torch.tensor([n]))[0]) if policy.evicts else 10**9
     w = min(int(policy.recent_tokens(torch.tensor([k]))[0]), k) if policy.evicts else 0
@@ -155,11 +171,12 @@ def naive_masks(policy: Policy, n: int, hkv: int, seed: int, horizon: int,
         return sorted(items, key=lambda t: (-t[0], -t[1], t[2]))
 
     def cut(prios: list[dict[int, float]], kl: int) -> list[list[int]]:
-        """The prompt cut of every head: recent window + top priorities, per head or shared (Ada-KV)."""
-        heads = range(len(prios))
+        """The prompt cut of every head among the candidates ``prios`` holds: recent window + top priorities,
+        per head or shared (Ada-KV)."""
+        heads, m = range(len(prios)), len(prios[0])
         pr = [{j: (torch.inf if j > n - 1 - w else p) for j, p in prios[h].items()} for h in heads]
-        quota = [min(n, kl)] * len(prios)
-        if adaptive(policy) and kl < n:
+        quota = [min(m, kl)] * len(prios)
+        if adaptive(policy) and kl < m:
             safe = int(kl * policy.alpha_safeguard)
             boosted = []
             for h in heads:
@@ -170,23 +187,29 @@ def naive_masks(policy: Policy, n: int, hkv: int, seed: int, horizon: int,
         return [sorted(j for _, j, _ in ranked([(p, j, h) for j, p in pr[h].items()])[: quota[h]])
                 for h in heads]
 
-    def fn(logits, layer):  # logits [Hq, S, S] -> [Hkv, S, S]
+    def fn(logits, layer, window=None):  # logits [Hq, S, S] -> [Hkv, S, S]
         Hq, S, _ = logits.shape
         G = Hq // hkv
-        kl = budget_of(layer)
+        kl = budget_of(layer) if window is None else min(budget_of(layer), window - 1)
+        first = 0 if window is None else max(0, n - window + 1)  # the prompt's tokens the window still holds
+
+        def seen(kept: list[int], i: int) -> list[int]:  # what the window lets a query after position i see
+            return kept if window is None else [j for j in kept if j > i + 1 - window]
+
         masks, states, prios, accs = [], [], [], []
         # one set per layer (TOVA): mean of heads
         layer_mean = getattr(policy, "head_reduction", None) == "layer"
-        for h in range(hkv):  # the prompt: full attention, scores of the observed rows
+        for h in range(hkv):  # the prompt: full attention (sliding: the band), scores of the observed rows
             m = torch.zeros(S, S, dtype=torch.bool)
             acc = torch.zeros(n)
             for r in range(n):
-                m[r, : r + 1] = True
+                lo = 0 if window is None else max(0, r - window + 1)
+                m[r, lo : r + 1] = True
                 if policy.needs_attention and r >= n - rows:
                     pn = prompt_noise(seed, layer, r, r + 1, Hq, "cpu")[:, 0]
                     for g in range(G):
-                        probs = torch.softmax(logits[h * G + g, r, : r + 1], -1)
-                        acc[: r + 1] += row_score(policy, probs, pn[h * G + g, : r + 1], 0, horizon)
+                        probs = torch.softmax(logits[h * G + g, r, lo : r + 1], -1)
+                        acc[lo : r + 1] += row_score(policy, probs, pn[h * G + g, lo : r + 1], 0, horizon)
             masks.append(m)
             accs.append(acc)
         if layer_mean:
@@ -199,8 +222,8 @@ def naive_masks(policy: Policy, n: int, hkv: int, seed: int, horizon: int,
                 fold(state, list(range(n)), accs[h], ctx)
                 state[:n] = policy.after_prompt(state[:n].view(1, 1, -1).clone(), ctx).view(-1)
             states.append(state)
-            prios.append(prio_of(state, list(range(n)), n - 1, 0))
-        cuts = cut(prios, kl) if kl < n else [list(range(n))] * hkv
+            prios.append(prio_of(state, list(range(first, n)), n - 1, 0))
+        cuts = cut(prios, kl) if kl < n - first else [list(range(first, n))] * hkv
         for h in range(hkv):  # decode: each head at its own budget
             m, state, kept = masks[h], states[h], cuts[h]
             kh = len(kept) if adaptive(policy) else kl
@@ -209,7 +232,7 @@ def naive_masks(policy: Policy, n: int, hkv: int, seed: int, horizon: int,
                 vis = [*kept, i]
                 m[i, vis] = True
                 if policy.schedule.when == "prompt" or not policy.evicts:
-                    kept = vis
+                    kept = seen(vis, i)
                     continue
                 if policy.needs_attention:
                     pn = prompt_noise(seed, layer, i, i + 1, Hq, "cpu")[:, 0]
@@ -221,7 +244,7 @@ def naive_masks(policy: Policy, n: int, hkv: int, seed: int, horizon: int,
                             row += row_score(policy, probs, pn[hh * G + g, vis], t, horizon)
                     row = row / hkv if layer_mean else row
                     fold(state, vis, row, Context(step=t, horizon=horizon))
-                kept = vis
+                kept = seen(vis, i)  # the token the window has left goes first
                 if policy.schedule.cuts_at(t):  # every step, or every n steps (a buffer cut at once)
                     prio = prio_of(state, kept, i, t)
                     while len(kept) > kh:
@@ -286,7 +309,9 @@ def _check_budget(model: Any, policy: Policy, ids: torch.Tensor, new: int) -> st
             limit = 0
             for layer in cache.layers:
                 per_token = layer.keys.shape[1] * layer.slot_bytes()
-                held = layer.window - 1 if layer.window is not None else k + grow
+                held = k + grow  # a sliding layer: at most its window (all of it when the policy leaves it)
+                if layer.window is not None:
+                    held = layer.window - 1 if layer.keeps_window else min(held, layer.window - 1)
                 limit += per_token * held
             used = cache.kv_bytes()[0]
             if used > limit and not problems:
@@ -323,7 +348,7 @@ def _check_naive(model: Any, policy: Policy, ids: torch.Tensor, new: int) -> str
     out = generate(model, ids, None, policy, max_new_tokens=new, output_logits=True, seed=11)
     seq = torch.cat([ids, out.sequences[:, :-1]], dim=1)
     windows = layer_windows(model.config)
-    acts = [li for li, w in enumerate(windows) if w is None]
+    acts = [li for li, w in enumerate(windows) if w is None or compresses_sliding(policy, windows)]
     k = int(policy.budget_tokens(torch.tensor([n]))[0]) if policy.evicts else n
 
     def layer_k(layer: int) -> int:  # the policy's own per-layer rule (PyramidKV), on the layers it acts on

@@ -12,10 +12,10 @@ stock-``generate()`` comparison in ``tests/test_archs.py``; see ``docs/models.md
 * MPT (ALiBi; eager-only in transformers, so its attention forward is replaced on the instance).
 
 **Sliding layers** (``config.layer_types`` / ``config.sliding_window``, read exactly as the stock
-``DynamicCache`` reads them, :func:`layer_windows`) keep exactly the model's own window, as the stock cache
-does;
-an eviction policy acts on the full-attention (global) layers only. A model whose every layer slides has no
-layer for a policy to act on: an evicting policy is refused on it (``full`` runs).
+``DynamicCache`` reads them, :func:`layer_windows`) never hold a token older than the model's window. On a
+hybrid model they keep exactly that window, as the stock cache does, and an eviction policy acts on the
+full-attention (global) layers; on a model whose every layer slides, or with the policy's
+``sliding='policy'``, the policy compresses the sliding layers too, within their window (``docs/models.md``).
 
 Everything else is refused by :func:`prepare_model` in one line that says why. After :func:`prepare_model` the
 model behaves exactly as before with any ordinary cache; our path runs only with a

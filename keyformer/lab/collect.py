@@ -87,7 +87,8 @@ def point_config(cfg: dict, metrics: dict | None = None) -> dict:
     spec = dict((metrics or {}).get("policy_spec") or {})
     if spec:
         name = spec.pop("name")
-        pol = {k: v for k, v in spec.items() if k != "prefill_only" or v}  # prefill_only: shown when on
+        hidden = {"prefill_only": False, "sliding": "auto"}  # shown only when not these defaults, as before
+        pol = {k: v for k, v in spec.items() if k not in hidden or v != hidden[k]}
         pol.update(name=name, recent=(metrics or {}).get("recent"))
     else:
         pol = _legacy_policy(cfg)

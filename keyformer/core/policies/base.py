@@ -52,6 +52,7 @@ import torch
 
 SCHEDULES = ("never", "prompt", "step", "every")
 READS = ("attention", "tensors", "prompt")
+SLIDING = ("auto", "window", "policy")  # what an evicting policy does on a model's sliding-window layers
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,9 @@ class Context:
 
     layer: int = 0
     num_layers: int = 1
-    # The layer's rank among the layers a policy acts on, and their count: on hybrid models the
-    # full-attention layers (sliding ones keep the model's window), else every layer (PyramidKV's depth).
+    # The layer's rank among the layers a policy acts on, and their count: the full-attention layers where
+    # the sliding ones keep the model's window (hybrid models, by default), else every layer (PyramidKV's
+    # depth).
     policy_layer: int = 0
     policy_layers: int = 1
     step: int = 0  # 0 at the prompt, t at the t-th decode step
@@ -157,11 +159,15 @@ class Policy:
     """Base policy: ``budget`` is a fraction of the prompt in (0, 1] (float) or an absolute token count
     (int >= 1); ``recent`` is the fraction of the budget reserved for the most recent tokens, in [0, 1].
     ``prefill_only`` turns any step policy into a prompt compressor (cut once after the prompt, decode tokens
-    all kept), the setting kvpress and SnapKV-style methods use."""
+    all kept), the setting kvpress and SnapKV-style methods use. ``sliding`` (of :data:`SLIDING`): whether
+    the policy also compresses a model's sliding-window layers, within their window: ``window`` never (they
+    keep the model's window), ``policy`` always, ``auto`` where every layer of the model slides
+    (``docs/models.md``)."""
 
     budget: float | int = 0.5
     recent: float = 0.3
     prefill_only: bool = False
+    sliding: str = "auto"
 
     name: ClassVar[str] = "base"
     cuts: ClassVar[Schedule] = STEP  # the class's schedule (an instance's: ``schedule``)
@@ -205,6 +211,8 @@ class Policy:
                              f"recent window)")
         if not isinstance(self.prefill_only, bool):
             raise ValueError(f"prefill_only={self.prefill_only!r} must be true or false")
+        if self.sliding not in SLIDING:
+            raise ValueError(f"sliding={self.sliding!r} is unknown; valid: {', '.join(SLIDING)}")
 
     # -- lifecycle ------------------------------------------------------------------------------------
     @property
@@ -217,6 +225,20 @@ class Policy:
         a policy that reads ``"prompt"``, from the prompt; it reaches them as ``ctx.prepared``. May refuse an
         architecture with ``ValueError`` in one line. Default: nothing."""
         return None
+
+    def compresses_sliding(self, windows: list[int | None]) -> bool:
+        """Whether this policy acts on the model's sliding-window layers (``windows[i]`` the window W of layer
+        i, None for a full-attention layer), within their window, as ``sliding`` says. A policy that never
+        cuts leaves them as the model keeps them. ``sliding='window'`` on a model whose every layer slides
+        is refused (the policy would act on no layer)."""
+        every = all(w is not None for w in windows)
+        if not self.schedule.evicts:
+            return False
+        if self.sliding == "window" and every:
+            raise ValueError(f"policy={self.name!r} with sliding='window': every layer of this model slides "
+                             f"(window {windows[0]}), so the policy would act on no layer; use sliding=auto "
+                             "(it compresses them within their window) or policy=full")
+        return self.sliding == "policy" or (self.sliding == "auto" and every)
 
     # -- budget ---------------------------------------------------------------------------------
     def budget_tokens(self, n: torch.Tensor) -> torch.Tensor:

@@ -238,7 +238,9 @@ def attended_avg(name: str, budget: float | int | None, L: int, n_new: int,
     """Mean K/V slots a decode step attends, per sample and layer, over the ``n_new - 1`` steps (the new token
     included). full: L + t; step-evicting policies: min(L + t - 1, k) + 1; prompt-compressing ones: min(L, k)
     + t. ``windows`` (:func:`keyformer.core.models.layer_windows`): a sliding layer of window ``W`` attends
-    min(L + t, W) whatever the policy (the budget applies to the global layers); the mean is over layers."""
+    min(L + t, W) whatever the policy (the budget applies to the global layers: a hybrid model's default; a
+    policy that compresses the sliding layers, as on an all-sliding model, is not modelled); the mean is over
+    layers."""
     steps = range(1, n_new)
     if name == "full":
         glob = sum(L + t for t in steps) / len(steps)
@@ -290,7 +292,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     env["sessions_commits"] = sorted({x["git_commit"] for x in sessions} | {env["git_commit"]})
     bw = journal.once("bandwidth", lambda: measure_bandwidth(args.bandwidth_mb))
     w_bytes, per_token = weight_bytes(model), kv_bytes_per_token(model, dtype)
-    windows = layer_windows(model.config)  # sliding layers keep their window whatever the policy
+    windows = layer_windows(model.config)  # sliding layers keep their window (hybrid models: attended_avg)
     pool: dict[Setting, torch.Tensor] = {}
 
     def prompts(s: Setting, b: int) -> torch.Tensor:
