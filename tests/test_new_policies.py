@@ -507,6 +507,50 @@ def test_kvzip_blocks_by_bytes(monkeypatch):
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(whole, rows, strict=True))
 
 
+def _decoder_layers(model):
+    return model.transformer.blocks if model.config.model_type == "mpt" else model.model.layers
+
+
+@pytest.mark.parametrize("outer,inner", [("llama", "mpt"), ("mpt", "gemma2")])
+def test_kvzip_reconstruction_is_reentrant(outer, inner):
+    """Each reconstruction forward records into a :class:`Recorder` of its own, reached through that
+    forward's cache (no global attention implementation, no module state): a reconstruction of another
+    model run in the middle of every forward of one (from a pre-hook on its second layer, after the first
+    layer has recorded) changes neither's scores, and neither model's attention implementation changes.
+    With the module-global record of before, the inner call overwrote the outer one's."""
+    from keyformer.core.policies.kvzip import reconstruction_scores
+
+    a, b = tiny_model(outer, seed=0), tiny_model(inner, seed=1)
+    ids_a = torch.randint(3, 256, (40,), generator=torch.Generator().manual_seed(6))
+    ids_b = torch.randint(3, 256, (33,), generator=torch.Generator().manual_seed(7))
+    impls = (a.config._attn_implementation, b.config._attn_implementation)
+    alone_a = reconstruction_scores(a, ids_a, [7, 8], chunk_size=16, n_sink=4)
+    alone_b = reconstruction_scores(b, ids_b, [9], chunk_size=16, n_sink=4)
+    inner_runs = []
+    handle = _decoder_layers(a)[1].register_forward_pre_hook(
+        lambda m, args: inner_runs.append(reconstruction_scores(b, ids_b, [9], chunk_size=16, n_sink=4)))
+    try:
+        nested_a = reconstruction_scores(a, ids_a, [7, 8], chunk_size=16, n_sink=4)
+    finally:
+        handle.remove()
+    assert len(inner_runs) >= 3  # inside each of the outer's three chunk forwards at least
+    assert all(torch.equal(x, y) for x, y in zip(nested_a, alone_a, strict=True))
+    assert all(torch.equal(x, y) for run in inner_runs for x, y in zip(run, alone_b, strict=True))
+    assert (a.config._attn_implementation, b.config._attn_implementation) == impls
+
+
+@pytest.mark.parametrize("arch", ["llama", "mpt"])
+def test_kvzip_refuses_an_unprepared_model(arch):
+    """The recorder is reached through keyformer's attention (``prepare_model``): a stock model, whose own
+    attention never hands it a layer, is refused in one line instead of scoring nothing."""
+    from keyformer.core.models import tiny_stock_model
+    from keyformer.core.policies.kvzip import reconstruction_scores
+
+    ids = torch.randint(3, 256, (20,), generator=torch.Generator().manual_seed(6))
+    with pytest.raises(RuntimeError, match="prepare_model"):
+        reconstruction_scores(tiny_stock_model(arch, seed=0), ids, [7])
+
+
 def test_kvzip_repeat_pieces_by_hand():
     from keyformer.core.policies.kvzip import RepeatPieces
 

@@ -1,10 +1,11 @@
 """The declared lifecycle: three policies written here, in the test file (a scorer, a key reader and an
 every-n cutter), run through the shared contract of ``tests/test_policy_contract.py`` with no change to the
 engine; and the engine consults a policy's kind only through :mod:`keyformer.core.scheduler`, at a pinned
-list of sites."""
+list of sites; no policy registers a global attention implementation or keeps module state (KVzip)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,3 +200,121 @@ def test_the_pattern_sees_a_planted_site():
     planted = "    if cache.policy.uses_noise and scheduler.cut(p, 1, prompt=False) == scheduler.ONE:"
     assert [m.group(0) for m in KIND.finditer(planted)] == ["policy.uses_noise", "scheduler.cut("]
     assert GONE.search("if policy.needs_context:") and GONE.search("hasattr(self.policy, 'x')")
+
+
+# -- no global attention implementation, no module state (KVzip's reconstruction, issue #59) ---------------
+REGISTER = re.compile(r"\b(?:AttentionInterface|AttentionMaskInterface|ALL_(?:MASK_)?ATTENTION_FUNCTIONS)"
+                      r"\s*\.\s*register\b|\bALL_(?:MASK_)?ATTENTION_FUNCTIONS\s*\[[^]]*\]\s*=(?!=)")
+# The lines under keyformer/ that write transformers' global attention tables, per file. models.py's is how a
+# prepared model reaches keyformer.core.attention (transformers looks ``config._attn_implementation``, a
+# string, up in that global table; a model cannot be given a function of its own). contract.py (the contract
+# tests' naive attention) and lm_eval's per-row scoring register theirs too. No policy does: KVzip's
+# reconstruction reaches its recorder through the forward's cache (keyformer/core/policies/kvzip.py).
+REGISTERS = {"keyformer/core/models.py": 2, "keyformer/core/contract.py": 2,
+             "keyformer/run/tasks/lm_eval/per_row.py": 2}
+MUTABLE_CALLS = {"dict", "list", "set", "bytearray", "defaultdict", "OrderedDict", "Counter", "deque",
+                 "local", "WeakKeyDictionary", "WeakValueDictionary", "WeakSet", "ContextVar"}
+SWITCHES = {"AttentionInterface", "AttentionMaskInterface", "set_attn_implementation", "_attn_implementation"}
+
+
+def _registrations() -> dict[str, int]:
+    found: dict[str, int] = {}
+    for path in sorted((ROOT / "keyformer").rglob("*.py")):
+        n = sum(1 for line in path.read_text().splitlines()
+                if not line.lstrip().startswith("#") and REGISTER.search(line))
+        if n:
+            found[str(path.relative_to(ROOT))] = n
+    return found
+
+
+def _module_state(source: str) -> list[str]:
+    """What a module keeps as mutable state: names bound at module level (outside functions and classes) to
+    a dict, list or set (literal, comprehension or constructor call, e.g. ``defaultdict(list)``), and every
+    ``global`` statement (a function rebinding a module name)."""
+    found: list[str] = []
+
+    def mutable(v: ast.expr | None) -> bool:
+        if isinstance(v, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+            return True
+        if isinstance(v, ast.Call):
+            f = v.func
+            return (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "") \
+                in MUTABLE_CALLS
+        return False
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AnnAssign) else [])
+            if targets and mutable(node.value):
+                found.extend(ast.unparse(t) for t in targets)
+            for field in ("body", "orelse", "finalbody", "handlers"):  # if / try / with at module level
+                visit(getattr(node, field, []))
+
+    tree = ast.parse(source)
+    visit(tree.body)
+    found.extend(f"global {', '.join(g.names)}" for g in ast.walk(tree) if isinstance(g, ast.Global))
+    return found
+
+
+def _names(source: str) -> set[str]:
+    """The names a module's code uses (names, attributes, imports; not its docstrings or comments)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.update(a.name.rsplit(".", 1)[-1] for a in node.names)
+    return out
+
+
+def test_no_policy_registers_a_global_attention_implementation():
+    found = _registrations()
+    assert found == REGISTERS
+    assert not [f for f in found if f.startswith("keyformer/core/policies/")]
+
+
+def test_kvzip_keeps_no_module_state():
+    """KVzip's recording lives in a ``Recorder`` made per reconstruction forward: kvzip.py binds no mutable
+    container at module level, rebinds no global, and never switches a model's attention implementation."""
+    source = (ROOT / "keyformer/core/policies/kvzip.py").read_text()
+    assert _module_state(source) == []
+    assert _names(source) & SWITCHES == set()
+
+
+def test_the_checks_see_planted_registrations_and_state():
+    """The two checks are not blind: planted registrations and module state (the shapes KVzip had) are seen,
+    and constants are not."""
+    for line in ('AttentionInterface.register(RECORD_IMPL, _record_attention)',
+                 "    AttentionMaskInterface.register(RECORD_IMPL, sdpa_mask)",
+                 'ALL_ATTENTION_FUNCTIONS["kf"] = fn',
+                 "ALL_MASK_ATTENTION_FUNCTIONS.register('kf', sdpa_mask)"):
+        assert REGISTER.search(line), line
+    assert not REGISTER.search('if ALL_ATTENTION_FUNCTIONS["kf"] == fn:')
+    planted = """
+import collections
+RECORD_IMPL = "keyformer_kvzip_record"
+BLOCK_FLOATS = 2 * 2**20
+PIECES = (1, 2)
+_RECORD: dict[str, Any] = {}
+_SEEN = collections.defaultdict(list)
+if True:
+    _STACK = []
+
+class Holder:
+    table = {}
+
+def record(x):
+    global _LAST
+    local = {}
+    _RECORD["scores"] = x
+"""
+    assert _module_state(planted) == ["_RECORD", "_SEEN", "_STACK", "global _LAST"]
+    switch = "from transformers import AttentionInterface\nmodel.set_attn_implementation(impl)\n"
+    assert _names(switch) & SWITCHES == {"AttentionInterface", "set_attn_implementation"}
+    prose = '"""Not an AttentionInterface."""\n# model.config._attn_implementation\n'
+    assert _names(prose) & SWITCHES == set()

@@ -58,6 +58,9 @@ def keyformer_attention(module, query, key, value, attention_mask, scaling=None,
     """``AttentionInterface`` entry: our path for our cache, plain SDPA otherwise (eager math when the model
     soft-caps its logits, which SDPA cannot). ``sliding_window`` (the model's window of this layer, or None)
     is checked against the cache's; ``softcap`` (Gemma 2) caps the logits, ``tanh(x / c) * c``."""
+    record = getattr(key, "_kf_record", None)  # a KVzip reconstruction forward: its recorder attends
+    if record is not None:  # (keyformer.core.policies.kvzip.Recorder, carried by its cache's keys)
+        return record.attention(module, query, key, value, scaling=scaling, **kwargs), None
     layer = getattr(key, "_kf_layer", None)
     softcap = kwargs.get("softcap")
     if layer is None:

@@ -139,8 +139,12 @@ def mpt_alibi_slopes(n_heads: int, alibi_bias_max: float = 8) -> torch.Tensor:
 def _mpt_attention_forward(self, hidden_states, position_bias, cache=None, attention_mask=None, **kwargs):
     """MptAttention.forward with ALiBi at original positions over an evicting cache."""
     if not isinstance(cache, KVCache):
-        return self._kf_orig_forward(hidden_states, position_bias, cache=cache, attention_mask=attention_mask,
-                                     **kwargs)
+        out = self._kf_orig_forward(hidden_states, position_bias, cache=cache, attention_mask=attention_mask,
+                                    **kwargs)
+        record = getattr(cache, "_kf_record", None)  # a KVzip reconstruction forward: its recorder reads
+        if record is not None:  # the probabilities (keyformer.core.policies.kvzip.Recorder)
+            record.probs(self.layer_idx, out[1])
+        return out
     B, q = hidden_states.shape[:2]
     qkv = self.Wqkv(hidden_states)
     if self.clip_qkv:

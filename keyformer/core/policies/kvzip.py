@@ -22,12 +22,19 @@ docs/policies_2025.md). Every generated token is then kept (prompt compression, 
 rows (``r + chunk`` tokens) run over the prompt's keys and values as that forward computed them, with the
 recording attention, an fp32 softmax over up to ``n + r + chunk`` keys in blocks of query rows (kvpress: "2-3
 times the initial prefilling cost"); then the prompt is cut. ``experiments/exp10_ruler/kvzip_cost.py``
-measures it (4.3x
-full's prefill at 4k on CPU, ``results/bench/kvzip_cost/``). It runs per sample over views of that sample's
-real positions (pads left out), from a forward hook that :func:`keyformer.core.generate.make_cache`
-installs; a cache made otherwise refuses with one line. With a quantized cache (whose stored rows are not the
-prompt's) and on MPT (whose attention is wrapped, not an ``AttentionInterface``), a one-shot pre-hook first
-runs each sample's unpadded prompt once more."""
+measures it (4.3x full's prefill at 4k on CPU, ``results/bench/kvzip_cost/``). It runs per sample over views
+of that sample's real positions (pads left out), from the policy's ``prepare(model, prompt)``, which a forward
+hook that :func:`keyformer.core.generate.make_cache` installs calls; a cache made otherwise refuses with one
+line. With a quantized cache (whose stored rows are not the prompt's) and on MPT (whose attention is wrapped,
+not an ``AttentionInterface``), a one-shot pre-hook first runs each sample's unpadded prompt once more.
+
+**Recording.** Each reconstruction forward records into a :class:`Recorder` of its own, which it reaches
+through its cache alone: the keys the cache's layers return carry it (``_kf_record``, as an evicting layer
+is found through ``_kf_layer``), and the project's attention
+(:func:`keyformer.core.attention.keyformer_attention`, installed by
+:func:`keyformer.core.models.prepare_model`) hands it that layer's attention; MPT's wrapped attention hands it
+its probabilities. Nothing global is registered, no module state is written and the model's attention
+implementation is never switched: two models, or two calls, share nothing."""
 
 from __future__ import annotations
 
@@ -36,84 +43,92 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from transformers import AttentionInterface
 from transformers.cache_utils import DynamicLayer
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .adakv import AdaKVMixin
 from .base import PROMPT, Context, Policy, Prompt, Schedule
 
-RECORD_IMPL = "keyformer_kvzip_record"
 ROWS_PER_BLOCK = 256  # at most this many query rows' logits held at once (one layer: Hq x rows x S floats)
 # and at most this many floats per block tensor (8 MB): larger blocks are fresh mmaps of the allocator, whose
 # page faults (13M a 4k reconstruction at 256 rows, 0.2M at 64) cost more than the attention they hold
 BLOCK_FLOATS = 2 * 2**20
-_RECORD: dict[str, Any] = {}
 
 
-def _record_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Causal attention (batch 1, no pads; fp32 softmax, in blocks of query rows: ``ROWS_PER_BLOCK`` at most,
-    fewer where their logits would pass ``BLOCK_FLOATS``) that
-    records, per KV head, the max over the rows after the prompt (absolute positions >= ``_RECORD["n"]``)
-    and the group's query heads of their probabilities at the keys of the chunk being reconstructed, in the
-    softmax restricted to the sinks ``[0, sink)``, the chunk ``[start, end)`` and everything after the prompt
-    (kvpress's ``_compute_cross_attention``: the probabilities renormalised over those keys; a single chunk
-    covering the whole prompt restricts nothing). The queries are the last ``T`` of the ``S`` key positions
-    (``S > T``: the prompt's keys come from a cache)."""
-    B, Hq, T, D = query.shape
-    Hkv, S = key.shape[1], key.shape[2]
-    G = Hq // Hkv
-    n, start, end, sink = _RECORD["n"], _RECORD["start"], _RECORD["end"], _RECORD["sink"]
-    first = max(0, n - (S - T))  # the first query row after the prompt
-    scale = scaling if scaling is not None else D**-0.5
-    softcap = kwargs.get("softcap")  # Gemma 2 logit soft-capping
-    kt = key.repeat_interleave(G, dim=1).float().transpose(-1, -2)
-    v = value.repeat_interleave(G, dim=1).float()
-    j = torch.arange(S, device=query.device).view(1, -1)
-    out = query.new_empty(B, Hq, T, D, dtype=torch.float32)
-    best = None
-    rows_per_block = max(1, min(ROWS_PER_BLOCK, BLOCK_FLOATS // (B * Hq * S)))
-    for r0 in range(0, T, rows_per_block):
-        r1 = min(T, r0 + rows_per_block)
-        i = torch.arange(S - T + r0, S - T + r1, device=query.device).view(-1, 1)  # the rows' positions
-        hide = j > i  # causal
-        if kwargs.get("sliding_window"):  # a sliding layer sees keys (i - W, i]
-            hide |= j <= i - kwargs["sliding_window"]
-        logits = (query[:, :, r0:r1].float() * scale) @ kt
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        probs = torch.softmax(logits.masked_fill_(hide, float("-inf")), dim=-1)
-        out[:, :, r0:r1] = probs @ v
-        if r1 > first:
-            rows = probs[:, :, max(r0, first) - r0:]
-            chunk = rows[..., start:end]
-            if not (start == 0 and end == n):  # renormalise over the sinks, the chunk and the rows after
-                kept = rows[..., :sink].sum(-1, keepdim=True) + chunk.sum(-1, keepdim=True)
-                chunk = chunk / (kept + rows[..., n:].sum(-1, keepdim=True))
-            part = chunk.amax(dim=2)
-            best = part if best is None else torch.maximum(best, part)
-    assert best is not None, "no query row after the prompt"
-    _RECORD["scores"][module.layer_idx] = best.view(B, Hkv, G, -1).amax(dim=2)
-    return out.to(value.dtype).transpose(1, 2), None
+class Recorder:
+    """What one reconstruction forward (one chunk ``[start, end)`` of a prompt of ``n`` tokens) records: per
+    layer, the scores of the chunk's keys, [1, Hkv, end - start] (``scores``). Made by
+    :func:`reconstruction_scores` for that forward alone, and reached only through the forward's cache
+    (:func:`_recording_cache`): the keys its layers return carry it as ``_kf_record``, and the project's
+    attention (:func:`keyformer.core.attention.keyformer_attention`) hands such a layer's attention to
+    :meth:`attention`; MPT's wrapped attention (:mod:`keyformer.core.models`) hands it its probabilities
+    (:meth:`probs`). Nothing global is registered or written, so two models or two calls share nothing."""
 
+    def __init__(self, layers: int, n: int, start: int, end: int, sink: int):
+        self.n, self.start, self.end, self.sink = n, start, end, sink
+        self.scores: list[torch.Tensor | None] = [None] * layers
 
-def _chunk_max(rows: torch.Tensor) -> torch.Tensor:
-    """MPT's path (its own eager attention returns the probabilities): [B, H, R, T] probabilities of the rows
-    after the prompt -> [B, H, end - start], the same restricted maximum as :func:`_record_attention`'s."""
-    n, start, end, sink = _RECORD["n"], _RECORD["start"], _RECORD["end"], _RECORD["sink"]
-    if start == 0 and end == n:
-        return rows[..., :n].amax(dim=2)
-    keep = torch.zeros(rows.shape[-1], dtype=torch.bool, device=rows.device)
-    keep[:sink] = True
-    keep[start:end] = True
-    keep[n:] = True
-    r = rows.float() * keep
-    r = r / r.sum(dim=-1, keepdim=True)
-    return r[..., start:end].amax(dim=2)
+    def attention(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  scaling: float | None = None, **kwargs: Any) -> torch.Tensor:
+        """Causal attention (batch 1, no pads; fp32 softmax, in blocks of query rows: ``ROWS_PER_BLOCK``
+        at most, fewer where their logits would pass ``BLOCK_FLOATS``) that records, per KV head, the max over
+        the rows after the prompt (absolute positions >= ``n``) and the group's query heads of their
+        probabilities at the keys of the chunk being reconstructed, in the softmax restricted to the sinks
+        ``[0, sink)``, the chunk ``[start, end)`` and everything after the prompt (kvpress's
+        ``_compute_cross_attention``: the probabilities renormalised over those keys; a single chunk covering
+        the whole prompt restricts nothing). The queries are the last ``T`` of the ``S`` key positions
+        (``S > T``: the prompt's keys come from the cache). ``sliding_window`` and ``softcap`` (Gemma 2) as
+        the model passes them. Returns [B, T, Hq, D]."""
+        B, Hq, T, D = query.shape
+        Hkv, S = key.shape[1], key.shape[2]
+        G = Hq // Hkv
+        n, start, end, sink = self.n, self.start, self.end, self.sink
+        first = max(0, n - (S - T))  # the first query row after the prompt
+        scale = scaling if scaling is not None else D**-0.5
+        softcap = kwargs.get("softcap")  # Gemma 2 logit soft-capping
+        kt = key.repeat_interleave(G, dim=1).float().transpose(-1, -2)
+        v = value.repeat_interleave(G, dim=1).float()
+        j = torch.arange(S, device=query.device).view(1, -1)
+        out = query.new_empty(B, Hq, T, D, dtype=torch.float32)
+        best = None
+        rows_per_block = max(1, min(ROWS_PER_BLOCK, BLOCK_FLOATS // (B * Hq * S)))
+        for r0 in range(0, T, rows_per_block):
+            r1 = min(T, r0 + rows_per_block)
+            i = torch.arange(S - T + r0, S - T + r1, device=query.device).view(-1, 1)  # the rows' positions
+            hide = j > i  # causal
+            if kwargs.get("sliding_window"):  # a sliding layer sees keys (i - W, i]
+                hide |= j <= i - kwargs["sliding_window"]
+            logits = (query[:, :, r0:r1].float() * scale) @ kt
+            if softcap:
+                logits = torch.tanh(logits / softcap) * softcap
+            probs = torch.softmax(logits.masked_fill_(hide, float("-inf")), dim=-1)
+            out[:, :, r0:r1] = probs @ v
+            if r1 > first:
+                rows = probs[:, :, max(r0, first) - r0:]
+                chunk = rows[..., start:end]
+                if not (start == 0 and end == n):  # renormalise over the sinks, the chunk and the rows after
+                    kept = rows[..., :sink].sum(-1, keepdim=True) + chunk.sum(-1, keepdim=True)
+                    chunk = chunk / (kept + rows[..., n:].sum(-1, keepdim=True))
+                part = chunk.amax(dim=2)
+                best = part if best is None else torch.maximum(best, part)
+        assert best is not None, "no query row after the prompt"
+        self.scores[module.layer_idx] = best.view(B, Hkv, G, -1).amax(dim=2)
+        return out.to(value.dtype).transpose(1, 2)
 
-
-AttentionInterface.register(RECORD_IMPL, _record_attention)
-AttentionMaskInterface.register(RECORD_IMPL, sdpa_mask)
+    def probs(self, layer_idx: int, probs: torch.Tensor) -> None:
+        """MPT's path (its own eager attention returns the probabilities [B, H, T, T] of the whole sequence):
+        the same restricted maximum as :meth:`attention`'s, over the rows after the prompt."""
+        n, start, end, sink = self.n, self.start, self.end, self.sink
+        rows = probs.float()[:, :, n:]
+        if start == 0 and end == n:
+            self.scores[layer_idx] = rows[..., :n].amax(dim=2)
+            return
+        keep = torch.zeros(rows.shape[-1], dtype=torch.bool, device=rows.device)
+        keep[:sink] = True
+        keep[start:end] = True
+        keep[n:] = True
+        r = rows * keep
+        r = r / r.sum(dim=-1, keepdim=True)
+        self.scores[layer_idx] = r[..., start:end].amax(dim=2)
 
 
 @dataclass(frozen=True)
@@ -145,104 +160,88 @@ def reconstruction_scores(model: Any, ids: torch.Tensor, repeat_ids: list[int] |
     (prompt positions ``[c * chunk_size, ...)``), one forward over ``ids + extra_c + chunk_c``
     (:class:`RepeatPieces`; a plain id list is ``first`` and ``later`` alike, no suffix), each key of the
     chunk scored by its max probability, over the rows after the prompt, in the softmax restricted to the
-    first ``min(n_sink, start)`` keys, the chunk and the rows after the prompt (:func:`_chunk_max`).
+    first ``min(n_sink, start)`` keys, the chunk and the rows after the prompt (:class:`Recorder`).
     ``prompt_kv``: the prompt's keys and values per layer ([1, Hkv, n, D] each), as the real prompt forward
-    computed them (the cache's, :meth:`KVCache.prompt_kv`); None runs the prompt here first."""
+    computed them (the cache's, :meth:`KVCache.prompt_kv`); None runs the prompt here first. Each forward
+    records into a :class:`Recorder` of its own, reached through its cache; ``model`` must be prepared
+    (:func:`keyformer.core.models.prepare_model`), whose attention hands the recorder each layer."""
     n = ids.numel()
     pieces = repeat_ids if isinstance(repeat_ids, RepeatPieces) else RepeatPieces(
         tuple(repeat_ids or ()), tuple(repeat_ids or ()))
     chunk = n if chunk_size is None or chunk_size >= n else int(chunk_size)
     layers = model.config.get_text_config().num_hidden_layers
     out: list[torch.Tensor] | None = None
-    prompt = _prompt_cache(model, ids) if prompt_kv is None else _as_cache(prompt_kv)
+    prompt = _prompt_kv(model, ids) if prompt_kv is None else prompt_kv
     for c in range((n + chunk - 1) // chunk):
         start, end = c * chunk, min(n, (c + 1) * chunk)
         extra = torch.tensor(pieces.extra(ids, c, chunk), dtype=ids.dtype, device=ids.device)
         tail = torch.cat([extra, ids[start:end]])
-        _RECORD.update(scores=[None] * layers, n=n, start=start, end=end, sink=min(n_sink, start))
-        if prompt is None:
-            _record_forward(model, torch.cat([ids, tail]).view(1, -1))
+        rec = Recorder(layers, n, start, end, min(n_sink, start))
+        if prompt is None:  # MPT: the whole sequence, its own eager attention (wrapped) hands over its rows
+            model(input_ids=torch.cat([ids, tail]).view(1, -1), cache=_recording_cache(rec, layers),
+                  use_cache=False)
         else:  # the prompt's keys and values from its one forward; only the repeat rows run here
-            _record_forward(model, tail.view(1, -1), prompt)
+            model(input_ids=tail.view(1, -1), cache=_recording_cache(rec, layers, prompt), use_cache=True,
+                  logits_to_keep=1)
+        if any(s is None for s in rec.scores):
+            raise RuntimeError("KVzip's reconstruction forward did not reach keyformer's attention at every "
+                               "layer; call keyformer.prepare_model(model) and keep its attention "
+                               "implementation")
         if out is None:
-            out = [sc.new_zeros(sc.shape[1], n) for sc in _RECORD["scores"]]
-        for o, sc in zip(out, _RECORD["scores"], strict=True):
+            out = [sc.new_zeros(sc.shape[1], n) for sc in rec.scores]
+        for o, sc in zip(out, rec.scores, strict=True):
             o[:, start:end] = sc[0]
     assert out is not None
     return out
 
 
-def _prompt_cache(model: Any, ids: torch.Tensor) -> Any:
-    """The prompt's keys and values at every layer (:func:`_as_cache`: every position, the sliding layers'
-    windows applied by the recording attention's mask), from one forward with the model's own attention; None
-    for MPT (its attention is wrapped, not an ``AttentionInterface``: the prompt is run again with each
-    chunk)."""
+def _prompt_kv(model: Any, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """The prompt's keys and values at every layer (every position, the sliding layers' windows applied by
+    the recorder's mask), from one forward with the model's own attention; None for MPT (its attention is
+    wrapped, not an ``AttentionInterface``: the prompt is run again with each chunk)."""
     if model.config.model_type == "mpt":
         return None
     from transformers import DynamicCache
 
     cache = DynamicCache()
     model(input_ids=ids.view(1, -1), cache=cache, use_cache=True, logits_to_keep=1)
-    return _as_cache([(layer.keys, layer.values) for layer in cache.layers])
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-class _PromptLayer(DynamicLayer):
-    """One layer's prompt keys and values, read and never grown: a forward over them attends to the prompt
+class _RecordingLayer(DynamicLayer):
+    """One layer of a reconstruction forward's cache: the prompt's keys and values (``kv``; None: MPT, whose
+    forward runs the whole sequence), read and never grown. A forward over them attends to the prompt
     followed by its own rows (concatenated for that layer's attention only, then dropped), so each chunk's
-    forward finds the prompt as it was and nothing is copied into the cache."""
+    forward finds the prompt as it was and nothing is copied into the cache; the keys returned carry the
+    forward's :class:`Recorder` as ``_kf_record`` (how the project's attention finds it, as it finds an
+    evicting layer through ``_kf_layer``)."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+    def __init__(self, recorder: Recorder, kv: tuple[torch.Tensor, torch.Tensor] | None):
         super().__init__()
-        self.keys, self.values, self.device, self.is_initialized = keys, values, keys.device, True
+        self.recorder = recorder
+        if kv is not None:
+            self.keys, self.values = kv
+            self.device, self.is_initialized = self.keys.device, True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+        if self.is_initialized:
+            key_states = torch.cat([self.keys, key_states], dim=-2)
+            value_states = torch.cat([self.values, value_states], dim=-2)
+        key_states._kf_record = self.recorder
+        return key_states, value_states
 
 
-def _as_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-    """A ``DynamicCache`` of :class:`_PromptLayer`, one per (keys, values) pair of ``kv`` (views, not copies:
-    peak memory is the prompt's keys and values once plus one layer's prompt + chunk)."""
+def _recording_cache(recorder: Recorder, layers: int,
+                     kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Any:
+    """The cache of one reconstruction forward: a ``DynamicCache`` of :class:`_RecordingLayer`, one per layer
+    (over the views ``kv``, not copies: peak memory is the prompt's keys and values once plus one layer's
+    prompt + chunk), carrying ``recorder`` (``_kf_record``: MPT's wrapped attention reads it there)."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    cache.layers = [_PromptLayer(k, v) for k, v in kv]
+    cache.layers = [_RecordingLayer(recorder, None if kv is None else kv[i]) for i in range(layers)]
+    cache._kf_record = recorder
     return cache
-
-
-def _record_forward(model: Any, seq: torch.Tensor, cache: Any = None) -> None:
-    """One forward over ``seq`` [1, T] (after the prompt in ``cache`` when given) with the recording attention
-    (MPT: its eager attention, wrapped)."""
-    if model.config.model_type == "mpt":  # MPT's own eager attention returns its probabilities: wrap it
-        blocks = model.transformer.blocks
-        saved = [b.attn.forward for b in blocks]
-        for b in blocks:
-            b.attn.forward = _mpt_recorder(b.attn)
-        try:
-            model(input_ids=seq, use_cache=False)
-        finally:
-            for b, f in zip(blocks, saved, strict=True):
-                b.attn.forward = f
-    else:
-        impl = model.config._attn_implementation
-        model.set_attn_implementation(RECORD_IMPL)
-        try:
-            if cache is None:
-                model(input_ids=seq, use_cache=False, logits_to_keep=1)
-            else:
-                model(input_ids=seq, cache=cache, use_cache=True, logits_to_keep=1)
-        finally:
-            model.set_attn_implementation(impl)
-
-
-def _mpt_recorder(attn: Any):
-    orig = attn._kf_orig_forward
-
-    def forward(hidden_states, position_bias, cache=None, attention_mask=None, **kwargs):
-        out, probs = orig(hidden_states, position_bias, cache=None, attention_mask=attention_mask, **kwargs)
-        _RECORD["scores"][attn.layer_idx] = _chunk_max(probs.float()[:, :, _RECORD["n"]:])
-        return out, probs
-
-    return forward
 
 
 INSTRUCTION = "\n\nRepeat the previous context exactly."
