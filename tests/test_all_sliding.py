@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, MistralConfig, MistralForCausalLM
+from test_policy_contract import _Every  # the contract's per-step probe
+from transformers import LogitsProcessorList, MistralConfig, MistralForCausalLM
 
 from keyformer import generate, make_cache, make_policy, prepare_model
 from keyformer.core.contract import naive_logits
@@ -58,16 +59,6 @@ def _row_score(policy, probs, noise, step, horizon):
     from test_policy_contract import _row_score as plain  # H2O's and Keyformer's scores as plain softmax math
 
     return plain(policy, probs, noise, step, horizon)
-
-
-class _Every(LogitsProcessor):
-    def __init__(self, fn):
-        self.fn, self.calls = fn, 0
-
-    def __call__(self, input_ids, scores):
-        self.fn(self.calls)
-        self.calls += 1
-        return scores
 
 
 def test_the_window_changes_the_stock_model():
