@@ -21,6 +21,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from keyformer import generate, make_cache, make_policy, tiny_model
 from keyformer.core.contract import adaptive, compresses_sliding, naive_logits, policy_row_score
+from keyformer.core.generate import left_pad
 from keyformer.core.models import layer_windows
 from keyformer.core.policies import POLICIES
 from keyformer.core.policies.base import Policy
@@ -187,11 +188,7 @@ def test_budget_holds(model, name):
 def test_padded_batch_equals_alone(model, name):
     lengths = (26, 40, 33)
     prompts = [_prompt(10 + i, n)[0] for i, n in enumerate(lengths)]
-    width = max(lengths)
-    ids = torch.zeros(3, width, dtype=torch.long)
-    mask = torch.zeros(3, width, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    ids, mask = left_pad(prompts)
     pol, dev = _policy(name), model.device
     batch = (generate(model, ids.to(dev), mask.to(dev), pol, max_new_tokens=NEW, pad_token_id=0,
                       seeds=[7, 8, 9]))

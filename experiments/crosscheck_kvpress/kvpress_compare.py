@@ -175,20 +175,29 @@ def side_kvpress(args: argparse.Namespace) -> None:
 # our side
 
 
-def side_ours(args: argparse.Namespace) -> None:
+def our_model(model_dir: str) -> Any:
+    """The checkpoint in fp32, prepared for our cache (our side of every cross-check)."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from keyformer.core.generate import generate
     from keyformer.core.models import prepare_model
-    from keyformer.core.policies import make_policy
 
     transformers.utils.logging.disable_progress_bar()
+    return prepare_model(AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="sdpa").eval())
+
+
+def side_ours(args: argparse.Namespace) -> None:
+    import torch
+    import transformers
+
+    from keyformer.core.generate import generate
+    from keyformer.core.policies import make_policy
+
     spec = load_prompts(Path(args.prompts))
     n_new = int(spec["new_tokens"])
-    model = prepare_model(AutoModelForCausalLM.from_pretrained(
-        args.model_dir, dtype=torch.float32, attn_implementation="sdpa").eval())
+    model = our_model(args.model_dir)
     methods: list[tuple[str, Any, float | None]] = [("ours full", make_policy("full"), None)]
     for b in spec["budgets"]:
         for name in ("window", "streaming", "h2o", "keyformer"):

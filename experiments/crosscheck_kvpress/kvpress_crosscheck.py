@@ -44,7 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from experiments.crosscheck_kvpress import kvpress_kvzip
-from experiments.crosscheck_kvpress.kvpress_compare import default_model_dir, run_sides, side_prompts
+from experiments.crosscheck_kvpress.kvpress_compare import (
+    default_model_dir,
+    our_model,
+    run_sides,
+    side_prompts,
+)
 
 DEFAULT_OUT = Path("results") / "crosscheck_kvpress"
 SNAP = {"window_size": 64, "kernel_size": 5}
@@ -411,17 +416,13 @@ def _git_state() -> dict[str, Any]:
 def side_ours(args: argparse.Namespace) -> None:
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM
 
     from keyformer.core.generate import generate
-    from keyformer.core.models import prepare_model
     from keyformer.core.policies import POLICIES, make_policy
 
-    transformers.utils.logging.disable_progress_bar()
     spec = load_json(Path(args.prompts))
     n_new = int(spec["new_tokens"])
-    model = prepare_model(AutoModelForCausalLM.from_pretrained(
-        args.model_dir, dtype=torch.float32, attn_implementation="sdpa").eval())
+    model = our_model(args.model_dir)
 
     def run(policy: Any, ids: list[int]) -> dict[str, Any]:
         x = torch.tensor([ids])

@@ -140,6 +140,14 @@ def by_family(doc: dict, family: str) -> list[dict]:
     return [f for f in doc["findings"] if f["family"] == family]
 
 
+def curve_bullets(doc: dict, prefix: str) -> list[str]:
+    """A curve study's bullets: each pair of its ``<prefix>.policies`` family, then its ``<prefix>.vs_full``
+    family in one line."""
+    out = [pair_bullet(f) for f in by_family(doc, f"{prefix}.policies")]
+    full = by_family(doc, f"{prefix}.vs_full")
+    return out + ([full_bullet(full)] if full else [])
+
+
 def answer_line(doc: dict, family: str) -> str:
     """Keyformer against H2O, and the window against both, pooled over budgets, with the verdicts."""
     fs = {f"{f['a']}-{f['b']}": f for f in by_family(doc, family)}

@@ -181,10 +181,7 @@ def comparisons(res: Path) -> list[fnd.Comparison]:
 
 def bullets(doc: dict) -> list[str]:
     """The three policy pairs, the policies against full, Keyformer across noise streams, the H200."""
-    out = [curves.pair_bullet(f) for f in curves.by_family(doc, "exp1.policies")]
-    full = curves.by_family(doc, "exp1.vs_full")
-    if full:
-        out.append(curves.full_bullet(full))
+    out = curves.curve_bullets(doc, "exp1")
     streams = {f["id"]: f for f in curves.by_family(doc, "exp1.noise_streams")}
     parts = [f"{f['a'].split(' (')[0]} now - `{f['b'].split(' (')[1].rstrip(')')}` {curves.ci(f)} (budgets "
              f"{curves.budgets(f)}; {curves.holm(f)}): {curves.verdict(f)}" for f in streams.values()]

@@ -42,9 +42,7 @@ def comparisons(res: Path) -> list[fnd.Comparison]:
 
 def bullets(doc: dict) -> list[str]:
     """The three policy pairs, then the policies against full."""
-    out = [curves.pair_bullet(f) for f in curves.by_family(doc, "exp2.policies")]
-    full = curves.by_family(doc, "exp2.vs_full")
-    return out + ([curves.full_bullet(full)] if full else [])
+    return curves.curve_bullets(doc, "exp2")
 
 
 def answer(doc: dict) -> str:

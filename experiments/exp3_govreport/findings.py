@@ -41,9 +41,7 @@ def comparisons(res: Path) -> list[fnd.Comparison]:
 
 def bullets(doc: dict) -> list[str]:
     """Keyformer against H2O, then both against full."""
-    out = [curves.pair_bullet(f) for f in curves.by_family(doc, "exp3.policies")]
-    full = curves.by_family(doc, "exp3.vs_full")
-    return out + ([curves.full_bullet(full)] if full else [])
+    return curves.curve_bullets(doc, "exp3")
 
 
 def answer(doc: dict) -> str:

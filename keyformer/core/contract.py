@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from keyformer.core.generate import generate, make_cache
+from keyformer.core.generate import generate, left_pad, make_cache
 from keyformer.core.models import layer_windows, tiny_model
 from keyformer.core.noise import prompt_noise
 from keyformer.core.policies.base import Context, Policy
@@ -75,7 +75,8 @@ def policy_row_score(policy: Policy, probs: torch.Tensor, noise: torch.Tensor, s
 def compresses_sliding(policy: Policy, windows: Sequence[int | None]) -> bool:
     """Whether ``policy`` acts on the sliding layers of a model whose layers have these ``windows``
     (:func:`keyformer.core.models.layer_windows`): an evicting policy with ``sliding='policy'``, or
-    ``'auto'`` where every layer slides (docs/models.md)."""
+    ``'auto'`` where every layer slides (docs/models.md). Restated from the documented rule, not by calling
+    :meth:`Policy.compresses_sliding`, so the naive reference does not inherit a bug in the cache's answer."""
     every = all(w is not None for w in windows)
     return policy.evicts and (policy.sliding == "policy" or (policy.sliding == "auto" and every))
 
@@ -329,11 +330,7 @@ def _check_budget(model: Any, policy: Policy, ids: torch.Tensor, new: int) -> st
 def _check_padded(model: Any, policy: Policy, new: int, n: int) -> str | None:
     lengths = (n - 10, n + 4, n - 3)
     prompts = [_prompt(10 + i, m)[0] for i, m in enumerate(lengths)]
-    width = max(lengths)
-    ids = torch.zeros(3, width, dtype=torch.long)
-    mask = torch.zeros(3, width, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    ids, mask = left_pad(prompts)
     batch = generate(model, ids, mask, policy, max_new_tokens=new, pad_token_id=0, seeds=[7, 8, 9])
     for i, p in enumerate(prompts):
         alone = generate(model, p.view(1, -1), None, policy, max_new_tokens=new, pad_token_id=0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,19 @@ class _StepClock(LogitsProcessor):
         self.sync()
         self.times.append(time.perf_counter())
         return scores
+
+
+def left_pad(prompts: Sequence[Sequence[int] | torch.Tensor], pad_id: int = 0,
+             device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` [B, max length] of token lists, left-padded with ``pad_id`` (the
+    layout every prompt forward here expects)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    return ids.to(device), mask.to(device)
 
 
 def make_cache(model: PreTrainedModel, policy: Policy | None, attention_mask: torch.Tensor | None = None, *,

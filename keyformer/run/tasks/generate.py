@@ -66,18 +66,6 @@ def _prefill_ms(prefill_s: float, reused: bool, forward_s: float | None) -> floa
     return 1000.0 * (prefill_s + ((forward_s or 0.0) if reused else 0.0))
 
 
-def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: Any) -> tuple[Any, Any]:
-    import torch
-
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
-    return ids.to(device), mask.to(device)
-
-
 def _generated(tokens: Sequence[int], eos_id: int | None, pad_id: int | None) -> list[int]:
     """Generated tokens up to and including the first eos (the core pads after eos)."""
     out = list(tokens)
@@ -279,6 +267,7 @@ def _generate_all(
     import torch
     from tqdm import tqdm
 
+    from keyformer.core.generate import left_pad
     from keyformer.core.noise import sample_seed
 
     torch.manual_seed(int(cfg["seed"]))
@@ -313,13 +302,13 @@ def _generate_all(
     job.begin(model)
     with torch.inference_mode():
         if cfg.get("warmup", True):
-            ids, mask = _left_pad([encoded[0][0][-32:]], pad_id, device)
+            ids, mask = left_pad([encoded[0][0][-32:]], pad_id, device)
             backend.generate(model, ids, mask, policy,
                              **{**gen_kwargs, "max_new_tokens": 2, "min_new_tokens": 0})
         bar = tqdm(total=total, initial=n_done, unit="sample", disable=not cfg.get("progress", True))
         for start in range(0, len(todo), bs):
             batch, enc = todo[start:start + bs], encoded[start:start + bs]
-            ids, mask = _left_pad([e[0] for e in enc], pad_id, device)
+            ids, mask = left_pad([e[0] for e in enc], pad_id, device)
             seeds = [sample_seed(int(cfg["seed"]), rec["id"]) for rec in batch]  # per article, not per batch
             if gen_kwargs.get("do_sample"):  # sampled tokens: seeded per batch, by its first record
                 torch.manual_seed(seeds[0])
