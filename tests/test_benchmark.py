@@ -74,7 +74,7 @@ def test_experiment_10_pins_the_cnn_dailymail_haystack():
         c = OmegaConf.to_container(_compose(f"+experiment={exp}"), resolve=True)
         assert c["dataset"]["essay_source"] == "file" and c["dataset"]["essay_file"] == "cnn_dailymail.jsonl"
     # every committed exp10 queue line runs through those experiment configs
-    for q in sorted((ROOT / "experiments" / "queues").glob("exp10_*.txt")):
+    for q in sorted((ROOT / "experiments" / "exp10_ruler" / "queues").glob("exp10_*.txt")):
         lines = [ln for ln in q.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
         assert lines and all(re.search(r"\+experiment=exp10_ruler(_gemma)?\b", ln) for ln in lines), q
         assert not any("essay_source" in ln for ln in lines)

@@ -273,7 +273,8 @@ def test_gemma_exp10_points_generate_in_gemma_tokens():
     assert cfg["dataset"]["query_agnostic"] and int(records) == cfg["n_samples"] == 5
     from omegaconf import OmegaConf
 
-    sweep = OmegaConf.load(ROOT / "conf" / "experiment" / "exp10_ruler_gemma.yaml").hydra.sweep.dir
+    conf = ROOT / "experiments" / "exp10_ruler" / "conf" / "experiment"
+    sweep = OmegaConf.load(conf / "exp10_ruler_gemma.yaml").hydra.sweep.dir
     assert folder.startswith(f"{sweep}/agnostic/task=fwe,budget=0.5,policy=window")
     if not gemma3_available():
         pytest.skip("Gemma 3 270M not installed or converted")

@@ -9,7 +9,7 @@ CI and two-sided p (the leaderboard's: :func:`keyformer.lab.analysis.stratified_
 0), next to the same-budget difference. A lead that survives Keyformer holding at least as many bytes is not
 a bytes artifact; one that does not is not settled either (Keyformer then holds more). Where
 ``results/exp10_ruler/equal_bytes/`` holds Keyformer at an off-grid budget whose K/V held is within 0.005 of a
-policy's (``experiments/queues/exp10_equal_bytes.txt``: budget 0.14, question-aware, for ratio 0.875), the
+policy's (``queues/exp10_equal_bytes.txt`` here: budget 0.14, question-aware, for ratio 0.875), the
 ``equal_*`` columns give that equal-bytes difference.
 
     python -m experiments.exp10_ruler.ruler_equal_bytes results/exp10_ruler/equal_bytes.csv

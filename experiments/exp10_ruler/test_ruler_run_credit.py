@@ -11,7 +11,7 @@ import pytest
 
 from experiments.exp10_ruler import ruler_run_credit as CREDIT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RES = ROOT / "results"
 NUMERIC = {"niah_single_1", "niah_single_2", "niah_multikey_1", "niah_multikey_2", "niah_multivalue",
            "niah_multiquery"}  # the RULER tasks whose values are numbers (docs/ruler.md)

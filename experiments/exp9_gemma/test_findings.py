@@ -13,7 +13,7 @@ import pytest
 from experiments.exp9_gemma import findings as exp9
 from keyformer.lab import findings as fnd
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IDS = ("x", "y", "z")
 
 

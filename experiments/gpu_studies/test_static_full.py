@@ -19,7 +19,7 @@ from experiments.gpu_studies.gpu_long import timed_run
 from experiments.gpu_studies.static_full import main, static_decode
 from keyformer.lab.bench.gpu import build_model
 
-RES = Path(__file__).resolve().parents[1] / "results"
+RES = Path(__file__).resolve().parents[2] / "results"
 
 
 def _model(arch: str, device: torch.device, dtype: torch.dtype = torch.float32):

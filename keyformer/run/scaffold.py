@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from keyformer.run.paths import CONF_DIR
+from keyformer.run.paths import CONF_DIR, config_dirs
 from keyformer.run.results import CONFIG, ResultsDir, git_commit, git_dirty_files, slurm_job, versions
 from keyformer.run.validate import ConfigError, UserError, first_line
 
@@ -380,9 +380,10 @@ def check_overrides(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> str | Non
     """One-line message for a command-line group override naming an option that does not exist
     (``policy=foo``, ``model=a,b``), instead of Hydra's 15-line error; None when all are known.
 
-    Only this project's groups (folders of ``conf/``, ``hydra/`` excluded) are checked, with the options
-    in ``conf/`` and in any folder ``--config-dir`` adds (``--config-dir myconf policy=mine`` finds
-    ``myconf/policy/mine.yaml``); anything Hydra's parser cannot read is left to Hydra."""
+    Only this project's groups (folders of ``conf/`` or of its search path, ``hydra/`` excluded) are
+    checked, with the options in ``conf/``, in the studies' folders on its search path
+    (:func:`keyformer.run.paths.config_dirs`) and in any folder ``--config-dir`` adds (``--config-dir myconf
+    policy=mine`` finds ``myconf/policy/mine.yaml``); anything Hydra's parser cannot read is left to Hydra."""
     try:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -401,7 +402,8 @@ def check_overrides(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> str | Non
         except Exception:  # noqa: BLE001 - Hydra reports its own syntax errors
             continue
         group = o.key_or_group
-        if group.startswith("hydra") or o.is_delete() or not (conf_dir / group).is_dir():
+        dirs = (*config_dirs(conf_dir), *extra_config_dirs(argv))
+        if group.startswith("hydra") or o.is_delete() or not any((d / group).is_dir() for d in dirs):
             continue
         try:
             values = (list(o.sweep_string_iterator()) if o.is_sweep_override()
@@ -409,7 +411,7 @@ def check_overrides(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> str | Non
         except Exception:  # noqa: BLE001 - ranges, globs...: left to Hydra
             continue
         allowed = sorted({str(p.relative_to(d / group).with_suffix(""))
-                          for d in (conf_dir, *extra_config_dirs(argv)) for p in (d / group).rglob("*.yaml")})
+                          for d in dirs for p in (d / group).rglob("*.yaml")})
         for v in values:
             if v not in allowed and v != "null":
                 return f"error: unknown {group}={v!r}; allowed: {', '.join(allowed)}"

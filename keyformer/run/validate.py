@@ -388,15 +388,16 @@ ACTIVE_JOB: dict[str, Any] = {}
 def _group_overrides(argv: list[str]) -> list[str]:
     """The overrides of ``argv`` that choose config-group options (``policy=h2o``, ``experiment=x``), first
     value of a sweep; what the key check composes with."""
-    from keyformer.run.paths import CONF_DIR
+    from keyformer.run.paths import config_dirs
 
+    dirs = config_dirs()
     out = []
     for arg in argv:
         if arg.startswith(("-", "~")) or "=" not in arg:
             continue
         key, value = arg.split("=", 1)
         bare = key.lstrip("+")
-        if bare.startswith("hydra") or not (CONF_DIR / bare).is_dir():
+        if bare.startswith("hydra") or not any((d / bare).is_dir() for d in dirs):
             continue
         out.append(f"{key}={value.split(',')[0]}")  # +experiment=x too: its keys are then known
     return out

@@ -1,4 +1,4 @@
-"""Shared fixtures.
+"""Shared fixtures of the library's tests (tests/) and the studies' (experiments/<study>/test_*.py).
 
 Tests run Keyformer's noise kernels eagerly unless ``KEYFORMER_COMPILE`` is set (see ``pytest_configure``).
 
