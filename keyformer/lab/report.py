@@ -3,14 +3,14 @@
     keyformer-report                    # every section whose results exist under ./results
     keyformer-report --results DIR      # another curated results folder (or one keyformer-collect folder)
     keyformer-report --list             # the section names
-    keyformer-report --section exp1_cnndm --section provenance
+    keyformer-report --section SECTION --section provenance   # --list names them
     keyformer-report --pages            # write each study's findings.json and page, and results/README.md
     keyformer-report --check-pages      # exit 1 naming each page or findings.json that differs from the data
     keyformer-report --update-readme    # rewrite the marked tables of the READMEs and docs/
     keyformer-report --check-readme     # exit 1 naming each marked table that differs from the data
 
-The library's sections are generic (the demo, provenance, the benchmarks); each study under ``experiments/``
-adds its own in its ``findings.py`` (:func:`studies`). A README or doc quotes a section between
+The library's sections are generic (the demo, provenance, the benchmarks); each registered study
+(:mod:`keyformer.lab.studies`) adds its own in its ``findings.py``. A README or doc quotes a section between
 ``<!-- keyformer-report:NAME -->`` and ``<!-- /keyformer-report:NAME -->``; a results page is rendered whole
 from its study's ``page.md`` (:mod:`keyformer.lab.pages`). Superseded runs live in ``results/archive/``.
 """
@@ -314,7 +314,7 @@ def _ci_cell(r: pd.Series, key: str) -> str:
 
 PAIRS = [("keyformer", "h2o"), ("keyformer", "window"), ("h2o", "window")]
 # name -> section; a README quotes a section between <!-- keyformer-report:NAME --> and its closing marker.
-# The library's own sections; each study under experiments/ adds its own (:func:`sections`).
+# The library's own sections; each registered study adds its own (:func:`sections`).
 LIBRARY_SECTIONS: dict[str, Callable[[Path], None]] = {
     "demo": demo,
     "brief": brief,
