@@ -182,6 +182,51 @@ def bench_long(res: Path, name: str = "bench/long") -> None:
                   f"prefill with the prompt run once per sample vs once per beam: {parts} faster.")
 
 
+def _span(xs: list[float]) -> str:
+    return f"{min(xs):.1f}x" if max(xs) - min(xs) < 0.05 else f"{min(xs):.1f}-{max(xs):.1f}x"
+
+
+def speed(res: Path, name: str = "bench") -> None:
+    """The speed story in two lines, from the bench data: decode tokens/s against full at equal K/V memory on
+    CPU (``bench/long``), and batch-1 decode on GPU, eager and captured (the latest ``bench/gpu`` run)."""
+    files = sorted((res / name / "long").glob("*/long.json"))
+    runs = [json.loads(f.read_text(encoding="utf-8")) for f in files]
+    rows = [row for r in runs for row in r["rows"] if row["policy"] != "full" and row.get("decode_gain")]
+    if rows:
+        gain = {p: [r["decode_gain"] for r in rows if r["policy"] == p]
+                for p in ("keyformer", "h2o", "window")}
+        full_b = sorted({row["batch"] for r in runs for row in r["rows"] if row["policy"] == "full"})
+        other_b = sorted({r["batch"] for r in rows})
+        env = runs[0]["environment"]
+        mib = sorted({round(r["kv_memory_budget_bytes"] / 2**20) for r in runs})
+        settings = ", ".join(f"{r['settings'][0]['prompt_len']}+{r['settings'][0]['new_tokens']}"
+                             for r in runs)
+        print(f"- **CPU, equal K/V memory** ({', '.join(map(str, mib))} MiB, {env['cpu']}, "
+              f"{env['threads']} threads, fp32; {settings} tokens; `bench/long`): Keyformer decodes "
+              f"{_span(gain['keyformer'])} full's tokens/s (H2O {_span(gain['h2o'])}, window "
+              f"{_span(gain['window'])}): the memory a budget frees holds a larger batch (full: batch "
+              f"{full_b[0]}-{full_b[-1]}; evicting: {other_b[0]}-{other_b[-1]}).")
+    gpu = sorted(d for d in (res / name / "gpu").glob("20*") if (d / "latency" / "gpu_bench.json").is_file())
+    if gpu:
+        lat = json.loads((gpu[-1] / "latency" / "gpu_bench.json").read_text(encoding="utf-8"))
+        m = lat["meta"]
+        parts = []
+        for g in (c for c in lat["cells"] if c.get("kind") == "graphs" and "keyformer" in c["runs"]):
+            full, kf = g["runs"]["full"], g["runs"]["keyformer"]
+            full_cap = full["captured"]["captured_steps"] > 0
+            eager = full["eager"]["ms_per_step"] / kf["eager"]["ms_per_step"]
+            cap = ((full["captured"] if full_cap else full["eager"])["ms_per_step"]
+                   / kf["captured"]["ms_per_step"])
+            parts.append(f"{g['model']} {eager:.2f}x eager, {cap:.2f}x captured")
+        git = re.search(r" git (\w+)", (gpu[-1] / "log.txt").read_text(encoding="utf-8"))
+        baseline = ("against a captured full cache" if (gpu[-1] / "static").is_dir()
+                    else "against an eager full cache: no captured full baseline has run, so the captured "
+                         "gain is the capture's and eviction's together")
+        print(f"- **GPU, batch 1** ({m['device_name']}, {m['dtype'].replace('torch.', '')}, {gpu[-1].name}, "
+              f"git {git[1] if git else '?'}; Keyformer@{m['budget']:g} at 4k, decode speed over full's; "
+              f"`bench/gpu`): {'; '.join(parts)} ({baseline}).")
+
+
 def bench_floors(res: Path, name: str = "bench/floors") -> None:
     """What stops each unmet CPU target, as ``keyformer-bench --floors`` measured it (``floors.json``)."""
     f = res / name / "floors.json"
@@ -275,6 +320,7 @@ LIBRARY_SECTIONS: dict[str, Callable[[Path], None]] = {
     "bench_targets": bench_targets,
     "bench_floors": bench_floors,
     "bench_long": bench_long,
+    "speed": speed,
 }
 def sections(registry: str | None = None) -> dict[str, Callable[[Path], None]]:
     """Every section name -> its printer: the library's, then each registered study's."""
