@@ -118,8 +118,6 @@ def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor,
     elif scoring:
         out = _prompt_with_scores(layer, query, key, value, slopes, scaling, softcap, module=module,
                                   mask=mask)
-        if layer.layer_idx == len(layer.cache.layers) - 1:  # the prompt forward's last layer
-            layer.cache.scratch = None  # its blocks' workspace goes before decoding
     elif slopes is not None or softcap is not None:
         bias = None if slopes is None else _alibi(layer, slopes)
         out = _eager(query, key, value, mask, bias, scaling, softcap)
@@ -128,6 +126,8 @@ def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor,
             mask = mask.repeat_interleave(G, dim=1)
         with _sdpa_backends(query.device):
             out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling)
+    if layer.length == 0 and layer.layer_idx == len(layer.cache.layers) - 1:  # the prompt's last layer
+        layer.cache.scratch = None  # the prompt blocks' workspace goes before decoding
     layer.evict()
     return out
 
