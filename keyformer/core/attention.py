@@ -211,7 +211,6 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
     off = N - cache.n  # [B] left-pad offsets
     kpos = torch.arange(N, device=dev).view(1, -1) - off.view(-1, 1)  # [B, N] real positions (pads < 0)
     padded = not cache.fwd_all_real  # left padding is checked once, when the cache reads the prompt mask
-    V = value.unsqueeze(2)
     rows_from = 0 if policy.observe_rows is None else max(0, N - int(policy.observe_rows))
     flash = PREFILL_FLASH and rows_from > 0 and slopes is None and softcap is None and module is not None
     if flash:  # the output of every row from SDPA; the loop below only scores the observed rows
@@ -231,6 +230,14 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
         ctx, **{f: getattr(ctx, f).repeat_interleave(nb, dim=0) for f in batched
                 if getattr(ctx, f) is not None})
     heads = torch.arange(Hq, device=dev)
+    if not flash:  # the values expanded over each GQA group once, after the blocks' part of the workspace
+        nx, nq = B * Hq * min(score_rows(B, Hq, N), N) * N, B * Hq * N * D
+        V = value.unsqueeze(2).expand(B, Hkv, G, N, Dv)
+        if value.dtype == f32:
+            V = _workspace(cache, nx + 2 * nq + B * Hq * N * Dv, dev)[nx + 2 * nq :][: B * Hq * N * Dv].view(
+                B, Hkv, G, N, Dv).copy_(V)
+        else:
+            V = V.contiguous()
     blocks = prompt_blocks(query, key, scaling, kpos, rows_from=rows_from if flash else 0,
                            window=layer.window, slopes=slopes, softcap=softcap, padded=padded, scratch=cache)
     for r0, r1, p in blocks:
@@ -295,11 +302,7 @@ def prompt_blocks(query: torch.Tensor, key: torch.Tensor, scaling: float, kpos: 
     # expanded over each GQA group (so a block's matmul copies nothing); kept on ``scratch`` between calls, so
     # the prompt's blocks and layers allocate nothing (allocator and page-fault costs depend on the host)
     nx, nq = B * Hq * min(R, N) * N, B * Hq * N * D
-    work = getattr(scratch, "scratch", None)
-    if work is None or work.numel() < nx + 2 * nq or work.device != dev:
-        work = torch.empty(nx + 2 * nq, dtype=f32, device=dev)
-        if scratch is not None:
-            scratch.scratch = work
+    work = _workspace(scratch, nx + 2 * nq, dev)
     Q = work[nx : nx + nq].view(B, Hkv, G, N, D)
     torch.mul(query.view(B, Hkv, G, N, D).to(f32), scaling, out=Q)  # scaled once (exact for powers of 2)
     K = work[nx + nq : nx + 2 * nq].view(B, Hkv, G, N, D)
@@ -324,6 +327,17 @@ def prompt_blocks(query: torch.Tensor, key: torch.Tensor, scaling: float, kpos: 
             hide = (kpos[:, :r1] < 0).view(B, 1, r1) & ~diag
             x.masked_fill_(hide.view(B, 1, 1, r, r1), float("-inf"))
         yield r0, r1, torch.ops.aten._softmax.out(x, -1, False, out=x)  # in place: the same bits as softmax
+
+
+def _workspace(scratch, numel: int, device) -> torch.Tensor:
+    """A flat fp32 tensor of at least ``numel`` floats: ``scratch.scratch`` when it is one, else a new one
+    (kept there when ``scratch`` is not None)."""
+    work = getattr(scratch, "scratch", None)
+    if work is None or work.numel() < numel or work.device != device:
+        work = torch.empty(numel, dtype=torch.float32, device=device)
+        if scratch is not None:
+            scratch.scratch = work
+    return work
 
 
 def attention_column_scores(query: torch.Tensor, key: torch.Tensor, scaling: float, *,
