@@ -326,7 +326,10 @@ def prompt_blocks(query: torch.Tensor, key: torch.Tensor, scaling: float, kpos: 
             diag = torch.arange(r1, device=dev).view(1, -1) == torch.arange(r0, r1, device=dev).view(-1, 1)
             hide = (kpos[:, :r1] < 0).view(B, 1, r1) & ~diag
             x.masked_fill_(hide.view(B, 1, 1, r, r1), float("-inf"))
-        yield r0, r1, torch.ops.aten._softmax.out(x, -1, False, out=x)  # in place: the same bits as softmax
+        if x.device.type == "cpu":  # in place: the same bits as softmax, and no new block
+            yield r0, r1, torch.ops.aten._softmax.out(x, -1, False, out=x)
+        else:  # a device's caching allocator reuses blocks anyway (in-place softmax is not checked there)
+            yield r0, r1, torch.softmax(x, dim=-1)
 
 
 def _workspace(scratch, numel: int, device) -> torch.Tensor:
