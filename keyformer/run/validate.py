@@ -256,6 +256,14 @@ def _check_dataset(cfg: Mapping) -> None:
 def _check_policy_kwargs(cfg: Mapping) -> Any:
     """Build the policy, letting the core validate its knobs (ValueError naming value and range); return
     it."""
+    from keyformer.run.code_identity import check_outside_target
+
+    target = (cfg.get("policy") or {}).get("_target_") if isinstance(cfg.get("policy"), Mapping) else None
+    if isinstance(target, str):  # checked before anything it names is imported (a module runs on import)
+        problem = check_outside_target(target)
+        if problem:
+            raise ConfigError("policy._target_", target, f"{problem}; valid: a Policy subclass path "
+                              "mypkg.MyPolicy, or a built-in policy (policy=h2o, ...); nothing was imported")
     from keyformer.core.policies import build_policy, split_node
 
     try:

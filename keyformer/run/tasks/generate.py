@@ -205,6 +205,11 @@ class GenerateTask(Task):
         check_source(cfg["dataset"])  # a missing local file or an offline hub: DataError
         return policy
 
+    def data_files(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        from keyformer.run.data.loaders import data_files
+
+        return data_files(cfg["dataset"])
+
     def run(self, job: Job) -> dict[str, Any]:
         cfg = job.cfg
         from keyformer.run.data.loaders import check_count
