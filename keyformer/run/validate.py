@@ -508,15 +508,53 @@ def resume_command(output_dir: str | os.PathLike, argv: list[str] | None = None)
     return shlex.join(["python", "run.py", *args, f"output_dir={Path(output_dir).absolute()}"])
 
 
-def interrupted_message() -> str:
-    """Ctrl-C's one line: how many samples the active job's folder holds and the command that resumes it."""
+class Terminated(KeyboardInterrupt):
+    """A termination signal (SIGTERM: what SLURM sends at a time limit, ``kill``'s default), raised where the
+    job is, as Ctrl-C raises KeyboardInterrupt: the rows written so far stay and the same line is printed."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
+def install_sigterm() -> None:
+    """Turn SIGTERM into :class:`Terminated` (a KeyboardInterrupt) in this process."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+def interrupted_message(how: str = "Ctrl-C") -> str:
+    """The one line of an interrupted job (``how``: ``Ctrl-C`` or the signal's name): how many samples the
+    active job's folder holds and the command that resumes it."""
     from pathlib import Path
 
     out = ACTIVE_JOB.get("output_dir")
     if not out or not (Path(out) / "predictions.jsonl").is_file():
-        return "error: interrupted (Ctrl-C) before the first result; nothing was written"
+        return f"error: interrupted ({how}) before the first result; nothing was written"
     with (Path(out) / "predictions.jsonl").open(encoding="utf-8") as f:
         n = sum(1 for line in f if line.strip())
     total = ACTIVE_JOB.get("total")
     of = f" of {total}" if total else ""
-    return f"error: interrupted (Ctrl-C) after {n}{of} samples in {out}; resume: {resume_command(out)}"
+    return f"error: interrupted ({how}) after {n}{of} samples in {out}; resume: {resume_command(out)}"
+
+
+def report_interrupt(e: BaseException) -> int:
+    """Print the interrupted line (stderr) and append it to the active folder's ``run.log`` when the folder
+    is there; return the exit status (130 for Ctrl-C, 128 + the signal's number for a signal)."""
+    from pathlib import Path
+
+    how = str(e) if isinstance(e, Terminated) else "Ctrl-C"
+    line = interrupted_message(how)
+    print(line, file=sys.stderr, flush=True)
+    out = ACTIVE_JOB.get("output_dir")
+    if out and Path(out).is_dir():
+        with (Path(out) / "run.log").open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    return 128 + e.signum if isinstance(e, Terminated) else 130
