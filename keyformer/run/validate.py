@@ -88,6 +88,8 @@ def resolve_device(device: str) -> str:
     """``auto`` -> cuda when available, else cpu; raise ConfigError for unknown or absent devices."""
     if not isinstance(device, str) or not re.fullmatch(r"cpu|auto|cuda(:\d+)?", device):
         raise ConfigError("device", device, f"allowed: {', '.join(DEVICES)}")
+    if device == "cpu":
+        return device  # without importing torch: a bad value elsewhere is answered at once
     import torch
 
     if device == "auto":
@@ -112,10 +114,8 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
 def validate_common(cfg: Mapping[str, Any]) -> Any:
     """Keys every task uses: budget, recent, seed, device, dtype, the model and the policy. Loads no model.
-    Returns the policy built while checking it: the object the job runs and records."""
-    check_budget(_get(cfg, "budget"))
-    if "budget" in (cfg.get("policy") or {}):
-        check_budget(_get(cfg, "policy.budget"), "policy.budget")
+    Returns the policy built while checking it: the object the job runs and records. The keys that need no
+    library are checked first, so their errors come back before the core (torch, transformers) is imported."""
     recent = _get(cfg, "recent")
     if isinstance(recent, bool) or not isinstance(recent, int | float) or not 0.0 <= recent <= 1.0:
         raise ConfigError("recent", recent, "must be a number in [0, 1] (fraction of the kept tokens)")
@@ -126,6 +126,9 @@ def validate_common(cfg: Mapping[str, Any]) -> Any:
     if cfg.get("output_dir") is not None:
         check_output_dir(cfg["output_dir"])  # a file, below a file, read-only: refused before any model loads
     _check_model(cfg)
+    check_budget(_get(cfg, "budget"))  # imports the core (its budget rule)
+    if "budget" in (cfg.get("policy") or {}):
+        check_budget(_get(cfg, "policy.budget"), "policy.budget")
     policy = _check_policy_kwargs(cfg)
     if cfg.get("kv_quant") is not None:
         from keyformer.core.quant import kv_quant_from
@@ -140,8 +143,7 @@ def validate_common(cfg: Mapping[str, Any]) -> Any:
 def validate(cfg: Mapping[str, Any]) -> Any:
     """Check the config of a generation job (``task=generate``); raise ConfigError. Cheap: loads no model.
     (The generation task also checks that the dataset's file exists: ``keyformer.run.data.check_source``.)
-    Returns the job's policy (:func:`validate_common`)."""
-    policy = validate_common(cfg)
+    Returns the job's policy (:func:`validate_common`); the keys that need no library are checked first."""
     if cfg.get("n_samples") != ALL:  # n_samples=all: every record the dataset has
         _int_at_least(cfg, "n_samples", 1)
     if cfg.get("stop_after") is not None:
@@ -164,7 +166,7 @@ def validate(cfg: Mapping[str, Any]) -> Any:
     _int_at_least(cfg, "generation.min_new_tokens", 0)
     _check_sampling(cfg.get("generation") or {})
     _check_dataset(cfg)
-    return policy
+    return validate_common(cfg)
 
 
 def _check_sampling(gen: Mapping[str, Any]) -> None:
