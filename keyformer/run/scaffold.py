@@ -316,7 +316,7 @@ def _run_locked(job: Job, t_start: float) -> dict[str, Any]:
         print(task.format_table(metrics), flush=True)
         return metrics
     if added:  # an older folder: what it did not record yet is recorded from now on
-        note = (f"[keyformer] {rd.path}: its identity predates {', '.join(added)}; resuming and recording "
+        note = (f"[keyformer] {rd.path}: its identity predates {', '.join(added)}; recording "
                 "them now (they are compared from now on)")
         print(note, file=sys.stderr, flush=True)
         rd.append_log(note)
