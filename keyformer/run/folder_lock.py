@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,11 @@ class FolderLock:
                 raise FolderBusy(f"output_dir {self.folder} is being written by another run "
                                  f"({describe(holder)}); nothing was changed. Wait for it to end, or choose "
                                  "another output_dir") from None
+            except OSError as e:  # a filesystem without flock (ENOLCK): run unlocked, and say so
+                os.close(fd)
+                print(f"[keyformer] warning: cannot lock {self.path} ({e.strerror}); this run does not hold "
+                      "its output_dir against a second one", file=sys.stderr, flush=True)
+                return self
             if not self._same_file(fd):  # the file was replaced or removed between open and lock: retry
                 os.close(fd)
                 continue
