@@ -114,6 +114,7 @@ class FolderLock:
                                  "another output_dir") from None
             except OSError as e:  # a filesystem without flock (ENOLCK): run unlocked, and say so
                 os.close(fd)
+                self.path.unlink(missing_ok=True)
                 print(f"[keyformer] warning: cannot lock {self.path} ({e.strerror}); this run does not hold "
                       "its output_dir against a second one", file=sys.stderr, flush=True)
                 return self
