@@ -15,7 +15,9 @@
 Resume: a directory whose metrics.json says ``complete`` is skipped; otherwise samples whose ids are
 already in predictions.jsonl are not recomputed. A torn last line (a kill mid-write) is dropped.
 A folder whose config.yaml differs (other than in :data:`VOLATILE_KEYS`) or whose ``resolved`` identity
-differs is never resumed, skipped, overwritten or deleted: :meth:`ResultsDir.check` raises ResumeError.
+differs is never resumed, skipped, overwritten or deleted: :meth:`ResultsDir.check` raises ResumeError; so is
+a folder holding results without a config.yaml. While a job writes, it holds the folder
+(:mod:`keyformer.run.folder_lock`).
 """
 
 from __future__ import annotations
