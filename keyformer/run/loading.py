@@ -160,9 +160,11 @@ def record_checksums(folder: Path, extra: Mapping[str, Any] | None = None) -> di
     data["files"] = files
     data["digest"] = hashlib.sha256(json.dumps({k: v["sha256"] for k, v in files.items()},
                                                sort_keys=True).encode()).hexdigest()[:12]
-    from keyformer.run.results import atomic_write_text
-
-    atomic_write_text(marker, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{_MARKER}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, marker)  # atomic: a reader sees the old marker or the new one
     return data
 
 

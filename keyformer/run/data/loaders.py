@@ -116,7 +116,10 @@ def load_ruler(ds: Mapping[str, Any], n: int | None, model: Mapping[str, Any] | 
     elif needs_essay(task):
         _check_ruler_source(ds)
         path = essay_path(str(ds.get("essay_file") or "cnn_dailymail.jsonl"), ds.get("essay_path"))
-        essay = essay_words(str(path), str(ds.get("essay_field") or "article"))
+        try:
+            essay = essay_words(str(path), str(ds.get("essay_field") or "article"))
+        except UnicodeDecodeError as e:
+            raise not_utf8(Path(str(path)), e) from None
     count = max(n or 0, int(ds.get("n", 100)))
     which = str(ds.get("tokenizer") or "model")
     tok = load_tokenizer(model) if which == "model" and model is not None else smollm2_tokenizer()

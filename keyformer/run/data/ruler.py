@@ -195,15 +195,10 @@ def essay_path(essay_file: str = ESSAY_FILE, path: str | None = None) -> Path | 
 def essay_words(path: str, field: str = ESSAY_FIELD) -> tuple[str, ...]:
     """The ``field`` text of every JSONL record of ``path``, concatenated in file order, whitespace-split."""
     words: list[str] = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    words.extend(str(json.loads(line).get(field) or "").split())
-    except UnicodeDecodeError as e:
-        from keyformer.run.data.loaders import not_utf8
-
-        raise not_utf8(Path(path), e) from None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                words.extend(str(json.loads(line).get(field) or "").split())
     if not words:
         raise RulerError("essay_field", f"{path} has no text in field {field!r}")
     return tuple(words)
