@@ -117,7 +117,7 @@ _MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 
 
 def locate_module(name: str) -> Path | None:
-    """The source file of module ``name`` found on ``sys.path`` without importing it or its packages (None
+    """The source file of module ``name`` found on the Python path without importing it or its packages (None
     when absent or not a Python source file)."""
     from importlib.machinery import PathFinder
 
@@ -155,9 +155,9 @@ def defines(source: Path, name: str) -> bool:
 
 def check_outside_target(target: str) -> str | None:
     """Why ``policy._target_`` cannot name an outside policy class, found without importing anything: not a
-    ``module.Class`` path, a module not on ``sys.path``, a module that defines no such name; None when it may
-    (the import then checks it is a ``Policy`` subclass). Names without a dot and ``keyformer.*`` paths are
-    the core's to check."""
+    ``module.Class`` path, a module not on the Python path, a module that defines no such name; None when it
+    may (the import then checks it is a ``Policy`` subclass). Names without a dot and ``keyformer.*`` paths
+    are the core's to check."""
     if "." not in target or target.split(".")[0] == TOP:
         return None
     if not _MODULE_PATH.match(target):
