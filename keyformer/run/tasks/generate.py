@@ -204,10 +204,15 @@ class GenerateTask(Task):
         from keyformer.run.validate import validate
 
         check_prompt_options(cfg["model"])
+        check_source(cfg["dataset"])  # a missing local file or an offline hub: DataError
         policy = validate(cfg)
         check_options(cfg["dataset"])  # truncation, metrics, the needle grid: ConfigError
-        check_source(cfg["dataset"])  # a missing local file or an offline hub: DataError
         return policy
+
+    def data_files(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        from keyformer.run.data.loaders import data_files
+
+        return data_files(cfg["dataset"])
 
     def run(self, job: Job) -> dict[str, Any]:
         cfg = job.cfg
