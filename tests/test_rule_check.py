@@ -42,6 +42,10 @@ class FlippingPolicy(OutlierPolicy):
         return -p if ctx.step % 2 else p
 
 
+for _cls in (OutlierPolicy, FlippingPolicy):  # defined here: not in the other modules' parametrisations
+    Policy.registry.pop(_cls.name)
+
+
 def _keep(view: RuleView, scores_of, recent_shift: int = 0) -> list[set[int]]:
     """The recent window + the top of ``scores_of(head, cols)`` among the visible positions, per KV head."""
     out = []

@@ -48,7 +48,7 @@ class RuleView:
     keys: torch.Tensor  # [Hkv, T, D] (after the model's position encoding, as the cache holds them)
     values: torch.Tensor  # [Hkv, T, D]
     logits: torch.Tensor  # [Hq, T, T] q_i . k_j * scale for every pair, unmasked (not causal)
-    kept: KeptSets | None  # what this rule returned at the previous step (per KV head); None at step 0
+    kept: list[set[int]] | None  # what this rule returned at the previous step (per KV head); None at step 0
     state: dict  # the rule's own scratch for this layer, kept across the steps of the generation
     seed: int  # the noise seed of the generation
 
@@ -59,10 +59,12 @@ class RuleView:
 
     @property
     def newest(self) -> int:
+        """The newest position (``T - 1``)."""
         return self.T - 1
 
     @property
     def hkv(self) -> int:
+        """KV heads."""
         return self.keys.shape[0]
 
     @property
