@@ -165,3 +165,13 @@ def test_findings_table_is_logged_into_the_group(tmp_path, monkeypatch):
                      "verdict": "worse", "meta_budget": 0.5, "meta_policy": "h2o"}]
     with pytest.raises(ValueError, match="no findings"):
         log_findings_table("my_study", {"study": "x", "findings": []}, mode="offline", directory=tmp_path)
+
+
+def test_a_renamed_sweep_still_resumes(tmp_path):
+    """``name`` is not part of a run's identity: the same point under another name resumes, never refused."""
+    from keyformer.run.tasks.generate import run
+
+    out = tmp_path / "point"
+    first = run(_cfg(out, "policy=window", "name=a", "stop_after=1"))
+    assert not first["complete"]
+    assert run(_cfg(out, "policy=window", "name=b"))["complete"]
