@@ -2,13 +2,15 @@
 
     keyformer-collect multirun/my_sweep results/my_sweep
     keyformer-collect my_sweep results/my_sweep --wandb ENTITY/keyformer     # from W&B
+    keyformer-collect my_sweep results/my_sweep --wandb multirun/my_sweep   # W&B offline runs, no network
     keyformer-collect multirun/fewshot results/fewshot                          # lm-eval runs (task=lm_eval)
     keyformer-collect multirun/my_rerun results/my_sweep --replace             # re-run points replace theirs
     keyformer-collect multirun/ruler results/my_ruler/aware --replace --complete-only  # finished runs only
     keyformer-collect multirun/ruler results/my_ruler/aware --replace --complete-only --policies tova
 
-The W&B source reads the runs of one group (``logger=wandb`` names the group after the sweep folder) with
-their config, summary metrics and per-sample table, and writes the same files, so the notebooks read either.
+The W&B source reads the runs of one group (``logger=wandb``'s group: the sweep's name, docs/wandb.md) with
+their config, summary metrics and per-sample table, from the server or from the offline runs below a local
+folder, and writes the same files, so the notebooks read either.
 
 Every sub-folder of the sweep folder that holds ``config.yaml`` + ``predictions.jsonl`` is one point
 (finished or not). Writes:
@@ -232,15 +234,25 @@ def _wandb_samples(run, key: str = "samples") -> list[dict]:
 
 
 def collect_wandb(path: str, group: str, api=None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Points and samples of the W&B runs of one ``group`` (a sweep: ``logger.group``, by default the sweep
-    folder's name) in ``path`` = ``entity/project``. A run without its sample table is skipped (paired
-    statistics need it)."""
-    if api is None:
+    """Points and samples of the W&B runs of one ``group`` (a sweep: see
+    :func:`keyformer.run.wandb_log.group_name`) in ``path``: ``entity/project`` on the W&B server, or a
+    local folder holding offline runs (``WANDB_MODE=offline``; read by
+    :mod:`keyformer.run.wandb_offline`, no network). A point logged by several runs (a resumed job) is
+    read from the newest. A run without its sample table is skipped (paired statistics need it)."""
+    if api is None and Path(path).is_dir():
+        from keyformer.run.wandb_offline import OfflineApi
+
+        api = OfflineApi(path)
+    elif api is None:
         import wandb
 
         api = wandb.Api()
+    newest = {}
+    runs = api.runs(path, filters={"group": group})
+    for run in sorted(runs, key=lambda r: str(getattr(r, "created_at", ""))):
+        newest[run.name] = run
     pairs = []
-    for run in api.runs(path, filters={"group": group}):
+    for run in newest.values():
         preds = _wandb_samples(run)
         if not preds:
             print(f"warning: W&B run {run.name!r} has no sample table; skipped", file=sys.stderr)
@@ -419,10 +431,12 @@ def merge_points(points: pd.DataFrame, samples: pd.DataFrame, out: Path, source:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweep", help="sweep folder (hydra.sweep.dir of the experiment), or with --wandb the W&B "
-                    "group (by default the sweep folder's name, e.g. my_sweep)")
+                    "group (the sweep's name: name=, else the experiment, else the sweep folder's name; "
+                    "docs/wandb.md)")
     ap.add_argument("out", type=Path, help="curated results folder, e.g. results/my_sweep")
-    ap.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read the runs from W&B instead of a local "
-                                                              "folder")
+    ap.add_argument("--wandb", metavar="ENTITY/PROJECT|DIR", help="read the runs of group SWEEP from W&B "
+                    "instead of a local folder: ENTITY/PROJECT on the server, or a folder holding offline "
+                    "runs (WANDB_MODE=offline, e.g. the sweep folder)")
     ap.add_argument("--replace", action="store_true", help="merge into OUT: the collected points replace its "
                     "same-named points, the others stay; logged to stdout and OUT/replaced.csv")
     ap.add_argument("--complete-only", action="store_true", help="collect only the points whose runs have "

@@ -38,7 +38,8 @@ CONFIG, PREDICTIONS, METRICS = "config.yaml", "predictions.jsonl", "metrics.json
 # the run's log: what it printed (summary, resume line); Hydra's job log when it is the run folder
 LOG = "run.log"
 # Keys that may differ between the original run and its resumption.
-VOLATILE_KEYS = frozenset({"output_dir", "logger", "progress", "resume", "stop_after", "share_prompt"})
+VOLATILE_KEYS = frozenset({"output_dir", "logger", "progress", "resume", "stop_after", "share_prompt",
+                           "name"})
 RESOLVED = "resolved"  # the identity block of config.yaml
 # Packages whose version can change a number (model code, tokenization, scoring): recorded in ``resolved``
 # and compared on resume like the rest of the identity (a different version refuses the resume).

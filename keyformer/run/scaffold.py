@@ -171,6 +171,10 @@ class Job:
         self.fresh = not cfg.get("resume", True)  # resume=false: start over (same config only)
         self.began, self.added = False, 0
         self._policy = policy
+        from keyformer.run.wandb_log import logs_steps
+
+        # per generate call: {"rows", "step_s", "kv_bytes"} (W&B's per-step history), None when not logged
+        self.steps: list[dict] | None = [] if logs_steps(cfg) else None
 
     @property
     def policy(self) -> Any:
@@ -342,7 +346,7 @@ def _run_locked(job: Job, t_start: float) -> dict[str, Any]:
         from keyformer.run.wandb_log import WandbLogger
 
         WandbLogger(cfg, {**cfg, "resolved": job.identity}, rd.path).finish(
-            metrics, job.rows(), bool(logger.get("log_samples", True)))
+            metrics, job.rows(), bool(logger.get("log_samples", True)), steps=job.steps)
     lines = [task.format_table(metrics), f"[keyformer] results in {rd.path}"]
     if not metrics.get("complete", True):
         lines.append(f"[keyformer] partial run ({metrics.get('n_samples')} samples so far); resume: "

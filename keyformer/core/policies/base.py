@@ -140,7 +140,7 @@ class Context:
     recent_window: torch.Tensor | None = None  # [B] tokens of the recent window (always kept)
     group: int = 1  # query heads per KV head
     keys: torch.Tensor | None = None  # [B, Hkv, S, D]
-    values: torch.Tensor | None = None
+    values: torch.Tensor | None = None  # [B, Hkv, S, Dv]
     query: torch.Tensor | None = None  # [B, Hq, q, D]
     noise: Callable[..., torch.Tensor] | None = None  # noise(draw=0): Exp(1) at the entries being scored
     # noised(probs, draw=0): ``normalise(probs / noise(draw))`` in place in one pass that never writes the
