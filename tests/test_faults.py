@@ -356,6 +356,19 @@ POLICY = textwrap.dedent('''
 ''')
 
 
+@pytest.fixture
+def _unregister_faulty():
+    """The outside policy registers itself on import; leave the registry as the other tests expect it."""
+    import sys
+
+    from keyformer.core.policies import POLICIES
+
+    yield
+    POLICIES.pop("faulty_outside", None)
+    sys.modules.pop("faulty_pol", None)
+
+
+@pytest.mark.usefixtures("_unregister_faulty")
 def test_an_edited_outside_policy_never_resumes_into_old_rows(tmp_path, monkeypatch):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
