@@ -176,6 +176,14 @@ class Policy:
     # derived from the declaration above, for readers that only ask these two questions
     evicts: ClassVar[bool] = True
     needs_attention: ClassVar[bool] = False
+    # the methods table (docs/methods.md): the paper (authors year, arXiv id) and the family of the method
+    paper: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+    # whether priorities of different KV heads can be ranked together (Ada-KV's head allocation needs it)
+    head_comparable: ClassVar[bool] = True
+    # a composition (keyformer.core.policies.compose): its wrappers, scorer outwards, and its scorer's class
+    wrapped: ClassVar[tuple[str, ...]] = ()
+    scorer: ClassVar[type[Policy] | None] = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
