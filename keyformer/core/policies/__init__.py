@@ -95,6 +95,6 @@ def build_policy(node: Mapping[str, Any]) -> Policy:
     return make_policy(target, **kwargs)
 
 
-__all__ = ["POLICIES", "WRAPPERS", "compose", "Context", "Policy", "ScorePolicy", "Schedule", "Prompt", "NEVER",
-           "PROMPT", "STEP", "every", "FullPolicy", "WindowPolicy", "StreamingPolicy", "H2OPolicy", "KeyformerPolicy",
-           "make_policy", "build_policy", "split_node", "policy_class"]
+__all__ = ["POLICIES", "WRAPPERS", "compose", "Context", "Policy", "ScorePolicy", "Schedule", "Prompt",
+           "NEVER", "PROMPT", "STEP", "every", "FullPolicy", "WindowPolicy", "StreamingPolicy", "H2OPolicy",
+           "KeyformerPolicy", "make_policy", "build_policy", "split_node", "policy_class"]
