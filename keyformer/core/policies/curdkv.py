@@ -1,4 +1,4 @@
-"""CurDKV (Sengupta et al. 2025, arXiv 2509.15038; kvpress ``CURPress``): keep the tokens whose keys and
+"""CurDKV (arXiv 2509.15038, 2025; kvpress ``CURPress``): keep the tokens whose keys and
 values carry the most leverage, approximated by their squared norms.
 
 Per (sample, layer, KV head), over the held tokens in position order: ``k2_j = ||k_j||^2`` and
@@ -66,8 +66,9 @@ class CurDKVPolicy(Policy):
     name: ClassVar[str] = "curdkv"
     reads: ClassVar[frozenset[str]] = frozenset({"attention", "tensors"})  # the scoring path passes values
     observe_rows: ClassVar[int | None] = 1
-    paper: ClassVar[str] = "Sengupta et al. 2025, arXiv 2509.15038"
+    paper: ClassVar[str] = "arXiv 2509.15038"
     family: ClassVar[str] = "key/value geometry"
+    nonnegative: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

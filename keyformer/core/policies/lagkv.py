@@ -1,4 +1,4 @@
-"""LagKV (Liang et al. 2025, arXiv 2504.04704; kvpress ``LagKVPress``): score each token against the
+"""LagKV (arXiv 2504.04704, 2025; kvpress ``LagKVPress``): score each token against the
 statistics of the partition that follows it, with no attention weights.
 
 Per (sample, layer, KV head), over the ``m`` held tokens in position order: the first ``n_sink`` are sinks
@@ -61,8 +61,9 @@ class LagKVPolicy(Policy):
     name: ClassVar[str] = "lagkv"
     reads: ClassVar[frozenset[str]] = frozenset({"attention", "tensors"})  # the scoring path passes values
     observe_rows: ClassVar[int | None] = 1
-    paper: ClassVar[str] = "Liang et al. 2025, arXiv 2504.04704"
+    paper: ClassVar[str] = "arXiv 2504.04704"
     family: ClassVar[str] = "key/value statistics"
+    nonnegative: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -11,7 +11,10 @@ layer (one per KV head, shared by the samples of a batch, so that a sample's res
 batchmates; kvpress draws one per sample and call). kvpress scores the prompt only; here the rule is
 re-applied to the held keys at every decode step and the lowest-leverage token (outside the recent window)
 leaves. On Qwen3 and Gemma the keys are normalised before RoPE, so the undone keys are the normalised ones, as
-kvpress's ``get_prerope_key_states`` computes them. No recent window by default (kvpress)."""
+kvpress's ``get_prerope_key_states`` computes them. No recent window by default (kvpress). When a head holds
+no more than ``min(head_dim, sketch_dimension) + 1`` tokens, the centred sketch has full row rank and every
+leverage is the same (``1 - 1/m``, less the jitter's share): the ranking is then decided by rounding (tiny
+test models; real budgets are far above a head's dimension)."""
 
 from __future__ import annotations
 
@@ -46,15 +49,29 @@ def sketch(seed: int, layer: int, heads: int, d: int, k: int) -> torch.Tensor:
     return torch.randn(heads, d, k, generator=g, dtype=torch.float64) / k**0.5
 
 
-def leverage(x: torch.Tensor, live: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
-    """[B, H, S] approximate leverage of the live rows of x [B, H, S, D] under the sketch phi [H, D, k]."""
-    w = live.unsqueeze(-1).double()
-    mean = (x * w).sum(-2, keepdim=True) / w.sum(-2, keepdim=True).clamp(min=1.0)
-    X = ((x - mean) * w) @ phi.to(x.device).unsqueeze(0)  # [B, H, S, k]
-    G = X.transpose(-1, -2) @ X
-    G = 0.5 * (G + G.transpose(-1, -2)) + JITTER * torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
-    Y = torch.linalg.solve(G, X.transpose(-1, -2))  # [B, H, k, S]
-    return (X * Y.transpose(-1, -2)).sum(-1).clamp(min=0)
+def leverage(x: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
+    """[m] approximate leverage of the rows of x [m, D] (one head's held keys, in position order) under the
+    sketch phi [D, k]."""
+    X = (x - x.mean(0, keepdim=True)) @ phi.to(x.device)  # [m, k]
+    G = X.T @ X
+    G = 0.5 * (G + G.T) + JITTER * torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+    return (X * torch.linalg.solve(G, X.T).T).sum(-1).clamp(min=0)
+
+
+def leverages(x: torch.Tensor, pos: torch.Tensor, live: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
+    """[B, H, S] :func:`leverage` of every (sample, head)'s held rows of x [B, H, S, D] (0 elsewhere), each
+    computed over exactly its held tokens in position order, so that the result depends on the held set
+    alone (not on the slot layout, the batch or the mode)."""
+    B, H, S, _ = x.shape
+    out = torch.zeros(B, H, S, dtype=torch.float64, device=x.device)
+    order = torch.where(live, pos, torch.iinfo(torch.long).max).argsort(dim=-1, stable=True)
+    counts = live.sum(-1).tolist()
+    for b in range(B):
+        for h in range(H):
+            idx = order[b, h, : counts[b][h]]
+            if len(idx):
+                out[b, h, idx] = leverage(x[b, h, idx], phi[h])
+    return out
 
 
 @dataclass
@@ -87,7 +104,7 @@ class LeveragePolicy(Policy):
         live = ctx.live & (pos >= 0)
         B, H, S, D = keys.shape
         x = unrotate_keys(keys.double(), pos, ctx.prepared or {"kind": "none"})
-        lev = leverage(x, live, sketch(self.seed, ctx.layer, H, D, self.sketch_dimension))
+        lev = leverages(x, pos, live, sketch(self.seed, ctx.layer, H, D, self.sketch_dimension))
         n = live.sum((1, 2), keepdim=True).clamp(min=1).double()
         mean = torch.where(live, lev, 0.0).sum((1, 2), keepdim=True) / n
         var = torch.where(live, (lev - mean) ** 2, 0.0).sum((1, 2), keepdim=True) / (n - 1).clamp(min=1.0)

@@ -35,6 +35,7 @@ class RandomPolicy(Policy):
     name: ClassVar[str] = "random"
     paper: ClassVar[str] = "kvpress RandomPress (baseline)"
     family: ClassVar[str] = "baseline"
+    nonnegative: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

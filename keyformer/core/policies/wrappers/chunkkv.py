@@ -1,4 +1,4 @@
-"""ChunkKV (Liu et al. 2025, arXiv 2502.00299): select whole chunks of consecutive tokens, not single tokens.
+"""ChunkKV (arXiv 2502.00299, 2025): select whole chunks of consecutive tokens, not single tokens.
 
 The prompt is divided into chunks of ``chunk_length`` consecutive positions (chunk ``pos // chunk_length``;
 generated tokens continue the chunks). A chunk's priority is the mean of the wrapped scorer's priorities over
@@ -40,7 +40,7 @@ class ChunkKV(Wrapper):
 
     wrap_name: ClassVar[str] = "chunkkv"
     adds_reads: ClassVar[frozenset[str]] = frozenset({"tensors"})  # which slots are held (mask mode)
-    paper: ClassVar[str] = "Liu et al. 2025, arXiv 2502.00299"
+    paper: ClassVar[str] = "arXiv 2502.00299"
     family: ClassVar[str] = "chunked selection"
 
     def __post_init__(self) -> None:

@@ -73,6 +73,9 @@ class CriticalKV(PreparingWrapper):
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r <= 1.0:
             raise ValueError(f"first_stage_ratio={r!r} must be in [0, 1] (share of the budget kept by the "
                              "wrapped priority alone)")
+        hr = getattr(self, "head_reduction", "per_head")
+        if hr != "per_head":  # one set per layer would mix the heads' rescaled slots
+            raise ValueError(f"head_reduction={hr!r}: CriticalKV rescales per head; valid: per_head")
 
     @classmethod
     def refuses(cls, inner: type[Policy]) -> str | None:
@@ -80,6 +83,8 @@ class CriticalKV(PreparingWrapper):
             return "it never cuts"
         if "prompt" in inner.reads:
             return "it scores the prompt in a forward of its own"
+        if not (inner.nonnegative or (inner.needs_attention and "tensors" not in inner.reads)):
+            return "its priorities may be negative (the rescaling multiplies them by value norms)"
         return super().refuses(inner)
 
     def prepare_own(self, model: Any) -> dict[int, torch.Tensor]:
