@@ -33,6 +33,10 @@ class RandomPolicy(Policy):
     seed: int = 0
 
     name: ClassVar[str] = "random"
+    # the draw depends on the KV head, which the contract's per-head naive replay cannot show a policy (it
+    # calls ``priority`` one head at a time): declared a tensor reader, its rule test is
+    # tests/test_methods_rules.py (the held keys are not read)
+    reads: ClassVar[frozenset[str]] = frozenset({"tensors"})
     paper: ClassVar[str] = "kvpress RandomPress (baseline)"
     family: ClassVar[str] = "baseline"
     nonnegative: ClassVar[bool] = True
