@@ -659,6 +659,11 @@ def test_config_wrap_is_checked_and_recorded():
     rec = policy_fields(policy)
     assert rec["policy"] == rec["policy_spec"]["name"] == "h2o+adakv+criticalkv"
     assert rec["policy_spec"]["alpha_safeguard"] == 0.2 and rec["policy_spec"]["first_stage_ratio"] == 0.5
+    from keyformer.lab.collect import point_config
+
+    row = point_config(cfg, rec)  # a collected row names the composition and its wrappers' knobs
+    assert row["policy"] == "h2o+adakv+criticalkv" and row["policy.alpha_safeguard"] == 0.2
+    assert point_config(cfg)["policy"] == "h2o+adakv+criticalkv"  # from the config node alone, too
     bad = compose_cfg(["policy=h2o", "policy.wrap=[adakvv]", "model=tiny_llama"])
     with pytest.raises(ConfigError, match=r"adakvv.*valid: adakv") as e:
         _check_policy_kwargs(bad)
