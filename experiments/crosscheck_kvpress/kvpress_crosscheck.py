@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--side", default="all", choices=["all", "prompts", "kvpress", "ours", "merge"])
     ap.add_argument("--model-dir", default=None, help="converted SmolLM2 safetensors folder (default: the "
-                    "loader's cache; resolved only when not given, so the kvpress venv needs no keyformer.run)")
+                    "loader's cache, resolved only when not given: the kvpress venv has no keyformer.run)")
     data_dir = os.environ.get("KEYFORMER_DATA_DIR")
     ap.add_argument("--data", default=str(Path(data_dir) / "cnn_dailymail.jsonl") if data_dir else None,
                     help="cnn_dailymail.jsonl (default: in $KEYFORMER_DATA_DIR)")
