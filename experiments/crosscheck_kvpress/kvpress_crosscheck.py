@@ -105,6 +105,12 @@ DIAGNOSTICS: list[dict[str, Any]] = [
      "press": {"cls": "TOVAPerKVHead", "kw": {}, "exact_count": True},
      "policy": "tova", "policy_kw": {"recent": 0.0, "prefill_only": True, "head_reduction": "per_head"}},
     *kvpress_kvzip.DIAGNOSTICS,
+    {"name": "LagKV [kv: ties keep the most recent]", "press": {"cls": "LagKVRecentTies", "kw": LAG},
+     "policy": "lagkv", "policy_kw": {**LAG, **PREFILL}},
+    {"name": "CriticalKV-SnapKV [kv: window apart from the first stage]",
+     "press": {"cls": "CriticalKVWindowApart", "kw": CRIT, "inner": {"cls": "SnapKVPress", "kw": SNAP}},
+     "policy": "snapkv+criticalkv",
+     "policy_kw": {**SNAP, "critical_epsilon": 1e-4, "first_stage_ratio": 0.5}},
 ]
 
 
@@ -314,7 +320,37 @@ def _variant_presses() -> dict[str, Any]:
             s = a[:, :, 0].reshape(bsz, hkv, -1, n - 1).sum(2)
             return F.pad(s, (0, 1), value=s.max().item() + 1)
 
+    from kvpress import CriticalKVPress, LagKVPress
+
+    class LagKVRecentTies(LagKVPress):
+        """LagKV whose equal scores (the sinks and the kept last partition: 1) rank the more recent token
+        first (ours), instead of ``topk``'s order among ties."""
+
+        def score(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                  kwargs):
+            s = super().score(module, hidden_states, keys, values, attentions, kwargs)
+            n = s.shape[-1]
+            return s + torch.arange(n, device=s.device, dtype=s.dtype) * (1e-3 / (self.lag_size * n))
+
+    class CriticalKVWindowApart(CriticalKVPress):
+        """CriticalKV over SnapKV whose first stage takes ``int(k * first_stage_ratio)`` tokens from before
+        the observation window, the window kept besides (ours: the window is the recent window), instead of a
+        first stage that the window's maximal SnapKV scores fill first."""
+
+        def score(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                  kwargs):
+            scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs)
+            n, w = keys.shape[2], self.press.window_size
+            m = int((1 - self.compression_ratio) * n * self.first_stage_ratio)
+            top = scores[..., : n - w].topk(m, dim=-1).indices
+            out = (scores + self.epsilon) * self.vwl1norm(values, module)
+            big = torch.finfo(out.dtype).max
+            out.scatter_(-1, top, big)
+            out[..., n - w:] = big
+            return out
+
     return {"SnapKVPoolAll": SnapKVPoolAll, "TOVAPerKVHead": TOVAPerKVHead,
+            "LagKVRecentTies": LagKVRecentTies, "CriticalKVWindowApart": CriticalKVWindowApart,
             "PyramidKVAligned": PyramidKVAligned, **kvpress_kvzip.variant_presses()}
 
 

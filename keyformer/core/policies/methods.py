@@ -54,8 +54,10 @@ def rows(jaccard: Mapping[str, Mapping[float, float]] | None = None) -> list[lis
     for name in sorted(WRAPPERS):
         w: Any = WRAPPERS[name]
         cuts = "sets the schedule" if "schedule" in w.owns else "the scorer's"
+        over = sorted(k for k in jaccard if k.endswith(f"+{name}"))  # a composition the cross-check ran
+        xcheck = f"{_jaccard(over[0], jaccard)} (over {over[0].split('+')[0]})" if over else "—"
         out.append([f"`wrap=[{name}]`", "wrapper", w.paper or "—", w.family or "—", cuts,
-                    f"+ {reads_of(w)}" if w.adds_reads else "the scorer's", "—"])
+                    f"+ {reads_of(w)}" if w.adds_reads else "the scorer's", xcheck])
     return out
 
 
