@@ -6,7 +6,7 @@
 #   bash scripts/gpu_bench.sh --dry-run   # CPU, tiny shapes, the same steps and code path (CI runs it)
 #
 # Steps, each time-boxed so the whole run ends by DEADLINE_S (default 470 s):
-# (1) on-device tests: the captured decode step == the eager one (tests/test_graphs.py, tests/test_static_full.py);
+# (1) on-device tests: the captured decode step == the eager one (tests/test_graphs.py, experiments/gpu_studies/test_static_full.py);
 # (2) batch-1 latency at 4k (4096-token prompt, 64 new) at GPT-J-6B and Llama-3-8B shapes (random weights, bf16)
 #     for full, window, H2O and Keyformer at 0.5, decode eager and CUDA-graph captured (keyformer-gpu-bench --graphs);
 # (3) the captured full baseline (experiments.gpu_studies.static_full): full over a preallocated, masked cache with its
@@ -84,7 +84,7 @@ status=0
 set +e  # a failing step is logged with its exit status; the next steps still run; the script exits 1 at the end
 
 step "on-device tests: captured decode step == eager"
-"$PY" -m pytest -p no:cacheprovider -m on_device tests/test_graphs.py tests/test_static_full.py -rs 2>&1 | tee "$out/tests_graphs.txt" | tail -3 | tee -a "$log"
+"$PY" -m pytest -p no:cacheprovider -m on_device tests/test_graphs.py experiments/gpu_studies/test_static_full.py -rs 2>&1 | tee "$out/tests_graphs.txt" | tail -3 | tee -a "$log"
 rc "${PIPESTATUS[0]}"
 
 step "batch-1 latency at 4k, eager vs captured: gptj llama3"

@@ -34,8 +34,8 @@ LOGS=multirun/gpu_logs Q=multirun/gpu_queues
 mkdir -p "$LOGS" "$Q"
 $PY -c 'from keyformer.run.loading import ensure_smollm2; print(ensure_smollm2())' > "$LOGS/convert.txt" 2>&1 \
   || { cp "$LOGS/convert.txt" "$OUT/"; exit 1; }
-for t in cnndm needle leval_sqa multi_news; do cp "experiments/queues/exp7_$t.txt" "$Q/"; done
-sed 's#multirun/exp8_authors/#multirun/exp8_authors_h200/#' experiments/queues/exp8_authors.txt > "$Q/authors.txt"
+for t in cnndm needle leval_sqa multi_news; do cp "experiments/exp7_field/queues/exp7_$t.txt" "$Q/"; done
+sed 's#multirun/exp8_authors/#multirun/exp8_authors_h200/#' experiments/exp8_powered/queues/exp8_authors.txt > "$Q/authors.txt"
 grep -v 'generation=beam' "$Q/authors.txt" > "$Q/authors_greedy.txt"
 grep -v 'generation=greedy' "$Q/authors.txt" > "$Q/authors_beam.txt"
 declare -A BS=([exp7_cnndm]=50 [exp7_needle]=15 [exp7_leval_sqa]=32 [exp7_multi_news]=32 [authors_greedy]=32

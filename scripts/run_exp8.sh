@@ -3,5 +3,5 @@
 # 0.3; the same folders as `python run.py -m +experiment=exp8_powered` (+ `_extras`). See scripts/run_points.sh.
 #   KEYFORMER_DATA_DIR=../shared/data bash scripts/run_exp8.sh
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STEP="${STEP:-64}" exec bash "$HERE/scripts/run_points.sh" "$HERE/experiments/queues/exp8_powered.txt" \
-  "$HERE/experiments/queues/exp8_extras.txt"
+STEP="${STEP:-64}" exec bash "$HERE/scripts/run_points.sh" "$HERE/experiments/exp8_powered/queues/exp8_powered.txt" \
+  "$HERE/experiments/exp8_powered/queues/exp8_extras.txt"

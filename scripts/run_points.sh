@@ -5,7 +5,7 @@
 # records wherever the run stops
 # (paired comparisons exist at any moment). Queue files run in order and are re-read at each pick. A failed
 # point is skipped (its traceback in multirun/.locks_queue/failed_*); rerun the script to continue.
-#   bash scripts/run_points.sh experiments/queues/exp5.txt experiments/queues/exp8_authors.txt
+#   bash scripts/run_points.sh experiments/exp5_ablations/queues/exp5.txt experiments/exp8_powered/queues/exp8_authors.txt
 # A queue line: `<output folder, relative to ROOT> <records> <run.py overrides...>`; `#` starts a comment.
 # <records> is passed as n_samples=<records> (unless the line sets n_samples), so a finished point is complete.
 # ROOT: where the folders go (default: this checkout). Run it from a frozen checkout (git worktree) when

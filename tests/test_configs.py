@@ -15,12 +15,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from keyformer.run.loading import gemma3_available, model_config
+from keyformer.run.paths import config_dirs
 from keyformer.run.validate import ConfigError, check_budget, module_available, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 GROUPS = ["model", "dataset", "policy", "generation", "logger", "task"]
-EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+EXPERIMENT_DIRS = [d / "experiment" for d in config_dirs()]  # conf/ and each study's own conf/
+EXPERIMENTS = sorted(p.stem for d in EXPERIMENT_DIRS for p in d.glob("*.yaml"))
 # The launchers the README names: (hydra/launcher option, plugin module that provides it)
 LAUNCHERS = [("joblib", "hydra_plugins.hydra_joblib_launcher"),
              ("slurm", "hydra_plugins.hydra_submitit_launcher"),
@@ -129,7 +131,8 @@ def test_every_experiment_composes(experiment):
 def test_shared_experiment_block_is_not_copied():
     """Experiments 1-3 and 5 take their common settings from one shared file, not copies."""
     for name in ("exp1_cnndm", "exp2_dialogsum", "exp3_govreport", "exp5_ablations"):
-        raw = OmegaConf.to_container(OmegaConf.load(CONF / "experiment" / f"{name}.yaml"))
+        path = ROOT / "experiments" / name / "conf" / "experiment" / f"{name}.yaml"
+        raw = OmegaConf.to_container(OmegaConf.load(path))
         assert "shared/smollm2_cpu" in raw["defaults"]
         assert "exclude_keys" not in json.dumps(raw) and "progress" not in raw
 
@@ -266,14 +269,17 @@ def test_validate_requires_present_cuda():
         validate(c)
 
 
-@pytest.mark.parametrize("variant", sorted(p.stem for p in (CONF / "experiment" / "ablation").glob("*.yaml")))
+ABLATIONS = ROOT / "experiments" / "exp5_ablations" / "conf" / "experiment" / "ablation"
+
+
+@pytest.mark.parametrize("variant", sorted(p.stem for p in ABLATIONS.glob("*.yaml")))
 def test_ablation_variants_take_effect_in_sweep_order(variant):
     """The exp5 sweep composes ``+experiment/ablation=<v> +experiment=exp5_ablations`` (in that order), so a
     key that the experiment file also sets would silently undo the variant. Every key a variant sets must
     survive."""
     cfg = OmegaConf.to_container(make_cfg(f"+experiment/ablation={variant}", "+experiment=exp5_ablations"),
                                  resolve=True)
-    want = OmegaConf.to_container(OmegaConf.load(CONF / "experiment" / "ablation" / f"{variant}.yaml"))
+    want = OmegaConf.to_container(OmegaConf.load(ABLATIONS / f"{variant}.yaml"))
 
     def check(w, c, path):
         for k, v in w.items():
@@ -285,7 +291,7 @@ def test_ablation_variants_take_effect_in_sweep_order(variant):
     check(want, cfg, "")
 
 
-QUEUES = sorted((ROOT / "experiments" / "queues").glob("*.txt"))
+QUEUES = sorted((ROOT / "experiments").glob("*/queues/*.txt"))
 
 
 @pytest.mark.parametrize("queue", QUEUES, ids=[q.stem for q in QUEUES])

@@ -17,6 +17,7 @@ from keyformer.run.data.prompts import (
     styled_template,
     use_chat_template,
 )
+from keyformer.run.paths import config_dirs
 from keyformer.run.tasks.generate import GenerateTask, prompt_setup
 from keyformer.run.validate import ConfigError, JobError
 
@@ -103,7 +104,7 @@ def _points(params: dict) -> list[list[str]]:
 
 def test_no_committed_experiment_changes_its_prompt():
     """Every experiment point with a base-style model uses a template the base style leaves alone."""
-    for exp in sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")):
+    for exp in sorted(p.stem for d in config_dirs() for p in (d / "experiment").glob("*.yaml")):
         with initialize_config_dir(config_dir=str(CONF), version_base=None):
             hcfg = compose("config", overrides=[f"+experiment={exp}", "output_dir=/x"],
                            return_hydra_config=True)

@@ -1,7 +1,7 @@
 """Execute every notebook headless (nbclient) against the committed results.
 
 A notebook whose results are not committed is skipped. Notebooks write their figures under
-results/figures/ (and small derived tables next to their results) and show them inline; outputs are not
+results/<study>/ (and small derived tables next to their results) and show them inline; outputs are not
 saved back.
 """
 
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# the studies' notebooks (experiments/<study>/) and the library's (notebooks/)
+NOTEBOOKS = sorted([*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "experiments").glob("*/*.ipynb")])
 # Results each notebook reads (relative to the repo root); unknown notebooks need results/<stem>/.
 REQUIRES = {
     "exp1_cnndm": ["results/exp1_cnndm/points.csv", "results/exp1_cnndm/samples.csv"],
@@ -70,7 +71,7 @@ def test_notebooks_do_not_force_a_backend():
 @pytest.mark.slow
 def test_jupyter_nbconvert_executes_a_notebook(tmp_path: Path):
     """The [notebooks] extra brings nbconvert: the README's `jupyter nbconvert --execute` works."""
-    path = ROOT / "notebooks" / "exp4_attention.ipynb"
+    path = ROOT / "experiments" / "exp4_attention" / "exp4_attention.ipynb"
     jupyter = shutil.which("jupyter", path=str(Path(sys.executable).parent))
     if jupyter is None or _missing(path):
         pytest.skip("jupyter (nbconvert) not installed or results not committed")

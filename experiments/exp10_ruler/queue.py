@@ -2,8 +2,9 @@
 
     python experiments/exp10_ruler/queue.py  # tiers 1-2 here (committed); 1b, 2b, 3, 4 in multirun/.../queues
     STEP=5 bash scripts/run_points.sh multirun/exp10_ruler/queues/left.txt  # or: what is not committed yet
-    STEP=5 bash scripts/run_points.sh experiments/queues/exp10_core.txt \\
-        multirun/exp10_ruler/queues/exp10_current.txt experiments/queues/exp10_core_agnostic.txt \\
+    STEP=5 bash scripts/run_points.sh experiments/exp10_ruler/queues/exp10_core.txt \\
+        multirun/exp10_ruler/queues/exp10_current.txt \\
+        experiments/exp10_ruler/queues/exp10_core_agnostic.txt \\
         multirun/exp10_ruler/queues/exp10_budgets.txt \\
         multirun/exp10_ruler/queues/exp10_field.txt
 
@@ -64,9 +65,9 @@ def points(setting: str, policies: list[str], budget: float, exp: str = "exp10_r
 
 
 def gemma_tiers() -> dict[str, tuple[str, list[str]]]:
-    """Tiers 1, 2, 1b and 2b on Gemma 3 270M (conf/experiment/exp10_ruler_gemma.yaml): where Keyformer ranks
-    among the 2025 methods on a second model, at ratio 0.5, in both settings; then tiers 3 and 4 as on
-    SmolLM2, less the Ada-KVs (Gemma 3 270M has one KV head: Ada-KV is its base policy there)."""
+    """Tiers 1, 2, 1b and 2b on Gemma 3 270M (``+experiment=exp10_ruler_gemma``): where Keyformer ranks among
+    the 2025 methods on a second model, at ratio 0.5, in both settings; then tiers 3 and 4 as on SmolLM2,
+    less the Ada-KVs (Gemma 3 270M has one KV head: Ada-KV is its base policy there)."""
     g = "exp10_ruler_gemma"
     both = ("aware", "agnostic")
     field = [p for p in FIELD if not p.startswith("adakv_")]

