@@ -268,10 +268,13 @@ def _check_policy_kwargs(cfg: Mapping) -> Any:
                               "mypkg.MyPolicy, or a built-in policy (policy=h2o, ...); nothing was imported")
     from keyformer.core.policies import build_policy, split_node
 
-    try:
-        name, kwargs = split_node(cfg["policy"])
+    node = dict(cfg["policy"])
+    try:  # the class first; a node's wrappers (``wrap``) are checked with the knobs below
+        name, kwargs = split_node({k: v for k, v in node.items() if k != "wrap"})
     except ValueError as e:
-        raise ConfigError("policy._target_", dict(cfg["policy"]).get("_target_"), str(e)) from None
+        raise ConfigError("policy._target_", node.get("_target_"), str(e)) from None
+    if node.get("wrap"):
+        kwargs["wrap"] = list(node["wrap"]) if not isinstance(node["wrap"], str) else node["wrap"]
     try:
         return build_policy(cfg["policy"])
     except (ValueError, TypeError) as e:
