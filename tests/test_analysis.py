@@ -11,10 +11,6 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.exp1_cnndm import findings as exp1
-from experiments.exp7_field import findings as exp7
-from experiments.exp8_powered import analysis as exp8
-from experiments.exp8_powered import findings as exp8_findings
 from keyformer.lab import analysis
 from keyformer.lab.attention_stats import LayerStats, row_sparsity, topk_acc_mass, topk_row_mass
 
@@ -251,82 +247,6 @@ def test_attention_stats_entry_point(tmp_path):
     assert json.loads((tmp_path / "exp4_all" / "meta.json").read_text())["n_prompts"] == 16
 
 
-def test_report_new_stream_table(tmp_path: Path, capsys) -> None:
-    """keyformer-report pairs exp1's Keyformer points with its H2O points and the previous stream's
-    Keyformer."""
-
-    rng = np.random.default_rng(3)
-    ids = [f"a{i}" for i in range(40)]
-    base = rng.normal(10, 4, size=40)
-
-    def write(name: str, pts: dict[str, tuple[str, float, np.ndarray]]) -> None:
-        d = tmp_path / name
-        d.mkdir(parents=True)
-        pd.DataFrame([{"point": p, "policy": pol, "budget": b, "complete": True} for p,
-                      (pol, b, _) in pts.items()]
-                     ).to_csv(d / "points.csv", index=False)
-        pd.DataFrame([{"point": p, "id": i, "rouge2": v} for p, (_, _, vals) in pts.items()
-                      for i, v in zip(ids, vals, strict=True)]).to_csv(d / "samples.csv", index=False)
-
-    write("exp1_cnndm", {"h": ("h2o", 0.2, base), "n": ("keyformer", 0.2, base + 1.0),
-                         "h5": ("h2o", 0.5, base), "n5": ("keyformer", 0.5, base + 1.0)})
-    write("archive/exp1_cnndm_oldstream",
-          {"k": ("keyformer", 0.2, base + 0.5), "k5": ("keyformer", 0.5, base)})
-    exp1.new_stream(tmp_path)
-    out = capsys.readouterr().out
-    assert "| 0.2 | 40 |" in out and "+1.00 [+1.00, +1.00] | +0.50 [+0.50, +0.50] |" in out
-    assert "Pooled over 2 budgets (40 articles): now - old +0.75 [+0.75, +0.75]" in out
-
-
-def _exp8_frames(shift: float, n: int = 400, noise: float = 1.0):
-    """Synthetic experiment 8: Keyformer seeds = H2O + shift + noise, per article and budget."""
-    rng = np.random.default_rng(0)
-    ids = [f"a{i}" for i in range(n)]
-    points, samples = [], []
-    for b in (0.2, 0.3, 0.5):
-        base = rng.normal(10, 3, n)
-        for v, add in (("h2o", 0.0), ("keyformer_s0", shift), ("keyformer_s1", shift),
-                       ("h2o_recent05", -1.0)):
-            if v == "h2o_recent05" and b != 0.3:
-                continue
-            point = f"budget={b},{v}"
-            points.append({"point": point, "variant": v, "budget": b})
-            x = base + add + (rng.normal(0, noise, n) if v.startswith("keyformer") else 0)
-            samples += [{"point": point, "id": i, "rouge2": float(val)} for i,
-                        val in zip(ids, x, strict=True)]
-    return pd.DataFrame(points), pd.DataFrame(samples)
-
-
-@pytest.mark.parametrize("shift, noise, decision", [(0.0, 1.0, "does not transfer"), (1.0, 1.0, "transfers"),
-                                                    (0.3, 1.0, "Keyformer beats H2O"),
-                                                    (0.4, 10.0, "inconclusive")])
-def test_powered_study_decision_and_estimates(shift, noise, decision):
-    points, samples = _exp8_frames(shift, noise=noise)
-    r = exp8.powered_study(points, samples, n_boot=2000)
-    p = r["pooled"]
-    assert r["n"] == 400 and abs(p["diff"] - shift) < 0.15 * noise and p["ci_lo"] < p["diff"] < p["ci_hi"]
-    assert p["decision"].startswith(decision), p
-    assert [b["budget"] for b in r["budgets"]] == [0.2, 0.3, 0.5]
-    assert abs(r["budgets"][0]["s0_minus_s1"]["diff"]) < 0.3 * noise  # two seeds of the same method
-    (extra,) = r["extras"]
-    assert extra["variant"] == "h2o_recent05" and extra["diff"] == pytest.approx(-1.0)
-    assert extra["kf_minus_h2o_same_articles"]["diff"] == pytest.approx(shift, abs=0.15 * noise + 0.05)
-    # the n that the observed SD needs for a half-width of 0.25
-    assert p["n_for_half_width"] == int(np.ceil((1.96 * p["sd"] / 0.25) ** 2))
-    # the n at which a CI of that SD around the observed mean would exclude 0 or +0.3: more than n when
-    # undecided
-    margin = max(abs(p["diff"]), abs(p["diff"] - 0.3))
-    assert p["n_decisive"] == int(np.ceil((1.96 * p["sd"] / margin) ** 2))
-    assert (p["n_decisive"] > r["n"]) == decision.startswith("inconclusive")
-
-
-def test_powered_study_uses_only_articles_every_core_arm_finished():
-    points, samples = _exp8_frames(0.5, n=50)
-    samples = samples[~((samples["point"] == "budget=0.5,keyformer_s1") & samples["id"].isin(["a0", "a1"]))]
-    assert exp8.powered_study(points, samples, n_boot=200)["n"] == 48
-    assert exp8.powered_study(points[points["variant"] != "keyformer_s1"], samples)["n"] == 0
-
-
 def test_collect_task_metrics_needle_fields_and_kv_quant():
     from keyformer.lab.collect import point_rows
 
@@ -341,54 +261,6 @@ def test_collect_task_metrics_needle_fields_and_kv_quant():
     assert (row["accuracy"] == 50.0 and list(s["accuracy"]) == [0.0, 100.0] and row["n_truncated"] == 1
             and row["kv_quant"] == 4 and row["complete"])
     assert list(s.columns[-4:]) == ["accuracy", "needle_length", "needle_depth", "prediction"]
-
-
-def _authors_frames(n: int = 300, gap_greedy: float = 0.2, gap_beam: float = 1.0):
-    """Synthetic authors'-setting subset: Keyformer = H2O + gap (per decoding), full = H2O + 2."""
-    rng = np.random.default_rng(1)
-    ids = [f"a{i}" for i in range(n)]
-    points, samples = [], []
-    for beams, gap in ((1, gap_greedy), (4, gap_beam)):
-        base = rng.normal(10, 3, n)
-        arms = [("full", 1.0, 2.0)] + [(p, b, gap if p == "keyformer" else 0.0) for p in ("h2o", "keyformer")
-                                       for b in (0.5, 0.3)]
-        for pol, b, add in arms:
-            point = f"budget={b},generation={beams},policy={pol}"
-            points.append({"point": point, "policy": pol, "budget": b, "num_beams": beams})
-            x = base + add + rng.normal(0, 0.5, n)
-            samples += [{"point": point, "id": i, "rouge2": float(v)} for i, v in zip(ids, x, strict=True)]
-    return pd.DataFrame(points), pd.DataFrame(samples)
-
-
-def test_authors_setting_gaps_beam_effect_and_short_reference():
-    points, samples = _authors_frames()
-    short = _exp8_frames(0.0, n=300)  # the 512-token study: no gap on articles a0..a299
-    r = exp8.authors_setting(points, samples, short=short, n_boot=1000)
-    rows = {(x["num_beams"], x["budget"]): x for x in r["rows"]}
-    assert set(rows) == {(1, 0.5), (1, 0.3), (4, 0.5), (4, 0.3)} and all(x["n"] == 300 for x in rows.values())
-    assert rows[(4, 0.3)]["kf_minus_h2o"]["diff"] == pytest.approx(1.0, abs=0.15)
-    assert rows[(1, 0.5)]["h2o_minus_full"]["diff"] == pytest.approx(-2.0, abs=0.15)
-    pooled = {p["num_beams"]: p for p in r["pooled"]}
-    assert pooled[1]["diff"] == pytest.approx(0.2, abs=0.1) and pooled[4]["decision"].startswith("transfers")
-    assert r["beam_minus_greedy"]["diff"] == pytest.approx(0.8, abs=0.15)
-    lms = r["long_minus_short"]
-    assert lms["n"] == 300 and lms["diff"] == pytest.approx(pooled[1]["diff"] - lms["short_gap"], abs=1e-9)
-    # a missing Keyformer point at one budget drops that row and the pooled gap of its decoding
-    r2 = exp8.authors_setting(points[points["point"] != "budget=0.3,generation=4,policy=keyformer"],
-                                  samples,
-                                  n_boot=200)
-    assert (len(r2["rows"]) == 3 and [p["num_beams"] for p in r2["pooled"]] == [1]
-            and r2["beam_minus_greedy"] is None)
-    # a full reference that finished fewer articles limits only the comparisons with full
-    fewer = samples[~((samples["point"] == "budget=1.0,generation=4,policy=full")
-                      & samples["id"].isin(ids_of(100)))]
-    r3 = exp8.authors_setting(points, fewer, n_boot=200)
-    beam = [x for x in r3["rows"] if x["num_beams"] == 4]
-    assert all(x["n"] == 300 and x["n_full"] == 200 for x in beam)
-
-
-def ids_of(n: int) -> list[str]:
-    return [f"a{i}" for i in range(n)]
 
 
 def test_pareto_front_keeps_exactly_the_undominated_points():
@@ -420,75 +292,6 @@ def test_field_ranking_ranks_policies_and_pairs_them_with_keyformer():
     pooled = t[t["budget"] == "pooled"].set_index("policy")
     assert set(pooled.index) == {"h2o", "snapkv"} and pooled.loc["snapkv", "budgets_used"] == "0.2,0.5"
     assert pooled.loc["snapkv", "d_lo"] < 1.0 < pooled.loc["snapkv", "d_hi"]
-
-
-def test_report_nanfix_pairs_the_rerun_with_the_buggy_run(tmp_path: Path, capsys) -> None:
-    """keyformer-report's re-run section: identical outputs per Keyformer point and both pooled gaps, over the
-    articles the re-run finished."""
-
-    for name, shift in (("archive/exp8_powered_buggy", 0.0), ("exp8_powered", 1.0)):
-        points, samples = _exp8_frames(shift, n=60)
-        points = points[points["variant"] != "h2o_recent05"]
-        if name == "exp8_powered":
-            samples = samples[samples["id"].isin([f"a{i}" for i in range(40)])]
-        samples = samples.assign(prediction=np.where(samples["point"].str.contains("keyformer") & (shift > 0)
-                                                     & (samples["id"] == "a0"), "new", "same"))
-        (tmp_path / name).mkdir(parents=True)
-        points.to_csv(tmp_path / name / "points.csv", index=False)
-        samples.to_csv(tmp_path / name / "samples.csv", index=False)
-    exp8_findings.nanfix(tmp_path)
-    out = capsys.readouterr().out
-    assert "40 articles every arm finished" in out and "| budget=0.3,keyformer_s0 | 39/40 |" in out
-    assert out.count("/40 |") == 6 and "buggy, same articles:" in out
-
-
-def test_report_same_config_pairs_points_of_equal_config_only(tmp_path: Path, capsys) -> None:
-    """keyformer-report's device/realisation tables pair points with the same config: a quantized point with
-    the same policy and budget is not the plain point's twin, and a column one side lacks counts as unset."""
-
-    ids = [f"a{i}" for i in range(10)]
-    plain = {"policy": "h2o", "budget": 0.3}
-    sides = {"cpu": [("p", plain, "x")],
-             "gpu": [("q8", {**plain, "kv_quant": 8.0}, "y"), ("p", {**plain, "kv_quant": np.nan}, "x")]}
-    for name, pts in sides.items():
-        rows = [{"point": pt, **cfg, "variant": ""} for pt, cfg, _ in pts]
-        samples = [{"point": pt, "id": i, "rouge2": 1.0, "prediction": text} for pt, _, text in pts
-                   for i in ids]
-        (tmp_path / name).mkdir()
-        pd.DataFrame(rows).to_csv(tmp_path / name / "points.csv", index=False)
-        pd.DataFrame(samples).to_csv(tmp_path / name / "samples.csv", index=False)
-    exp1.same_config(tmp_path, "gpu", "cpu", "t")
-    out = capsys.readouterr().out
-    assert "| h2o | 0.3 | 10/10 |" in out and out.count("| h2o |") == 1
-
-
-def test_report_field_ranks_policies_and_prices_quantization(tmp_path: Path, capsys) -> None:
-    """keyformer-report's experiment 7 section: per budget each policy's mean and rank, the pooled difference
-    from Keyformer, and the quantized points against full (left out of the ranking)."""
-
-    rng = np.random.default_rng(0)
-    ids = [f"s{i}" for i in range(50)]
-    base = rng.normal(0, 2, 50)
-    base += 10 - base.mean()  # point means 10 + add
-    arms = [("full", 1.0, None, 3.0), ("keyformer", 0.2, None, 1.0), ("h2o", 0.2, None, 0.0),
-            ("keyformer", 0.5, None, 2.0), ("h2o", 0.5, None, 2.0), ("full", 1.0, 4.0, 2.5),
-            ("tova", 0.5, None, 9.0)]
-    points, samples = [], []
-    for pol, b, q, add in arms:
-        pt = f"{pol},{b},{q}"
-        points.append({"point": pt, "policy": pol, "budget": b, "kv_quant": q, "kv_ratio": 0.2 if q else b,
-                       "rouge2": float((base + add).mean()), "complete": pol != "tova"})  # tova still running
-        samples += [{"point": pt, "id": i, "rouge2": float(v)} for i, v in zip(ids, base + add, strict=True)]
-    d = tmp_path / "exp7_field" / "cnndm"
-    d.mkdir(parents=True)
-    pd.DataFrame(points).to_csv(d / "points.csv", index=False)
-    pd.DataFrame(samples).to_csv(d / "samples.csv", index=False)
-    exp7.field(tmp_path)
-    out = capsys.readouterr().out
-    assert "Full cache: 13.00" in out and "| keyformer | 11.00 (1) | 12.00 (1) | 50 | - | - |" in out
-    assert "| h2o |" in out and "-0.50 [-0.50, -0.50] | 0.2,0.5 |" in out
-    assert "| full,1.0,4.0 |" in out and "-0.50 [-0.50, -0.50] |" in out
-    assert "tova" not in out  # an unfinished point is not ranked
 
 
 def test_repeated_ngrams_flags_looping_outputs() -> None:

@@ -115,19 +115,3 @@ def test_gpu_bench_tiny(tmp_path: Path) -> None:
     thr = next(c for c in cells if c.get("kind") == "throughput")
     assert thr["runs"]["full"]["max_batch"] == 2 and thr["runs"]["keyformer"]["tokens_per_s"] > 0
     assert any(c.get("kind") == "latency" for c in cells)
-
-
-
-def test_kvpress_merge_reproduces_the_committed_table(tmp_path: Path) -> None:
-    """The merge side of kvpress_compare.py on the committed side outputs gives the committed table."""
-    import shutil
-
-    from experiments.crosscheck_kvpress import kvpress_compare
-
-    src = ROOT / "results" / "bench" / "kvpress"
-    if not (src / "kvpress.json").is_file():
-        pytest.skip("kvpress results not committed")
-    for name in ("prompts.json", "ours.json", "kvpress.json"):
-        shutil.copy(src / name, tmp_path / name)
-    kvpress_compare.main(["--side", "merge", "--out-dir", str(tmp_path)])
-    assert (tmp_path / "table.txt").read_text() == (src / "table.txt").read_text()

@@ -316,19 +316,6 @@ def test_bench_beams_script_quick(tmp_path):
     assert "h2o@0.5" in (tmp_path / "beams.txt").read_text()
 
 
-@pytest.mark.parametrize("model", ["tiny", "tiny_gemma3"])
-def test_kvzip_cost_script_quick(tmp_path, model):
-    """kvzip_cost.py (experiment 10) on the tiny models: the four configs, both KVzip paths keep the same
-    sets, the table and the JSON are written, and the JSON names the code it measured."""
-    from experiments.exp10_ruler import kvzip_cost
-
-    r = kvzip_cost.main(["--model", model, "--n", "48", "--rounds", "1", "--out", str(tmp_path)])
-    assert [row["config"] for row in r["rows"]] == ["full", "snapkv", "kvzip", "kvzip_again"]
-    assert r["same_kept_sets"] == [True] and r["rows"][0]["ratio_median"] == 1.0
-    assert json.loads((tmp_path / "cost.json").read_text())["code"] == r["code"]
-    assert "kvzip_again / kvzip" in (tmp_path / "cost.txt").read_text()
-
-
 @pytest.mark.parametrize("L, n", [(30, 20), (8, 20), (8, 3)])
 def test_hybrid_peak_and_sliding_capacity(L, n):
     """Tiny hybrid Gemma 3 (window 12 on layers 0 and 2): a sliding layer's buffer never exceeds its window

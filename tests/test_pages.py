@@ -11,7 +11,7 @@ from keyformer.lab import pages
 
 ROOT = Path(__file__).resolve().parents[1]
 RES = Path("results")
-STUDIES = [pages.study_name(s) for s in pages.pages(ROOT / "experiments")]
+STUDIES = [pages.study_name(s) for s in pages.pages()]
 MAX_PAGE_LINES = 150
 MAX_INDEX_LINES = 200
 

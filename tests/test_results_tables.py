@@ -10,8 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.exp7_field import findings as exp7
-from keyformer.lab import analysis, collect, report
+from keyformer.lab import collect, report
 
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "results"
@@ -237,57 +236,6 @@ def test_archive_holds_the_superseded_runs_and_its_manifest() -> None:
     assert not any((RES / n).exists() for n in names)
 
 
-def test_quant_bytes_by_hand(tmp_path: Path, capsys) -> None:
-    """fp32 K+V slot = 2 * d * 4 bytes; int8 slot = 2 * d + fp16 scale and zero per 32 values; + 12 bytes
-    state."""
-    d = tmp_path / "exp7_field" / "cnndm"
-    d.mkdir(parents=True)
-    # positions written: prompt + generated - 1; 6 layer-heads of head_dim 64 (512 fp32 bytes each)
-    n_tok = 100
-    held = 30 * 6  # an H2O point holding 30 slots in each of the 6 layer-heads
-    # head_dim 64: 128 code bytes + (2 groups x K/V) x (scale, zero) x 2 bytes
-    int8_slot = 2 * 64 + 2 * 2 * 2 * 2
-    rows = [("budget=1.0,policy=full", "full", 1.0, None, n_tok * 6 * 512),
-            ("budget=0.3,policy=h2o", "h2o", 0.3, None, held * 512),
-            ("budget=0.3,kv_quant=int8,policy=h2o", "h2o", 0.3, 8, held * int8_slot)]  # points.csv: bits
-    pd.DataFrame([{"point": p, "policy": pol, "budget": b, "kv_quant": q, "kv_bytes": kv, "rouge2": 1.0,
-                   "complete": True} for p, pol, b, q, kv in rows]).to_csv(d / "points.csv", index=False)
-    pd.DataFrame([{"point": p, "id": "a", "prompt_tokens": 90, "generated_tokens": 11, "kv_bytes": kv,
-                   "kv_bytes_full": n_tok * 6 * 512} for p, *_, kv in rows]).to_csv(d / "samples.csv",
-                                                                                    index=False)
-    exp7.quant_bytes(tmp_path)
-    out = capsys.readouterr().out
-    full = n_tok * 6 * 512
-    h2o = held * 512
-    q8 = held * int8_slot
-    state = held * 12
-    assert (f"| budget=0.3,policy=h2o | 1.00 | {h2o / full:.3f} | {h2o / full:.3f} | "
-            f"{(h2o + state) / full:.3f} | "
-            f"{(h2o / 2 + state) / (full / 2):.3f} |") in out
-    assert (f"| budget=0.3,kv_quant=int8,policy=h2o | 1.00 | {q8 / full:.3f} | {q8 / (full / 2):.3f} | "
-            f"{(q8 + state) / full:.3f} | {(q8 + state) / (full / 2):.3f} |") in out
-    assert "6 layer-heads per token" in out
-
-
-def test_pareto_front_depends_on_the_kv_dtype(tmp_path: Path, capsys) -> None:
-    """An eviction point at 0.3 holds more bytes than full int8 in fp32 (300 x 512 > 1000 x 144, state aside)
-    and scores less, but in 16 bits its tensors halve while the int8 codes do not: it joins the front."""
-    d = tmp_path / "exp7_field" / "cnndm"
-    d.mkdir(parents=True)
-    full = 1000 * 512  # 1000 layer-head slots of fp32 K+V
-    rows = [("full", 1.0, None, full, 10.0), ("full8", 1.0, 8, 1000 * 144, 9.0),
-            ("h2o", 0.3, None, 300 * 512, 8.5)]
-    pd.DataFrame([{"point": p, "policy": p.rstrip("8"), "budget": b, "kv_quant": q, "kv_bytes": kv,
-                   "rouge2": m,
-                   "complete": True} for p, b, q, kv, m in rows]).to_csv(d / "points.csv", index=False)
-    pd.DataFrame([{"point": p, "id": "a", "rouge2": m} for p, *_, m in rows]).to_csv(d / "samples.csv",
-                                                                                     index=False)
-    exp7.pareto_bytes(tmp_path)
-    out = capsys.readouterr().out
-    # fp32: h2o (300 x 524 bytes with state) > full int8 (1000 x 156): dominated; 16-bit: 300 x 268 < 156000
-    assert "| cnndm | rouge2 | full@1+int8, full@1 | h2o@0.3, full@1+int8, full@1 |" in out
-
-
 def test_update_text_rewrites_only_marked_regions(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(report.LIBRARY_SECTIONS, "t", lambda res: print("\n### t\n\n| a |\n|---|\n| 1 |"))
     text = ("intro\n<!-- keyformer-report:t -->\nstale\n<!-- /keyformer-report:t -->\noutro 91.5\n")
@@ -361,61 +309,10 @@ def _bench_rows(table: str) -> dict[str, tuple[float, float, float, float]]:
     return rows
 
 
-
-
 def _decode_spread(table: str) -> int:
     """Median over a table's rows of the decode IQR as a share of its median, in %."""
     iqr = [(hi - lo) / med * 100 for _, med, lo, hi in _bench_rows(table).values()]
     return round(pd.Series(iqr).median())
-
-
-
-
-
-
-
-
-
-
-def test_exp10_kv_held_column_reads_as_its_footnote_says() -> None:
-    """The leaderboard's "K/V held" column (SmolLM2, ratio 0.5, both settings): per record, the decode-time
-    evictors hold the same bytes whatever their answer's length, and the policies that keep generated tokens
-    (SnapKV and KVzip, prompt-only; R-KV between its cuts) hold more on every record."""
-    for folder in ("aware", "agnostic"):
-        s = pd.read_csv(RES / "exp10_ruler" / folder / "samples.csv")
-        s = s[s["point"].str.contains("budget=0.5,")]
-        s = s.assign(policy=s["point"].str.split("policy=").str[1])
-        b = s.pivot_table(index="id", columns="policy", values="kv_bytes")
-        g = s.pivot_table(index="id", columns="policy", values="generated_tokens")
-        evictors = ["keyformer", "h2o", "window", "expected_attention", "keydiff"]
-        assert all((b[p] == b["keyformer"]).all() for p in evictors)
-        assert (g["window"] != g["keyformer"]).any()  # whatever their answer's length
-        assert all((b[p] > b["keyformer"]).all() for p in ("snapkv", "kvzip", "rkv"))
-
-
-def test_exp10_equal_bytes_csv_is_current_and_its_same_budget_rows_are_the_table(tmp_path: Path) -> None:
-    """``results/exp10_ruler/equal_bytes.csv`` is what ``ruler_equal_bytes.py`` writes from the committed rows
-    now; its rows are the (setting, policy, ratio) whose K/V held exceeds Keyformer's, and its same-budget
-    differences are the leaderboard's ``vs_keyformer`` (the pairing is the leaderboard's)."""
-    from experiments.exp10_ruler import ruler_equal_bytes
-
-    out = tmp_path / "eb.csv"
-    ruler_equal_bytes.main([str(out)])
-    committed = RES / "exp10_ruler" / "equal_bytes.csv"
-    assert out.read_text().splitlines()[1:] == committed.read_text().splitlines()[1:]
-    eb = pd.read_csv(committed, comment="#")
-    for setting in ("aware", "agnostic"):
-        t = analysis.ruler_leaderboard(*analysis.load_experiment(str(RES / "exp10_ruler"), setting,
-                                                                 complete_only=True))
-        avg = t[(t["task"] == "average") & (t["policy"] != "full")].set_index(["policy", "ratio"])
-        kf = avg.xs("keyformer", level="policy")["kv_held"]
-        more = {(pol, r) for (pol, r), v in avg["kv_held"].items()
-                if pol != "keyformer" and v > kf[r] + 0.005}
-        rows = eb[eb["setting"] == setting].set_index(["policy", "ratio"])
-        assert set(rows.index) == more
-        for key, r in rows.iterrows():
-            assert (r["same_diff"], r["same_lo"], r["same_hi"]) == pytest.approx(
-                tuple(avg.loc[key, ["vs_keyformer", "vs_keyformer_lo", "vs_keyformer_hi"]]), abs=1e-6), key
 
 
 def test_collect_policies_collects_only_those_policies(tmp_path: Path, capsys) -> None:

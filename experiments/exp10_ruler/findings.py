@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments.exp10_ruler import analysis as exp10
 from keyformer.lab import analysis
 from keyformer.lab import findings as fnd
 from keyformer.lab.report import _ci_cell, _p_cell, fmt_ci
@@ -18,12 +19,12 @@ RULER_SETTINGS = (("aware", "question-aware"), ("agnostic", "query-agnostic"))
 def ruler(res: Path, name: str = "exp10_ruler") -> None:
     """Experiment 10: the RULER 4k leaderboard (string_match_all, mean over tasks) per setting, from complete
     points only: policy x compression ratio with CIs, differences from Keyformer and from full, the ranking,
-    and the question-aware and query-agnostic averages side by side (``analysis.ruler_leaderboard``)."""
+    and the question-aware and query-agnostic averages side by side (``exp10.ruler_leaderboard``)."""
     tables, frames = {}, {}
     for folder, label in RULER_SETTINGS:
         if (res / name / folder / "points.csv").is_file():
             pts, smp = analysis.load_experiment(str(res / name), folder, complete_only=True)
-            tables[label], frames[label] = analysis.ruler_leaderboard(pts, smp), (pts, smp)
+            tables[label], frames[label] = exp10.ruler_leaderboard(pts, smp), (pts, smp)
     if not any(len(t) for t in tables.values()):
         print(f"(no complete points of {name} yet)")
         return
@@ -41,12 +42,12 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
             ph = r.get("vs_keyformer_p_holm", np.nan)
             print(f"| {r['policy']} | {r['ratio']:g} | {r['budget']:g} | {r['mean']:.1f} [{r['ci_lo']:.1f}, "
                   f"{r['ci_hi']:.1f}] | {_ci_cell(r, 'vs_keyformer')} | "
-                  f"{_p_cell(ph)} | {_ci_cell(r, 'vs_full')} | "
+                  f"{_p_cell(ph, exp10.RULER_N_BOOT)} | {_ci_cell(r, 'vs_full')} | "
                   f"{'' if np.isnan(r.get('rank', np.nan)) else int(r['rank'])} | {int(r['n'])} | "
                   f"{'' if np.isnan(r.get('kv_held', np.nan)) else format(r['kv_held'], '.3f')} |")
         print("\np (Holm): the two-sided bootstrap p of the difference from Keyformer, Holm-adjusted over "
               "the policies at that ratio (below 0.05: the difference survives the number of comparisons); "
-              f"< {2 / analysis.RULER_N_BOOT:g}: no bootstrap replicate (of {analysis.RULER_N_BOOT}) "
+              f"< {2 / exp10.RULER_N_BOOT:g}: no bootstrap replicate (of {exp10.RULER_N_BOOT}) "
               "crossed 0, the smallest p the bootstrap resolves, not p = 0. K/V held: the mean over the "
               "samples of `kv_bytes / kv_bytes_full`, the K/V bytes held at the end of each answer over what "
               "the full cache holds for the same tokens (prompt-only policies keep every generated token, "
@@ -62,7 +63,7 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
             print(f"| {pol} | {ratio:g} | {cells} |")
     _prompt_sharing(frames)
     if len(frames) == 2 and all(len(t) for t in tables.values()):
-        gap = analysis.ruler_setting_gap(*frames.values())
+        gap = exp10.ruler_setting_gap(*frames.values())
         if len(gap):
             print("\nQuestion-aware vs query-agnostic (average over tasks; paired: the same records in both "
                   "settings, agnostic - aware with a 95 % CI resampling within each task):\n")
@@ -96,7 +97,7 @@ def ruler_equal_bytes(res: Path, name: str = "exp10_ruler") -> None:
             f"{fmt_ci(r['equal_diff'], r['equal_lo'], r['equal_hi'])} ({r['equal_budget']:g}, "
             f"{r['equal_kv_held']:.3f})")
         print(f"| {r['setting']} | {r['policy']} | {r['ratio']:g} | {r['kv_held']:.3f} | {same} | {nxt} | "
-              f"{eq} | {_p_cell(r.get('equal_p_holm', np.nan))} |")
+              f"{eq} | {_p_cell(r.get('equal_p_holm', np.nan), exp10.RULER_N_BOOT)} |")
     print("\nRows: every policy and ratio whose `K/V held` exceeds Keyformer's by more than 0.005; "
           "differences are the policy minus Keyformer over the same records. p (Holm): the equal-bytes "
           "difference's two-sided bootstrap p, Holm-adjusted over the equal-bytes rows.")
@@ -106,14 +107,14 @@ def ruler_prompt_change(res: Path, name: str = "exp10_ruler_gemma",
                         old: str = "archive/exp10_ruler_gemma_nobos", change: str = "`<bos>`") -> None:
     """Experiment 10 on the same records with two prompt assemblies: ``name`` (now) against ``old`` (before a
     fix, e.g. Gemma 3's prompts without ``<bos>``), per policy and setting with every task complete in both,
-    paired over the records (now - before, resampling within each task: ``analysis.ruler_setting_gap``)."""
+    paired over the records (now - before, resampling within each task: ``exp10.ruler_setting_gap``)."""
     printed = False
     for folder, label in RULER_SETTINGS:
         if not all((res / d / folder / "points.csv").is_file() for d in (name, old)):
             continue
         before = analysis.load_experiment(str(res / old), folder, complete_only=True)
         now = analysis.load_experiment(str(res / name), folder, complete_only=True)
-        diff = analysis.ruler_setting_gap(before, now)  # "agnostic" - "aware" = now - before
+        diff = exp10.ruler_setting_gap(before, now)  # "agnostic" - "aware" = now - before
         if diff.empty:
             continue
         if not printed:
@@ -206,7 +207,7 @@ def comparisons(res: Path) -> list[fnd.Comparison]:
             tasks = [t for t in analysis.RULER_TASKS if t in set(smp["id"].map(analysis.ruler_task_of))]
             full = analysis._ruler_series(pts, smp, "string_match_all", "full", None)
             for budget in sorted(pts.loc[pts["policy"] == REFERENCE, "budget"].astype(float).unique()):
-                ratio = analysis.RULER_RATIO.get(budget)
+                ratio = exp10.RULER_RATIO.get(budget)
                 if ratio is None:
                     continue
                 ref = analysis._ruler_series(pts, smp, "string_match_all", REFERENCE, budget)

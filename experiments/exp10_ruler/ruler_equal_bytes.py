@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.exp10_ruler.analysis import RULER_N_BOOT
 from keyformer.lab.analysis import (
-    RULER_N_BOOT,
     RULER_TASKS,
     _kv_held,
     _ruler_series,
@@ -42,7 +42,7 @@ EQUAL_TOL = 0.005  # "equal bytes": K/V held within this of the policy's
 def _diff(points: pd.DataFrame, samples: pd.DataFrame, a: tuple[str, float],
           b: tuple[str, float]) -> tuple[float, float, float, float]:
     """Mean over tasks of a - b paired on records, with its stratified CI and p, as the leaderboard pairs
-    them (:func:`keyformer.lab.analysis.ruler_leaderboard`: RULER's task order, the same seed)."""
+    them (:func:`experiments.exp10_ruler.analysis.ruler_leaderboard`: RULER's task order, the same seed)."""
     x = _ruler_series(points, samples, "string_match_all", *a)
     y = _ruler_series(points, samples, "string_match_all", *b)
     if set(x) != set(RULER_TASKS) or set(y) != set(RULER_TASKS):

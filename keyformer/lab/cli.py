@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -31,8 +32,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --leaderboard: a keyformer-collect folder (points.csv, samples.csv)")
     ap.add_argument("--setting", choices=("aware", "agnostic"),
                     help="with --leaderboard: question-aware or query-agnostic (default: what the sweep ran)")
+    ap.add_argument("--studies", metavar="MODULE",
+                    help="the registry of studies (a module with STUDIES; default $KEYFORMER_STUDIES, else "
+                         "experiments.registry)")
     args = ap.parse_args(argv)
     res = args.results
+    if args.studies:
+        os.environ["KEYFORMER_STUDIES"] = args.studies
     if args.leaderboard is not None:
         from keyformer.lab.leaderboard import LeaderboardError, leaderboard
 

@@ -29,22 +29,17 @@ class LeaderboardError(ValueError):
 
 @dataclass(frozen=True)
 class Benchmark:
-    """A benchmark with a committed field: its metric, how a record id maps to its stratum, and the
-    committed results folder per model (``results/<folder>/<setting>/``)."""
+    """A benchmark with a committed field: its metric, how a record id maps to its stratum, and its
+    settings (the committed field of a model and setting is ``results/<folder>/<setting>/``, found by
+    :func:`field_folder` from the rows themselves)."""
 
     dataset: str
     metric: str
     stratum: Callable[[str], str]
-    fields: dict[str, str]
     settings: tuple[str, ...]
 
 
-BENCHMARKS = {
-    "ruler": Benchmark("ruler", "string_match_all", analysis.ruler_task_of,
-                       {"HuggingFaceTB/SmolLM2-135M-Instruct": "exp10_ruler",
-                        "google/gemma-3-270m": "exp10_ruler_gemma"},
-                       ("aware", "agnostic")),
-}
+BENCHMARKS = {"ruler": Benchmark("ruler", "string_match_all", analysis.ruler_task_of, ("aware", "agnostic"))}
 SETTINGS = ("chat_template", "num_beams", "dtype")  # must equal the field's
 
 
@@ -56,16 +51,33 @@ def _one(points: pd.DataFrame, col: str, where: str) -> object:
     return vals[0] if len(vals) else None
 
 
-def field_folder(bench: Benchmark, points: pd.DataFrame, res: Path, setting: str) -> Path:
-    """The committed field for the sweep's model and setting."""
-    model = _one(points, "model", "the sweep")
-    if model not in bench.fields:
-        raise LeaderboardError(f"model {model!r} has no committed {bench.dataset} field; valid: "
-                               f"{', '.join(bench.fields)}")
-    folder = res / bench.fields[str(model)] / setting
-    if not (folder / "points.csv").is_file():
-        raise LeaderboardError(f"no committed field at {folder}")
-    return folder
+def _models(folder: Path, dataset: str) -> set[str]:
+    pts = pd.read_csv(folder / "points.csv", usecols=lambda c: c in ("model", "dataset"))
+    if "dataset" in pts:
+        pts = pts[pts["dataset"] == dataset]
+    return set(pts["model"].dropna().astype(str)) if "model" in pts else set()
+
+
+def field_folder(bench: Benchmark, points: pd.DataFrame, res: Path, setting: str,
+                 exclude: Path | None = None) -> Path:
+    """The committed field for the sweep's model and setting: the one ``res/<folder>/<setting>/`` whose rows
+    ran this benchmark on that model (``exclude``: the sweep's own folder)."""
+    model = str(_one(points, "model", "the sweep"))
+    found, models = [], set()
+    for f in sorted(p.parent for p in res.glob(f"*/{setting}/points.csv")):
+        if exclude is not None and f.resolve() == exclude.resolve():
+            continue
+        have = _models(f, bench.dataset)
+        models |= have
+        if model in have:
+            found.append(f)
+    if not found:
+        raise LeaderboardError(f"model {model!r} has no committed {bench.dataset} field under "
+                               f"{res}/*/{setting}; valid: {', '.join(sorted(models)) or 'none'}")
+    if len(found) > 1:
+        raise LeaderboardError(f"model {model!r} has {len(found)} committed {bench.dataset} fields "
+                               f"({', '.join(map(str, found))}); keep one under {res}")
+    return found[0]
 
 
 def check(bench: Benchmark, user: tuple[pd.DataFrame, pd.DataFrame], field: tuple[pd.DataFrame, pd.DataFrame],
@@ -239,7 +251,7 @@ def leaderboard(name: str, folder: Path, res: Path = Path("results"), setting: s
         setting = "agnostic" if len(qa) and bool(qa.iloc[0]) else "aware"
     if setting not in bench.settings:
         raise LeaderboardError(f"--setting {setting!r}; valid: {', '.join(bench.settings)}")
-    ff = field_folder(bench, user[0], res, setting)
+    ff = field_folder(bench, user[0], res, setting, exclude=folder)
     field = analysis.load_experiment(str(ff.parent), ff.name, complete_only=True)
     check(bench, user, field, setting)
     table, found = rank(bench, user, field)

@@ -1,6 +1,6 @@
 """Results pages rendered from data: each study's ``findings.json``, ``README.md`` and the results index.
 
-A study (``experiments/<study>/``, found by :func:`keyformer.lab.studies.studies`) gives, in ``findings.py``:
+A study (a ``findings`` module a registry lists: :mod:`keyformer.lab.studies`) gives, in ``findings.py``:
 
 * ``RESULTS``: its folder under ``results/`` (default: the study's name);
 * ``QUESTION``: the question it answers, one line;
@@ -11,8 +11,8 @@ A study (``experiments/<study>/``, found by :func:`keyformer.lab.studies.studies
   gives ``answer_rows(res) -> str`` instead, read from its rows);
 * ``PLACEHOLDERS``: optional ``{name: fn(res, doc) -> str}`` for the page template.
 
-Its page template ``experiments/<study>/page.md`` holds the words; ``{{ table:SECTION }}`` is replaced by a
-report section (:func:`keyformer.lab.report.render`), ``{{ findings }}`` by the bullets, ``{{ NAME }}`` by a
+Its page template ``page.md`` (beside ``findings.py``) holds the words; ``{{ table:SECTION }}`` is replaced by
+a report section (:func:`keyformer.lab.report.render`), ``{{ findings }}`` by the bullets, ``{{ NAME }}`` by a
 study placeholder. Nothing else on a page carries a number, so a page is current exactly when it equals what
 :func:`build` renders from the committed rows (``keyformer-report --check-pages``).
 """
@@ -31,7 +31,7 @@ from keyformer.lab.studies import answers, results_folder, study_name
 
 PLACEHOLDER = re.compile(r"\{\{\s*([\w:/.,-]+)\s*\}\}")
 MAX_BULLETS = 8
-INDEX_TEMPLATE = "index.md"  # experiments/index.md: the results index's words
+INDEX_TEMPLATE = "index.md"  # beside the registry (experiments/index.md): the results index's words
 
 
 def findings_doc(study: ModuleType, res: Path) -> dict[str, Any] | None:
@@ -97,9 +97,9 @@ def render_page(study: ModuleType, res: Path, doc: dict[str, Any] | None) -> str
     return PLACEHOLDER.sub(fill, template).rstrip("\n") + "\n"
 
 
-def pages(root: Path | None = None) -> list[ModuleType]:
-    """The studies that have a page template."""
-    return [s for s in studies.studies(root) if Path(s.__file__).with_name("page.md").is_file()]
+def pages(registry: str | None = None) -> list[ModuleType]:
+    """The registered studies that have a page template."""
+    return [s for s in studies.studies(registry) if Path(s.__file__).with_name("page.md").is_file()]
 
 
 def study_files(study: ModuleType, res: Path) -> dict[Path, str]:
@@ -113,15 +113,16 @@ def study_files(study: ModuleType, res: Path) -> dict[Path, str]:
     return out
 
 
-def index_file(res: Path, root: Path | None = None) -> dict[Path, str]:
-    """The results index ``results/README.md``: its template (``experiments/index.md``) with ``{{ index }}``
-    replaced by one row per study (question, one-line answer from its committed ``findings.json``, link)."""
-    template = (root or studies.EXPERIMENTS) / INDEX_TEMPLATE
+def index_file(res: Path, registry: str | None = None) -> dict[Path, str]:
+    """The results index ``results/README.md``: its template (``index.md`` beside the registry) with
+    ``{{ index }}`` replaced by one row per study (question, one-line answer from its committed
+    ``findings.json``, link)."""
+    template = studies.registry_folder(registry) / INDEX_TEMPLATE
     if not template.is_file():
         return {}
-    said = {study_name(s): a for s, a in answers(res, root)}
+    said = {study_name(s): a for s, a in answers(res, registry)}
     rows = [f"| [{s.TITLE}]({results_folder(s)}/README.md) | {s.QUESTION} | {said.get(study_name(s), '')} |"
-            for s in pages(root)]
+            for s in pages(registry)]
     table = "| experiment | question | answer |\n|---|---|---|\n" + "\n".join(rows)
     text = template.read_text(encoding="utf-8").replace("{{ index }}", table)
     text = PLACEHOLDER.sub(lambda m: report.render(m[1].split(":", 1)[1], res) if m[1].startswith("table:")
@@ -129,14 +130,14 @@ def index_file(res: Path, root: Path | None = None) -> dict[Path, str]:
     return {res / "README.md": text.rstrip("\n") + "\n"}
 
 
-def build(res: Path, root: Path | None = None, only: str | None = None) -> dict[Path, str]:
+def build(res: Path, registry: str | None = None, only: str | None = None) -> dict[Path, str]:
     """Every generated file: each study's (or only ``only``'s) findings and page, then the index."""
     out: dict[Path, str] = {}
-    for study in pages(root):
+    for study in pages(registry):
         if only is None or study_name(study) == only:
             out.update(study_files(study, res))
     if only is None:
-        out.update(index_file(res, root))
+        out.update(index_file(res, registry))
     return out
 
 

@@ -297,7 +297,7 @@ def provenance(res: Path) -> None:
     print("\n".join(rows))
 
 
-def _p_cell(p: float, n_boot: int = analysis.RULER_N_BOOT) -> str:
+def _p_cell(p: float, n_boot: int) -> str:
     """A bootstrap p as the table prints it: 3 decimals, or ``< 2/n_boot`` where no replicate crossed 0
     (a bootstrap p of 0 means "below its resolution", not 0)."""
     if np.isnan(p):
@@ -323,10 +323,10 @@ LIBRARY_SECTIONS: dict[str, Callable[[Path], None]] = {
     "bench_floors": bench_floors,
     "bench_long": bench_long,
 }
-def sections(root: Path | None = None) -> dict[str, Callable[[Path], None]]:
-    """Every section name -> its printer: the library's, then each study's."""
+def sections(registry: str | None = None) -> dict[str, Callable[[Path], None]]:
+    """Every section name -> its printer: the library's, then each registered study's."""
     out = dict(LIBRARY_SECTIONS)
-    for study in studies.studies(root):
+    for study in studies.studies(registry):
         for name, fn in study.SECTIONS.items():
             if name in out:
                 raise ValueError(f"section {name!r} of {study.__name__} is defined twice")

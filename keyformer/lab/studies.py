@@ -1,48 +1,51 @@
-"""The lab's studies: each ``experiments/<study>/`` folder with a ``findings.py``, found at run time.
+"""The lab's studies, declared through one plug-in point: a registry module.
 
-The library never imports a study by name. :func:`studies` imports each ``experiments/<study>/findings.py`` as
-``experiments.<study>.findings`` (the ``experiments`` package loaded from its folder, default
-``./experiments``), in experiment order; the report engine, the pages and the brief read what they define.
+A registry is an importable module with ``STUDIES``, the import paths of its studies' ``findings`` modules in
+the order the report shows them (kvpress's ``evaluate_registry`` is the model). The checkout's own is
+``experiments.registry``; ``KEYFORMER_STUDIES=mypkg.registry`` (or ``keyformer-report --studies``) names
+another. The library never names a study: the report engine, the pages and the brief read what each
+registered ``findings`` module defines (``SECTIONS``, ``comparisons``, ``answer``, ...).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import re
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
 from keyformer.lab import findings as fnd
 
-EXPERIMENTS = Path("experiments")  # the studies' folder, relative to the checkout's root (the working folder)
+REGISTRY = "experiments.registry"  # the checkout's studies (experiments/registry.py)
+REGISTRY_ENV = "KEYFORMER_STUDIES"
 
 
-def _study_key(name: str) -> tuple[int, str]:
-    m = re.match(r"exp(\d+)_", name)
-    return (int(m[1]) if m else 1000, name)
+def registry_name(registry: str | None = None) -> str:
+    return registry or os.environ.get(REGISTRY_ENV) or REGISTRY
 
 
-def studies(root: Path | None = None) -> list[ModuleType]:
-    """The ``findings`` module of every study under ``root`` (default ``./experiments``), in experiment order.
+def studies(registry: str | None = None) -> list[ModuleType]:
+    """The ``findings`` module of every study the registry lists (default :data:`REGISTRY`, or
+    ``$KEYFORMER_STUDIES``), in its order; none when the registry cannot be imported (a checkout without
+    studies). The working folder is importable, as with ``python -m``."""
+    name = registry_name(registry)
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        reg = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and name.startswith(e.name):
+            return []
+        raise
+    return [importlib.import_module(m) for m in reg.STUDIES]
 
-    A study is a folder ``experiments/<study>/`` with a ``findings.py`` defining ``SECTIONS`` (and optionally
-    ``brief(res) -> list[str]``). The library never imports a study by name: it finds them here and imports
-    each as ``experiments.<study>.findings``, the ``experiments`` package loaded from ``root``.
-    """
-    root = (root or EXPERIMENTS).resolve()
-    if not (root / "__init__.py").is_file():
-        return []
-    pkg = sys.modules.get(root.name)
-    if pkg is None or Path(next(iter(getattr(pkg, "__path__", [])), "")).resolve() != root:
-        spec = importlib.util.spec_from_file_location(root.name, root / "__init__.py",
-                                                      submodule_search_locations=[str(root)])
-        pkg = importlib.util.module_from_spec(spec)
-        sys.modules[root.name] = pkg
-        spec.loader.exec_module(pkg)
-    names = sorted((d.name for d in root.iterdir() if (d / "findings.py").is_file()), key=_study_key)
-    return [importlib.import_module(f"{root.name}.{n}.findings") for n in names]
+
+def registry_folder(registry: str | None = None) -> Path:
+    """The folder of the registry module (where the results index's template ``index.md`` lives)."""
+    studies(registry)
+    mod = sys.modules.get(registry_name(registry))
+    return Path(mod.__file__).parent if mod is not None and mod.__file__ else Path(".")
 
 
 def study_name(study: ModuleType) -> str:
@@ -53,11 +56,11 @@ def results_folder(study: ModuleType) -> str:
     return getattr(study, "RESULTS", study_name(study))
 
 
-def answers(res: Path, root: Path | None = None) -> list[tuple[ModuleType, str]]:
+def answers(res: Path, registry: str | None = None) -> list[tuple[ModuleType, str]]:
     """Each study's one-line answer, read from its committed ``findings.json`` (studies without one are left
     out)."""
     out = []
-    for study in studies(root):
+    for study in studies(registry):
         if not Path(study.__file__).with_name("page.md").is_file():
             continue
         f = res / results_folder(study) / "findings.json"
