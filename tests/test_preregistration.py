@@ -27,7 +27,7 @@ def _history(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.skip("no git history in this checkout")
 
 
-@pytest.mark.parametrize("study", [s for s in pages.pages(ROOT / "experiments") if hasattr(s, "DEFINITION")],
+@pytest.mark.parametrize("study", [s for s in pages.pages() if hasattr(s, "DEFINITION")],
                          ids=pages.study_name)
 def test_confirmatory_families_precede_their_rows(study) -> None:
     assert pr.problems(study.DEFINITION, RES, ROOT) == []

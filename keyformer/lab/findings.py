@@ -128,12 +128,19 @@ def _borderline(sf: stats.SignFlip, deltas: Sequence[float], thresholds: Sequenc
 def _test(c: Comparison, thresholds: list[float], seed: int, n_perm: int, n_perm_max: int,
           design: str = STRATIFIED, part: int = 0) -> stats.SignFlip:
     strata = c.strata if design != STRATA else [np.array([np.mean(x) for x in c.strata])]
-    rng = stats.stream(seed, c.id, part)
-    sf = stats.sign_flip(strata, STRATIFIED, n_perm, rng)
+    key = _stream_key(strata)
+    sf = stats.sign_flip(strata, STRATIFIED, n_perm, stats.stream(seed, key, part))
     deltas = [0.0] + ([-c.margin, c.margin] if c.margin and design != STRATA else [])
     if _borderline(sf, deltas, thresholds) and n_perm < n_perm_max:
-        sf = stats.sign_flip(strata, STRATIFIED, n_perm_max, stats.stream(seed, c.id, part + 1))
+        sf = stats.sign_flip(strata, STRATIFIED, n_perm_max, stats.stream(seed, key, part + 1))
     return sf
+
+
+def _stream_key(strata: Sequence[np.ndarray]) -> str:
+    """The random stream of a comparison is keyed by its shape (records per stratum, in order), not its
+    name: the same differences get the same p and interval wherever they are compared (a page, the
+    leaderboard); each comparison's p is valid on its own, and Holm needs no independence between them."""
+    return "strata:" + ",".join(str(len(x)) for x in strata)
 
 
 def _verdict(est: float, p_adj: float | None, lo: float | None, hi: float | None, c: Comparison,
@@ -301,6 +308,7 @@ def fmt_verdict(f: dict[str, Any]) -> str:
     v = f.get("verdict")
     if v is None:
         return "descriptive"
-    if v == "inconclusive" and f.get("records_needed"):
-        return f"inconclusive (~{f['records_needed']:.0f} a stratum for 80 % power)"
+    n = f.get("records_needed")
+    if v == "inconclusive" and n is not None and math.isfinite(n):
+        return f"inconclusive (~{n:.0f} a stratum for 80 % power)"
     return v

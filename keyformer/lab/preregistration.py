@@ -12,7 +12,8 @@ A study declares, in its ``DEFINITION``:
 :func:`problems` checks each claim against git: the file at that commit holds the string, and the commit is an
 ancestor of (or is) the commit every row ran at (``git_commit``). A row without one (backfilled provenance) is
 dated by ``committed_in``, the commit that first committed its numbers: the registration must precede that
-too. A row with neither cannot be dated, so its family cannot be confirmatory.
+too. A row with neither cannot be dated, so its family cannot be confirmatory. A family whose rows do not
+exist yet (runs still to come) contradicts nothing.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def row_commits(res: Path, folders: list[str]) -> list[tuple[str, str | None]]:
     out = []
     for folder in folders:
         path = res / folder / "points.csv"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no rows to date the registration against")
+        if not path.is_file():  # no rows yet: a registration for runs still to come
+            continue
         for _, r in pd.read_csv(path, dtype=str).iterrows():
             c = r.get("git_commit")
             c = c if isinstance(c, str) and c else r.get("committed_in")
