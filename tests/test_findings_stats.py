@@ -144,13 +144,21 @@ def test_bootstrap_mean_equals_scipy_bootstrap() -> None:
 
 
 def test_power_known_answer() -> None:
-    """Unit within-stratum variance, one stratum: n = (z_0.975 + z_0.8)^2 / effect^2."""
+    """One stratum of +-1 (mean square 1, variance 100/99): n = (z_0.975 * 1 + z_0.8 * sd)^2 / effect^2, and
+    a simulation at that n rejects about 80 % of the time."""
     x = np.array([-1.0, 1.0] * 50)
     var = stats.within_variance([x])
     assert var == pytest.approx(100 / 99)
-    assert 0 <= stats.records_needed([x], 0.5, 0.05) - 2.8016 ** 2 * var / 0.25 < 1
+    n = stats.records_needed([x + 0.5], 0.5, 0.05)
+    sd = math.sqrt(var)
+    m2 = float(np.mean((x + 0.5) ** 2))
+    assert 0 <= n - (1.96 * math.sqrt(m2) + 0.8416 * sd) ** 2 / 0.25 < 1
     assert stats.records_needed([x], 0.0, 0.05) == math.inf
     assert stats.detectable([x], 0.05) == pytest.approx(2.8016 * math.sqrt(var / 100), rel=1e-3)
+    rng = np.random.default_rng(8)
+    hits = [stats.sign_flip([rng.normal(0.5, 1.0, n)], n_perm=999, rng=stats.stream(k, "pw")).p() < 0.05
+            for k in range(150)]
+    assert 0.68 <= np.mean(hits) <= 0.92
 
 
 def test_evaluate_verdicts_families_and_roles() -> None:
@@ -204,8 +212,9 @@ def test_strata_as_units_alternative() -> None:
 
 
 def test_borderline_comparisons_get_more_patterns() -> None:
-    z = np.random.default_rng(0).normal(size=50)
-    z = (z - z.mean()) / z.std() + 1.96 / np.sqrt(50)
+    z = np.random.default_rng(0).normal(0.3, 1.0, size=50)
+    lo, _ = stats.sign_flip([z], n_perm=100_000, rng=stats.stream(9, "b")).interval(0.95)
+    z = z - lo  # its p of 0 is now the edge's: near 0.05
     far = np.random.default_rng(1).normal(2.0, 1.0, 50)
     out = fnd.evaluate([fnd.Comparison("n", "q", "e", "r", [z]), fnd.Comparison("f", "q", "e", "r", [far])])
     assert out[0].n_perm == fnd.N_PERM_MAX and out[1].n_perm == fnd.N_PERM

@@ -185,10 +185,13 @@ DEFINITION = {
     "comparison": "policy - keyformer at the same budget, paired over the same records",
     "families": {"exp10.<model>.<setting>.r<ratio>": list(POLICIES)},
     "reference": REFERENCE,
-    "design": "stratified: records resampled within each task (the estimand is the mean over the fixed 11 "
-              "tasks); alternative (verdict_alt): all records resampled as one pool",
+    "design": "paired sign-flip test within each task (the estimand is the mean over the fixed 11 tasks); "
+              "alternative (verdict_alt): the same test with each task's mean difference as one unit",
     "alpha": fnd.ALPHA,
+    "margin": 5.0,  # string_match_all points: within +-5 of Keyformer is equivalent (declared after the data)
     "identical": "a policy whose answers equal Keyformer's on every record is n/a, outside its family",
+    # the family of twelve was first committed (2a577ce, 2026-12-06) after its rows (2026-12-01): exploratory
+    "roles": {"exp10.*": "exploratory"},
 }
 
 
@@ -243,7 +246,7 @@ def comparisons(res: Path) -> list[fnd.Comparison]:
 
 def _predictions(pts: pd.DataFrame, smp: pd.DataFrame, policy: str, budget: float) -> pd.Series:
     rows = analysis._policy_samples(pts, smp, policy, budget)
-    return rows.set_index("id")["prediction"].astype(str)
+    return rows.set_index("id")["prediction"].fillna("").astype(str)
 
 
 def _group(doc: dict, model: str, setting: str, ratio: float) -> list[dict]:
@@ -260,12 +263,20 @@ def _rank(group: list[dict]) -> tuple[int, int]:
 
 
 def _named(fs: list[dict]) -> str:
-    return ", ".join(f"{f['a']} ({f['estimate']:+.1f} [{f['ci_lo']:+.1f}, {f['ci_hi']:+.1f}])" for f in
-                     sorted(fs, key=lambda f: -f["estimate"])) or "none"
+    fs = sorted(fs, key=lambda f: -f["estimate"])
+    return ", ".join(f"{f['a']} ({fnd.fmt_ci(f)})" for f in fs) or "none"
+
+
+def _open(fs: list[dict]) -> str:
+    """The inconclusive ones with the records a task that 80 % power would need (up to 20: the top-up)."""
+    fs = sorted((f for f in fs if f["verdict"] == "inconclusive" and f.get("records_needed")),
+                key=lambda f: f["records_needed"])
+    return ", ".join(f"{f['a']} {f['estimate']:+.1f} (~{f['records_needed']:.0f})" for f in fs
+                     if f["records_needed"] <= 20) or "none"
 
 
 def _sensitive(fs: list[dict]) -> list[dict]:
-    return [f for f in fs if f["verdict"] != f["verdict_alt"]]
+    return [f for f in fs if f["verdict"] in ("ahead", "behind") and f["verdict"] != f["verdict_alt"]]
 
 
 def bullets(doc: dict) -> list[str]:
@@ -282,10 +293,11 @@ def bullets(doc: dict) -> list[str]:
             behind = [f for f in g if f["verdict"] == "behind"]
             sens = _sensitive(g)
             out.append(
-                f"**{name}, {label}, ratio {HEADLINE_RATIO:g}:** Keyformer ranks {rank} of {n} "
+                f"**{name}, {label}, ratio {HEADLINE_RATIO:g}:** Keyformer ranks {rank} of {n} by mean "
                 f"({g[0]['meta']['keyformer_mean']:.1f}, full {g[0]['meta']['full_mean']:.1f}); ahead of it "
                 f"after Holm over {g[0]['family_size']}: {_named(ahead)}; behind: {_named(behind)}"
-                + (f"; not under the pooled design: {', '.join(f['a'] for f in sens)}" if sens else "") + ".")
+                + (f"; not with the tasks as units: {', '.join(f['a'] for f in sens)}" if sens else "")
+                + f"; inconclusive that 20 records a task could resolve (records needed): {_open(g)}.")
     for model, name in MODELS.items():
         parts = []
         for ratio in sorted({f["meta"]["ratio"] for f in doc["findings"] if f["meta"]["model"] == model}):
@@ -302,13 +314,13 @@ def bullets(doc: dict) -> list[str]:
             out.append(f"**{name}, the other ratios** (Keyformer's rank; policies ahead/behind it after "
                        "Holm): "
                        + "; ".join(parts) + ".")
-    sens = [f for f in doc["findings"] if f["verdict"] != f["verdict_alt"]]
+    sens = _sensitive(doc["findings"])
     if sens:
-        out.append(f"**Design matters for {len(sens)} of {len(doc['findings'])} verdicts:** they hold when "
-                   "records "
-                   "are resampled within each task but not when all records are pooled (or the reverse): "
+        out.append(f"**{len(sens)} of {sum(f['verdict'] in ('ahead', 'behind') for f in doc['findings'])} "
+                   "decisive verdicts hold for these 11 tasks but not with the tasks as units** (a claim "
+                   "about other tasks of the kind would need more tasks, not more records): "
                    + ", ".join(f"{MODELS[f['meta']['model']]} {f['meta']['setting']} {f['meta']['ratio']:g} "
-                               f"{f['a']} ({f['verdict']} / {f['verdict_alt']})" for f in sens) + ".")
+                               f"{f['a']}" for f in sens) + ".")
     return out[:8]
 
 
@@ -327,7 +339,7 @@ def answer(doc: dict) -> str:
 def headline_table(res: Path, doc: dict) -> str:
     """Policy x (model, setting) at the headline ratio: mean (verdict against Keyformer)."""
     cols = [(m, s) for m in MODELS for s in SETTINGS if _group(doc, m, s, HEADLINE_RATIO)]
-    mark = {"ahead": " ▲", "behind": " ▼", "tied": "", "n/a": " (=)"}
+    mark = {"ahead": " ▲", "behind": " ▼", "inconclusive": "", "equivalent": " ≈", "n/a": " (=)"}
     rows = {}
     for m, s in cols:
         g = _group(doc, m, s, HEADLINE_RATIO)
@@ -344,7 +356,7 @@ def headline_table(res: Path, doc: dict) -> str:
 
 def ratio_table(res: Path, doc: dict) -> str:
     """SmolLM2: policy x ratio, question-aware and query-agnostic: mean (verdict against Keyformer)."""
-    mark = {"ahead": " ▲", "behind": " ▼", "tied": "", "n/a": " (=)"}
+    mark = {"ahead": " ▲", "behind": " ▼", "inconclusive": "", "equivalent": " ≈", "n/a": " (=)"}
     model = "exp10_ruler"
     ratios = sorted({f["meta"]["ratio"] for f in doc["findings"] if f["meta"]["model"] == model})
     cols = [(s, r) for s in SETTINGS for r in ratios]

@@ -43,7 +43,11 @@ DEFINITION = {
     "metric": "rouge2",
     "comparison": "variant - base, paired over the articles both finished",
     "families": {"exp5.knobs": list(VARIANTS), "exp5.seeds": ["seed1", "seed2"]},
-    "design": "paired bootstrap over articles (one stratum); Holm within each family at alpha 0.05",
+    "design": "paired sign-flip test over articles (one stratum); Holm within each family at alpha 0.05",
+    "alpha": fnd.ALPHA,
+    "margin": 0.5,  # ROUGE-2 points: a knob within +-0.5 of base is equivalent (declared after the data)
+    # the families were first written as lists with the findings engine (2026-12-06), after the rows
+    "roles": {"exp5.knobs": "exploratory", "exp5.seeds": "exploratory"},
 }
 
 
@@ -67,15 +71,15 @@ def comparisons(res: Path) -> list[fnd.Comparison]:
 
 
 def _ci(f: dict) -> str:
-    return f"{f['estimate']:+.2f} [{f['ci_lo']:+.2f}, {f['ci_hi']:+.2f}]"
+    return fnd.fmt_ci(f, 2)
 
 
 def bullets(doc: dict) -> list[str]:
     """One line per knob, ordered by |estimate|: its difference from base and whether it survives Holm."""
     fs = sorted((f for f in doc["findings"] if f["family"] == "exp5.knobs"),
                 key=lambda f: -abs(f["estimate"]))
-    return [f"`{f['a']}` - base: {_ci(f)} ROUGE-2 (n {f['n']}; Holm p {fnd.fmt_p(f['p_adj'], f['n_boot'])} "
-            f"over {f['family_size']} knobs): **{f['verdict']}**." for f in fs][:8]
+    return [f"`{f['a']}` - base: {_ci(f)} ROUGE-2 (n {f['n']}; Holm p {fnd.fmt_p(f)} "
+            f"over {f['family_size']} knobs): **{fnd.fmt_verdict(f)}**." for f in fs][:8]
 
 
 def answer(doc: dict) -> str:

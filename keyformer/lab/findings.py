@@ -287,9 +287,11 @@ def fmt_p(f: dict[str, Any], adjusted: bool = True) -> str:
         return "n/a"
     if f.get("test") == "exact":
         return f"{_num(p)} (exact)"
+    if p >= 1:
+        return "1"
     se = f.get("p_mc_se") or 0.0
     if adjusted and f.get("p"):
-        se *= min(p / f["p"], f.get("family_size") or 1)
+        se *= p / f["p"]
     return f"{_num(p)} ± {se:.1g} (MC, {f['n_perm']})"
 
 

@@ -67,6 +67,28 @@ def _why(old: dict[str, Any], f: dict[str, Any]) -> str:
     return "the sign-flip test rejects where the bootstrap did not"
 
 
+def method(study: ModuleType, doc: dict[str, Any] | None) -> str:
+    """How the page's verdicts are reached, from its findings: the test, the interval, Holm, the verdicts,
+    the margin, and each family's role (confirmatory only where git shows it came before its rows)."""
+    if doc is None:
+        return ""
+    d, fs = doc["definition"], doc["findings"]
+    tests = {f["test"] for f in fs if f["test"]}
+    margin = d.get("margin")
+    said = "; ".join(f"`{k}` {r}" for k, r in d.get("roles", {}).items()) or "every family exploratory"
+    if {f["role"] for f in fs} - set(d.get("roles", {}).values()):
+        said += " (a family not named: exploratory)"
+    how = " and ".join(sorted(tests)) or "none"
+    return (f"paired sign-flip test of a zero difference ({how}; a Monte Carlo p carries its standard error "
+            "and pattern count), Holm within each family at alpha "
+            f"{d.get('alpha', fnd.ALPHA):g}; the interval is the same test inverted at the level Holm tested "
+            "the comparison at, so it excludes 0 exactly when the verdict is `ahead`/`behind`; `equivalent`: "
+            + (f"the interval inside +-{margin:g} (the margin declared for the metric, after the data: "
+               "exploratory)" if margin is not None else "not claimed (no margin declared)")
+            + "; `inconclusive` names the records a stratum 80 % power would need. Roles (confirmatory only "
+            "where git shows the definition came before the rows): " + said + ".")
+
+
 def changed_table(study: ModuleType, doc: dict[str, Any] | None) -> str:
     """The verdicts that changed from the schema-1 engine (bootstrap) to this one (old, new, why): ``tied``
     read as ``inconclusive`` is a renaming and not listed."""
@@ -134,6 +156,8 @@ def render_page(study: ModuleType, res: Path, doc: dict[str, Any] | None) -> str
             return provenance(res, key.split(":", 1)[1].split(","))
         if key == "changed":
             return changed_table(study, doc)
+        if key == "method":
+            return method(study, doc)
         if key == "findings":
             items = study.bullets(doc) if doc is not None else []
             if len(items) > MAX_BULLETS:

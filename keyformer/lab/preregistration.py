@@ -3,8 +3,8 @@ every row of its data.
 
 A study declares, in its ``DEFINITION``:
 
-* ``roles``: ``{family or comparison id: role}`` (``confirmatory``, ``exploratory``, ``descriptive``; a family
-  not named is exploratory);
+* ``roles``: ``{family or comparison id: role}`` (``confirmatory``, ``exploratory``, ``descriptive``; a key
+  ending in ``*`` names every family it begins; a family not named is exploratory; the first match wins);
 * ``registered``: for each confirmatory one, ``{"commit": ..., "file": ..., "contains": ..., "rows": [...]}``:
   the commit that defined it, the file that held the definition at that commit and a string the definition
   holds there, and the results folders (under ``results/``) whose ``points.csv`` rows are its data.
@@ -30,8 +30,14 @@ ROLES = ("confirmatory", "exploratory", "descriptive")
 def role(definition: dict[str, Any], family: str | None, comparison_id: str) -> str:
     """The role a study's definition gives a comparison (by its family, else its id; default exploratory)."""
     roles = definition.get("roles", {})
-    got = roles.get(family) if family is not None and family in roles else roles.get(comparison_id,
-                                                                                      "exploratory")
+    got = "exploratory"
+    for key in (family, comparison_id):
+        if key is None:
+            continue
+        hits = [r for k, r in roles.items() if k == key or (k.endswith("*") and key.startswith(k[:-1]))]
+        if hits:
+            got = hits[0]
+            break
     if got not in ROLES:
         raise ValueError(f"role {got!r} of {family or comparison_id}; valid: {', '.join(ROLES)}")
     return got

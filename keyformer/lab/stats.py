@@ -17,7 +17,7 @@ the mean over the fixed strata, with ``pooled`` weights (``w_t = n_t/N``) the me
   interval at that level excludes 0 exactly when Holm rejects.
 * **Equivalence.** Not rejected and the interval inside ``[-margin, margin]`` (TOST at the interval's level).
 * **Power.** :func:`records_needed`: records per stratum for 80 % power to detect the observed difference at
-  the level used (normal approximation with the pooled within-stratum variance).
+  the level used (normal approximation of the sign-flip test).
 
 Random streams come from ``numpy.random.SeedSequence(seed, spawn_key=key)``: one independent stream per
 comparison key, whatever the order or the number of comparisons, and no stream shared between seeds.
@@ -214,14 +214,17 @@ def within_variance(strata: Sequence[np.ndarray]) -> float:
 
 
 def records_needed(strata: Sequence[np.ndarray], effect: float, level: float, power: float = 0.8) -> float:
-    """Records per stratum at which a two-sided level-``level`` test of the stratified mean detects
-    ``effect`` with ``power`` (normal approximation, the pooled within-stratum variance); ``inf`` for
-    ``effect`` 0 or no variance to judge from."""
-    var = within_variance(strata)
-    if effect == 0 or var == 0:
+    """Records per stratum at which the sign-flip test of the stratified mean, two-sided at ``level``,
+    detects ``effect`` with ``power`` (normal approximation: the test's null spread comes from the mean
+    square of the differences, the estimate's spread from their pooled within-stratum variance); ``inf``
+    for ``effect`` 0."""
+    if effect == 0:
         return math.inf
-    z = NormalDist().inv_cdf(1 - level / 2) + NormalDist().inv_cdf(power)
-    return math.ceil(z * z * var / len(strata) / effect ** 2)
+    k = len(strata)
+    m2 = sum(float(np.mean(np.asarray(x, float) ** 2)) for x in strata) / k
+    var = within_variance(strata)
+    za, zb = NormalDist().inv_cdf(1 - level / 2), NormalDist().inv_cdf(power)
+    return math.ceil((za * math.sqrt(m2 / k) + zb * math.sqrt(var / k)) ** 2 / effect ** 2)
 
 
 def detectable(strata: Sequence[np.ndarray], level: float, power: float = 0.8) -> float:
