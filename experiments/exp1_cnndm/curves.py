@@ -98,7 +98,7 @@ def curve_comparisons(res: Path, name: str, families: dict[str, list[tuple[str, 
 
 # -- words, read from findings.json ----------------------------------------------------------------------
 def ci(f: dict) -> str:
-    return f"{f['estimate']:+.2f} [{f['ci_lo']:+.2f}, {f['ci_hi']:+.2f}]"
+    return fnd.fmt_ci(f, 2)
 
 
 def budgets(f: dict) -> str:
@@ -107,16 +107,17 @@ def budgets(f: dict) -> str:
 
 def verdict(f: dict) -> str:
     """The verdict, and the alternative design's where it differs."""
-    v = f"**{f['verdict']}**"
-    return v if f["verdict_alt"] == f["verdict"] else f"{v} ({f['design_alt']} design: {f['verdict_alt']})"
+    v = f"**{fnd.fmt_verdict(f)}**"
+    alt = f.get("verdict_alt")
+    return v if alt is None or alt == f["verdict"] else f"{v} ({f['design_alt']} as units: {alt})"
 
 
 def holm(f: dict) -> str:
     if f["p_adj"] is None:
         return "identical outputs"
     if f["family_size"] and f["family_size"] > 1:
-        return f"Holm p {fnd.fmt_p(f['p_adj'], f['n_boot'])} over {f['family_size']}"
-    return f"p {fnd.fmt_p(f['p_adj'], f['n_boot'])}"
+        return f"Holm p {fnd.fmt_p(f)} over {f['family_size']}"
+    return f"p {fnd.fmt_p(f)}"
 
 
 def pair_bullet(f: dict) -> str:

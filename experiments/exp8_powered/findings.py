@@ -148,12 +148,20 @@ DEFINITION = {
         "exp8.authors.vs_full": [f"exp8.authors.{d}@{b:g}.{p}_full" for d in DECODINGS.values()
                                  for b in AUTHORS_BUDGETS for p in ("h2o", "keyformer")],
     },
-    "design": ("paired bootstrap over articles, one stratum (a pooled comparison's per-article value is "
-               "already its mean over budgets, so the stratified and pooled designs coincide); the core "
+    "design": ("paired sign-flip test over articles, one stratum (a pooled comparison's per-article value is "
+               "already its mean over budgets); the core "
                "comparisons use the articles every core arm finished, the others the articles their points "
                "finished; Holm within each family at alpha 0.05; only exp8.pooled decides, the families are "
                "secondary (per-budget and extra arms descriptive in the pre-registration)"),
-    "alpha": 0.05,
+    "alpha": fnd.ALPHA,
+    "margin": 0.3,  # ROUGE-2 points: the paper's gap; within +-0.3 no paper-sized gain either way
+    "roles": {"exp8.pooled": "confirmatory", "exp8.budgets": "descriptive", "exp8.seeds": "descriptive",
+              "exp8.extras": "descriptive", "exp8.authors.*": "exploratory"},
+    "registered": {"exp8.pooled": {"commit": "311ba2d", "file": "experiments/exp8_powered.md",
+                                   "contains": "## Decision rule (stated before the runs",
+                                   "rows": ["exp8_powered"]}},
+    "incomplete": "a point with fewer records than planned enters only over the records it finished and is "
+                  "named (meta.incomplete); the extras are descriptive, so no verdict rests on one",
 }
 
 
@@ -223,11 +231,15 @@ def powered_comparisons(points: pd.DataFrame, samples: pd.DataFrame) -> list[fnd
         if not common:
             continue
         kf = (arms[("keyformer_s0", 0.3)] + arms[("keyformer_s1", 0.3)]).reindex(common) / 2
+        pt = points[(points["variant"] == v) & np.isclose(points["budget"].astype(float), 0.3)].iloc[0]
+        planned = int(points.loc[points["variant"] == "h2o", "n_samples"].max())
+        extra = {} if bool(pt["complete"]) and int(pt["n_done"]) >= planned else {
+            "incomplete": f"{int(pt['n_done'])} of {planned} records"}
         out.append(_cmp(f"exp8.extra.{v}", f"ROUGE-2, {v} - H2O, budget 0.3", v, "h2o",
                         (x.loc[common] - ref.loc[common]).to_numpy(), "exp8.extras",
                         _same(_preds(points, samples, variant=v, budget=0.3), ref_p, common), budget=0.3,
                         a_mean=float(x.loc[common].mean()), b_mean=float(ref.loc[common].mean()),
-                        kf_minus_h2o_same=float((kf - ref.loc[common]).mean())))
+                        kf_minus_h2o_same=float((kf - ref.loc[common]).mean()), **extra))
     return out
 
 
@@ -311,11 +323,11 @@ def comparisons(res: Path) -> list[fnd.Comparison]:
 
 
 def _ci(f: dict) -> str:
-    return f"{f['estimate']:+.2f} [{f['ci_lo']:+.2f}, {f['ci_hi']:+.2f}]"
+    return fnd.fmt_ci(f, 2)
 
 
 def _p(f: dict, adjusted: bool = True) -> str:
-    return fnd.fmt_p(f["p_adj"] if adjusted else f["p"], f["n_boot"])
+    return fnd.fmt_p(f, adjusted)
 
 
 def _fam(doc: dict, family: str) -> list[dict]:
@@ -327,7 +339,13 @@ def _one(doc: dict, id_: str) -> dict | None:
 
 
 def _list(fs: list[dict], label) -> str:
-    return "; ".join(f"{label(f)} {_ci(f)} **{f['verdict']}** (Holm p {_p(f)})" for f in fs)
+    def one(f: dict) -> str:
+        inc = f" ({f['meta']['incomplete']})" if f["meta"].get("incomplete") else ""
+        if f["verdict"] is None:  # descriptive: an interval (95 %), no verdict
+            return f"{label(f)}{inc} {_ci(f)}"
+        return f"{label(f)}{inc} {_ci(f)} **{fnd.fmt_verdict(f)}** (Holm p {_p(f)})"
+
+    return "; ".join(one(f) for f in fs)
 
 
 def bullets(doc: dict) -> list[str]:
@@ -348,16 +366,16 @@ def bullets(doc: dict) -> list[str]:
                    f"n {m['n_decisive']}.")
     fs = _fam(doc, "exp8.budgets")
     if fs:
-        out.append(f"Per budget (Holm over {fs[0]['family_size']}; descriptive in the pre-registration): "
+        out.append("Per budget (descriptive in the pre-registration: 95 % intervals, no verdict): "
                    + _list(fs, lambda f: f"{f['meta']['budget']:g}") + ".")
     fs = _fam(doc, "exp8.seeds")
     if fs:
-        out.append(f"The noise alone, Keyformer seed 0 - seed 1 (Holm over {fs[0]['family_size']}): "
+        out.append("The noise alone, Keyformer seed 0 - seed 1 (descriptive): "
                    + _list(fs, lambda f: f"{f['meta']['budget']:g}") + ".")
     fs = _fam(doc, "exp8.extras")
     if fs:
-        out.append(f"Extra arms at {fs[0]['meta']['budget']:g} on the first {fs[0]['n']} articles (Holm over "
-                   f"{fs[0]['family_size']}): " + _list(fs, lambda f: f"`{f['a']}` - H2O")
+        out.append(f"Extra arms at {fs[0]['meta']['budget']:g} on the first {fs[0]['n']} articles "
+                   "(descriptive): " + _list(fs, lambda f: f"`{f['a']}` - H2O")
                    + f"; on those articles the core Keyformer - H2O is "
                      f"{fs[0]['meta']['kf_minus_h2o_same']:+.2f}.")
     fs = _fam(doc, "exp8.authors.gap")
@@ -366,8 +384,8 @@ def bullets(doc: dict) -> list[str]:
         names = {"gap_beam4": "the beam's effect on the gap (beam 4 - greedy)",
                  "gap_long": "the long prompt and generation's effect (authors' greedy gap - experiment 8's)"}
         out.append(f"**Authors' setting** (Holm over {fs[0]['family_size']}): Keyformer - H2O pooled, "
-                   + "; ".join(f"{f['meta']['decoding']} {_ci(f)} (n {f['n']}, **{f['verdict']}**, Holm p "
-                               f"{_p(f)}; by the rule: {exp8.decide(f['ci_lo'], f['ci_hi'], gap)})"
+                   + "; ".join(f"{f['meta']['decoding']} {_ci(f)} (n {f['n']}, **{fnd.fmt_verdict(f)}**, "
+                               f"Holm p {_p(f)}; by the rule: {exp8.decide(f['ci_lo'], f['ci_hi'], gap)})"
                                for f in pooled) + "; "
                    + _list([f for f in fs if f["a"] in names], lambda f: names[f["a"]]) + ".")
     fs = _fam(doc, "exp8.authors.budgets")
@@ -379,12 +397,12 @@ def bullets(doc: dict) -> list[str]:
     if fs:
         below = [f"{f['a']} {f['meta']['decoding']} {f['meta']['budget']:g}" for f in fs
                  if f["verdict"] == "behind"]
-        tied = [f"{f['a']} {f['meta']['decoding']} {f['meta']['budget']:g} {_ci(f)}" for f in fs
-                if f["verdict"] == "tied"]
+        rest = [f"{f['a']} {f['meta']['decoding']} {f['meta']['budget']:g} {_ci(f)} {f['verdict']}"
+                for f in fs if f["verdict"] in ("inconclusive", "equivalent")]
         out.append(f"Authors' setting against full (Holm over {fs[0]['family_size']}): below full: "
-                   f"{', '.join(below) or 'none'}; tied: {', '.join(tied) or 'none'}.")
-    lost = [f for f in doc["findings"] if f["family"] and f["p"] is not None
-            and f["p"] < doc["definition"]["alpha"] and f["verdict"] == "tied"]
+                   f"{', '.join(below) or 'none'}; not separated: {', '.join(rest) or 'none'}.")
+    lost = [f for f in doc["findings"] if f["family"] and f["p"] is not None and f["verdict"] is not None
+            and f["p"] < doc["definition"]["alpha"] and f["verdict"] in ("inconclusive", "equivalent")]
     if lost:
         out.append("An unadjusted p below alpha that Holm does not keep: " + "; ".join(
             f"`{f['id']}` {_ci(f)} (p {_p(f, False)}, Holm {_p(f)})" for f in lost) + ".")
