@@ -268,7 +268,12 @@ def dumps(study: str, findings: Sequence[Finding], definition: dict[str, Any]) -
 
 def load(path: str | Path) -> dict[str, Any]:
     """A ``findings.json``: its definition and its findings (as dicts)."""
-    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    return loads(Path(path).read_text(encoding="utf-8"), path)
+
+
+def loads(text: str, path: str | Path = "findings.json") -> dict[str, Any]:
+    """:func:`load` of a ``findings.json``'s text."""
+    doc = json.loads(text)
     if doc.get("schema") != SCHEMA:
         raise ValueError(f"{path}: findings schema {doc.get('schema')!r}; this code reads {SCHEMA}")
     return doc

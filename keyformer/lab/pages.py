@@ -187,14 +187,15 @@ def study_files(study: ModuleType, res: Path, seed: int = 0) -> dict[Path, str]:
     return out
 
 
-def index_file(res: Path, registry: str | None = None) -> dict[Path, str]:
+def index_file(res: Path, registry: str | None = None,
+               fresh: dict[Path, str] | None = None) -> dict[Path, str]:
     """The results index ``results/README.md``: its template (``index.md`` beside the registry) with
     ``{{ index }}`` replaced by one row per study (question, one-line answer from its committed
-    ``findings.json``, link)."""
+    ``findings.json``, link; ``fresh``: generated files to read instead of the committed ones)."""
     template = studies.registry_folder(registry) / INDEX_TEMPLATE
     if not template.is_file():
         return {}
-    said = {study_name(s): a for s, a in answers(res, registry)}
+    said = {study_name(s): a for s, a in answers(res, registry, fresh)}
     rows = [f"| [{s.TITLE}]({results_folder(s)}/README.md) | {s.QUESTION} | {said.get(study_name(s), '')} |"
             for s in pages(registry)]
     table = "| experiment | question | answer |\n|---|---|---|\n" + "\n".join(rows)
@@ -212,7 +213,7 @@ def build(res: Path, registry: str | None = None, only: str | None = None, seed:
         if only is None or study_name(study) == only:
             out.update(study_files(study, res, seed))
     if only is None:
-        out.update(index_file(res, registry))
+        out.update(index_file(res, registry, out))
     return out
 
 
