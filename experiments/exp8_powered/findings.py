@@ -231,10 +231,12 @@ def powered_comparisons(points: pd.DataFrame, samples: pd.DataFrame) -> list[fnd
         if not common:
             continue
         kf = (arms[("keyformer_s0", 0.3)] + arms[("keyformer_s1", 0.3)]).reindex(common) / 2
-        pt = points[(points["variant"] == v) & np.isclose(points["budget"].astype(float), 0.3)].iloc[0]
-        planned = int(points.loc[points["variant"] == "h2o", "n_samples"].max())
-        extra = {} if bool(pt["complete"]) and int(pt["n_done"]) >= planned else {
-            "incomplete": f"{int(pt['n_done'])} of {planned} records"}
+        extra = {}
+        if {"n_done", "n_samples"} <= set(points):  # a point with fewer records than the core's is named
+            pt = points[(points["variant"] == v) & np.isclose(points["budget"].astype(float), 0.3)].iloc[0]
+            planned = int(points.loc[points["variant"] == "h2o", "n_samples"].max())
+            if int(pt["n_done"]) < planned:
+                extra["incomplete"] = f"{int(pt['n_done'])} of {planned} records"
         out.append(_cmp(f"exp8.extra.{v}", f"ROUGE-2, {v} - H2O, budget 0.3", v, "h2o",
                         (x.loc[common] - ref.loc[common]).to_numpy(), "exp8.extras",
                         _same(_preds(points, samples, variant=v, budget=0.3), ref_p, common), budget=0.3,
@@ -330,6 +332,13 @@ def _p(f: dict, adjusted: bool = True) -> str:
     return fnd.fmt_p(f, adjusted)
 
 
+def _decide(f: dict, gap: float) -> str:
+    """The pre-registered rule on the finding's interval (none where the interval could not be built)."""
+    if f["ci_lo"] is None:
+        return f"no decision: {f['interval']}"
+    return exp8.decide(f["ci_lo"], f["ci_hi"], gap)
+
+
 def _fam(doc: dict, family: str) -> list[dict]:
     return [f for f in doc["findings"] if f["family"] == family]
 
@@ -361,7 +370,7 @@ def bullets(doc: dict) -> list[str]:
         out.append(f"**Pre-registered test** ({f['n']} articles, Keyformer averaged over two noise seeds per "
                    f"article): Keyformer - H2O pooled over budgets {over} = **{_ci(f)}** ROUGE-2 "
                    f"({m['a_mean']:.2f} vs {m['b_mean']:.2f}; p {_p(f, False)}). Decision against the "
-                   f"paper's {gap:+.1f}: **{exp8.decide(f['ci_lo'], f['ci_hi'], gap)}**. "
+                   f"paper's {gap:+.1f}: **{_decide(f, gap)}**. "
                    f"At the observed SD ({m['sd']:.2f}) and gap, a CI excluding 0 or {gap:+.1f} needs "
                    f"n {m['n_decisive']}.")
     fs = _fam(doc, "exp8.budgets")
@@ -385,7 +394,7 @@ def bullets(doc: dict) -> list[str]:
                  "gap_long": "the long prompt and generation's effect (authors' greedy gap - experiment 8's)"}
         out.append(f"**Authors' setting** (Holm over {fs[0]['family_size']}): Keyformer - H2O pooled, "
                    + "; ".join(f"{f['meta']['decoding']} {_ci(f)} (n {f['n']}, **{fnd.fmt_verdict(f)}**, "
-                               f"Holm p {_p(f)}; by the rule: {exp8.decide(f['ci_lo'], f['ci_hi'], gap)})"
+                               f"Holm p {_p(f)}; by the rule: {_decide(f, gap)})"
                                for f in pooled) + "; "
                    + _list([f for f in fs if f["a"] in names], lambda f: names[f["a"]]) + ".")
     fs = _fam(doc, "exp8.authors.budgets")
@@ -416,7 +425,7 @@ def answer(doc: dict) -> str:
         return ""
     gap = doc["definition"]["paper_gap"]
     auth = [g for g in _fam(doc, "exp8.authors.gap") if g["a"] == "keyformer"]
-    decision = exp8.decide(f["ci_lo"], f["ci_hi"], gap)
+    decision = _decide(f, gap)
     return (f"{decision[0].upper() + decision[1:]}: Keyformer - H2O {_ci(f)} ROUGE-2 over {f['n']} articles"
             + (("; in the authors' setting " + ", ".join(
                 f"{g['meta']['decoding']} {_ci(g)} ({g['verdict']})" for g in auth)) if auth else "") + ".")
