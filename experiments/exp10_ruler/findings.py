@@ -180,6 +180,7 @@ REFERENCE = "keyformer"
 POLICIES = ("h2o", "window", "streaming", "snapkv", "pyramidkv", "tova", "adakv_snapkv", "adakv_keyformer",
             "keydiff", "expected_attention", "kvzip", "rkv")
 HEADLINE_RATIO = 0.5
+TOPUP = "exp10_ruler/topup"  # the top-up's rows: results/exp10_ruler/topup/<setting>/
 DEFINITION = {
     "metric": "string_match_all x 100, mean over RULER's 11 tasks",
     "comparison": "policy - keyformer at the same budget, paired over the same records",
@@ -190,8 +191,12 @@ DEFINITION = {
     "alpha": fnd.ALPHA,
     "margin": 5.0,  # string_match_all points: within +-5 of Keyformer is equivalent (declared after the data)
     "identical": "a policy whose answers equal Keyformer's on every record is n/a, outside its family",
-    # the family of twelve was first committed (2a577ce, 2026-12-06) after its rows (2026-12-01): exploratory
-    "roles": {"exp10.*": "exploratory"},
+    # the family of twelve was first committed (2a577ce, 2026-12-06) after its rows (2026-12-01): exploratory;
+    # the top-up at ratio 0.5 (queues/exp10_topup.txt, topup.py) is declared before any of its rows
+    "roles": {f"exp10.{TOPUP}.*": "confirmatory", "exp10.*": "exploratory"},
+    "topup": ("SmolLM2 at ratio 0.5, both settings: the policies whose verdict against Keyformer was "
+              "inconclusive with at most 20 records a task needed for 80 % power, and Keyformer, at 18 "
+              f"records a task (results/{TOPUP}/<setting>/), tested as these families at alpha 0.05"),
 }
 
 
@@ -202,7 +207,7 @@ def _family(model: str, setting: str, ratio: float) -> str:
 def comparisons(res: Path) -> list[fnd.Comparison]:
     """Every policy's task-stratified paired difference from Keyformer, per model, setting and ratio."""
     out = []
-    for model in MODELS:
+    for model in [*MODELS, TOPUP]:
         for setting in SETTINGS:
             if not (res / model / setting / "points.csv").is_file():
                 continue
