@@ -194,6 +194,10 @@ DEFINITION = {
     # the family of twelve was first committed (2a577ce, 2026-12-06) after its rows (2026-12-01): exploratory;
     # the top-up at ratio 0.5 (queues/exp10_topup.txt, topup.py) is declared before any of its rows
     "roles": {f"exp10.{TOPUP}.*": "confirmatory", "exp10.*": "exploratory"},
+    "registered": {f"exp10.{TOPUP}.*": {"commit": "aab03b56589a",
+                                        "file": "experiments/exp10_ruler/queues/exp10_topup.txt",
+                                        "contains": "n_samples=18",
+                                        "rows": [f"{TOPUP}/aware", f"{TOPUP}/agnostic"]}},
     "topup": ("SmolLM2 at ratio 0.5, both settings: the policies whose verdict against Keyformer was "
               "inconclusive with at most 20 records a task needed for 80 % power, and Keyformer, at 18 "
               f"records a task (results/{TOPUP}/<setting>/), tested as these families at alpha 0.05"),
