@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduce results/bench/: the CPU benchmark (default conf/bench.yaml) and the kvpress side-by-side.
+# Reproduce results/bench/: the CPU benchmark (default conf/bench/default.yaml) and the kvpress side-by-side.
 # Extra arguments go to `keyformer-bench` (Hydra overrides). Run on a quiet machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -226,7 +226,7 @@ def test_collect_lm_eval_runs(tmp_path):
 
 
 def test_attention_stats_entry_point(tmp_path):
-    """keyformer-attention-stats (experiment 4) end to end on a tiny model and the generated sample data."""
+    """keyformer-attention-stats end to end on a tiny model and the generated sample data."""
     from keyformer.lab import attention_stats as attention
     from keyformer.run.loading import smollm2_available
 
@@ -237,7 +237,7 @@ def test_attention_stats_entry_point(tmp_path):
                            "attention_stats.row_stride=4", f"attention_stats.out={out}"]) == 0
     meta = json.loads((out / "meta.json").read_text())
     assert meta["n_prompts"] == 2 and meta["prompt_tokens_max"] <= 96 and meta["row_stride"] == 4
-    assert meta["overrides"][0] == "+experiment=exp4_attention"
+    assert meta["overrides"][0] == "+attention_stats=default"  # the tool's own config
     layers = pd.read_csv(out / "layers.csv")
     assert set(layers["stat"]) == {"row_mass", "acc_mass", "last_mass", "sparsity"}
     assert len(pd.read_csv(out / "summary.csv"))

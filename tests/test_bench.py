@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_cfg(out: Path) -> dict[str, Any]:
-    cfg = OmegaConf.create(compose(["+experiment=exp6_speedup"])["bench"])  # the benchmark's own config
+    cfg = OmegaConf.create(compose(["+bench=default"])["bench"])  # the benchmark's own config
     cfg.merge_with(OmegaConf.create({
         "model_name": "tiny", "prompt": "random", "new_tokens": 3, "rounds": 1, "bandwidth_mb": 8,
         "warmup": {"prompt_len": 16, "new_tokens": 2}, "out_dir": str(out), "data_dir": "/nonexistent",

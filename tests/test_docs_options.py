@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from keyformer.run.paths import config_dirs
+
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 DOC = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
@@ -33,7 +35,7 @@ def _outside_parentheses(text: str) -> str:
 
 
 def _options(group: str) -> set[str]:
-    return {p.stem for p in (CONF / group).glob("*.yaml")}
+    return {p.stem for d in config_dirs(CONF) for p in (d / group).glob("*.yaml")}  # the studies' too
 
 
 @pytest.mark.parametrize("group", GROUPS)

@@ -109,3 +109,21 @@ def test_no_sys_path_edits() -> None:
             for p in (ROOT / d).rglob("*.py")
             if ("sys.path" in p.read_text() or "runpy" in p.read_text()) and p.name != "test_imports.py"]
     assert not hits, f"sys.path edited or runpy used in {hits}"
+
+
+def test_the_library_names_no_study_and_its_tests_import_none() -> None:
+    """Studies declare themselves (experiments/registry.py); the library never names one (a study's name,
+    its folder or its module path), and the library's tests never import one (a study's tests live in its
+    folder). ``fewshot.csv``/``fewshot.json`` are the lm-eval collector's file names, not the study."""
+    import re
+
+    names = [p.parent.name for p in (ROOT / "experiments").glob("*/findings.py")]
+    assert names, "no study found"
+    word = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, names)) + r")(?![\w]|\.csv|\.json)")
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "keyformer").rglob("*.py")
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+            if word.search(line)]
+    assert not hits, f"the library names a study at {hits}"
+    imports = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
+               if re.search(r"^\s*(from|import) experiments\b", p.read_text(encoding="utf-8"), re.M)]
+    assert not imports, f"library tests import a study: {imports}"

@@ -332,3 +332,36 @@ def test_collect_policies_collects_only_those_policies(tmp_path: Path, capsys) -
     err = capsys.readouterr().err
     assert "--policies pyramid" in err and "h2o, tova" in err
     assert (out / "points.csv").read_text() == before
+
+
+def test_speed_lines_read_the_bench_data(tmp_path: Path, capsys) -> None:
+    """The README's two speed lines: gains at equal K/V memory from bench/long, eager and captured GPU ratios
+    from the latest bench/gpu run, on hand-made numbers."""
+    import json
+
+    from keyformer.lab.report import speed
+
+    long = tmp_path / "bench" / "long" / "512_2048"
+    long.mkdir(parents=True)
+    rows = [{"policy": "full", "batch": 4, "decode_gain": 1.0},
+            {"policy": "keyformer", "batch": 64, "decode_gain": 3.0},
+            {"policy": "keyformer", "batch": 32, "decode_gain": 2.0},
+            {"policy": "h2o", "batch": 64, "decode_gain": 4.0},
+            {"policy": "window", "batch": 64, "decode_gain": 5.0}]
+    (long / "long.json").write_text(json.dumps({
+        "rows": rows, "environment": {"cpu": "cpu0", "threads": 2}, "kv_memory_budget_bytes": 100 * 2**20,
+        "settings": [{"prompt_len": 512, "new_tokens": 2048}]}))
+    gpu = tmp_path / "bench" / "gpu" / "2026-01-01"
+    (gpu / "latency").mkdir(parents=True)
+    (gpu / "log.txt").write_text("gpu_bench.sh mode=run git abc1234\n")
+    run = {"full": {"eager": {"ms_per_step": 20.0},
+                    "captured": {"ms_per_step": 20.0, "captured_steps": 0}},
+           "keyformer": {"eager": {"ms_per_step": 40.0},
+                         "captured": {"ms_per_step": 10.0, "captured_steps": 9}}}
+    (gpu / "latency" / "gpu_bench.json").write_text(json.dumps({
+        "meta": {"device_name": "GPU0", "dtype": "torch.bfloat16", "budget": 0.5},
+        "cells": [{"kind": "graphs", "model": "m", "runs": run}]}))
+    speed(tmp_path)
+    out = capsys.readouterr().out
+    assert "Keyformer decodes 2.0-3.0x" in out and "H2O 4.0x" in out and "batch 4-4; evicting: 32-64" in out
+    assert "m 0.50x eager, 2.00x captured" in out and "no captured full baseline" in out and "abc1234" in out

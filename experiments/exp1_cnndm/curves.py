@@ -180,3 +180,54 @@ def recent_share(name: str):
         v = sorted({f"{100 * x:.0f} %" for x in p.get("recent", pd.Series(dtype=float)).dropna()})
         return ", ".join(v) if v else "-"
     return fill
+
+
+def _fmt_ci(m: float, lo: float, hi: float) -> str:
+    return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
+def curve_experiment(res: Path, name: str, pairs: Sequence[tuple[str, str]] = POLICY_PAIRS) -> None:
+    """The ROUGE curve tables of experiments 1-3: per point, paired differences, budget to reach full."""
+    if not (res / name / "points.csv").exists():
+        return
+    points, samples = analysis.load_experiment(res, name)
+    ids = analysis.common_ids(samples, points["point"].tolist())
+    paired = samples[samples["id"].isin(ids)]
+    print(f"\n### {name}: {len(ids)} samples common to {len(points)} points "
+          f"({int(points['complete'].sum())} complete)\n")
+    rows = []
+    for _, p in points.sort_values(["policy", "budget"]).iterrows():
+        s = paired[paired["point"] == p["point"]]
+        cis = {k: analysis.mean_ci(s[k].to_numpy(), n_boot=2000) for k in ("rouge1", "rouge2", "rougeL")}
+        rows.append(f"| {p['policy']} | {p['budget']:g} | {int(p['n_done'])} | "
+                    + " | ".join(f"{m:.2f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in cis.values()) + " |")
+    print("| policy | budget | n done | ROUGE-1 | ROUGE-2 | ROUGE-L |\n|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    evict = points[points["policy"] != "full"]
+    full = points.loc[points["policy"] == "full", "point"]
+    print("\nPaired ROUGE-2 differences (95 % bootstrap CI; each pair over the articles both points "
+          "finished):\n")
+    print("| budget | comparison | n | diff [95 % CI] | P(diff <= 0) |\n|---|---|---|---|---|")
+    t = analysis.pairwise_table(samples, evict, pairs, "rouge2", n_boot=5000)
+    for r in t.itertuples():
+        print(f"| {r.budget:.1f} | {r.a} - {r.b} | {r.n} | {_fmt_ci(r.diff, r.ci_lo, r.ci_hi)} | "
+              f"{r.p_le_0:.3f} |")
+    for a, b in pairs:
+        if {a, b} <= set(evict["policy"]):
+            d, used = analysis.pooled_difference(samples, evict, a, b, "rouge2", n_boot=5000)
+            print(f"| pooled over {', '.join(f'{x:g}' for x in used)} | {a} - {b} | {d.n} | "
+                  f"{_fmt_ci(d.mean, d.lo, d.hi)} | {d.p_le_0:.3f} |")
+    if len(full):
+        for _, p in evict.sort_values(["policy", "budget"]).iterrows():
+            d = analysis.compare_points(samples, p["point"], full.iloc[0], "rouge2", n_boot=5000)
+            print(f"| {p['budget']:.1f} | {p['policy']} - full | {d.n} | {_fmt_ci(d.mean, d.lo, d.hi)} | "
+                  f"{d.p_le_0:.3f} |")
+        print("\nBudget to reach 99 % of full ROUGE-2:\n")
+        print("| policy | budget | 95 % CI | share of resamples reaching it | measured budgets | n |\n"
+              "|---|---|---|---|---|---|")
+        for pol in sorted(evict["policy"].unique()):
+            r = analysis.budget_to_reach(samples, evict, pol, full.iloc[0], 0.99, "rouge2", n_boot=2000)
+            b = ("not reached" if np.isnan(r["budget"]) else
+                 (f"<= {r['budget']:.2f}" if r["budget"] == r["min_budget"] else f"{r['budget']:.2f}"))
+            print(f"| {pol} | {b} | [{r['ci_lo']:.2f}, {r['ci_hi']:.2f}] | {r['reached']:.2f} | "
+                  f"{r['min_budget']:.1f}-{r['max_budget']:.1f} | {r['n']} |")

@@ -12,7 +12,7 @@ import pandas as pd
 from experiments.exp1_cnndm import curves
 from keyformer.lab import analysis
 from keyformer.lab import findings as fnd
-from keyformer.lab.report import PAIRS, curve_experiment, fmt_ci
+from keyformer.lab.report import fmt_ci
 
 _CONFIG = ("policy", "budget", "recent", "kv_quant", "num_beams", "beam_scores", "max_prompt_tokens",
            "max_new_tokens",
@@ -118,7 +118,7 @@ def new_stream(res: Path, old: str = "archive/exp1_cnndm_oldstream") -> None:
 
 # name -> section; a page quotes a section between <!-- keyformer-report:NAME --> markers
 SECTIONS: dict[str, Callable[[Path], None]] = {
-    'exp1_cnndm': lambda res: curve_experiment(res, "exp1_cnndm", PAIRS),
+    'exp1_cnndm': lambda res: curves.curve_experiment(res, "exp1_cnndm"),
     'realisations': realisations,
     'devices': devices,
     'new_stream': new_stream,

@@ -7,11 +7,10 @@ from pathlib import Path
 
 from experiments.exp1_cnndm import curves
 from keyformer.lab import findings as fnd
-from keyformer.lab.report import PAIRS, curve_experiment
 
 # name -> section; a page quotes a section between <!-- keyformer-report:NAME --> markers
 SECTIONS: dict[str, Callable[[Path], None]] = {
-    'exp2_dialogsum': lambda res: curve_experiment(res, "exp2_dialogsum", PAIRS),
+    'exp2_dialogsum': lambda res: curves.curve_experiment(res, "exp2_dialogsum"),
 }
 
 

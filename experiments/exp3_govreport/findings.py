@@ -7,11 +7,10 @@ from pathlib import Path
 
 from experiments.exp1_cnndm import curves
 from keyformer.lab import findings as fnd
-from keyformer.lab.report import PAIRS, curve_experiment
 
 # name -> section; a page quotes a section between <!-- keyformer-report:NAME --> markers
 SECTIONS: dict[str, Callable[[Path], None]] = {
-    'exp3_govreport': lambda res: curve_experiment(res, "exp3_govreport", PAIRS),
+    'exp3_govreport': lambda res: curves.curve_experiment(res, "exp3_govreport"),
 }
 
 

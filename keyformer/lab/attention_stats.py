@@ -161,16 +161,16 @@ def measure(model: torch.nn.Module, prompts: Iterable[Sequence[int]], stats: Lay
 
 
 # -- the command line (keyformer-attention-stats) ---------------------------------------------------------
-USAGE = """Experiment 4: attention concentration and per-layer sparsity over real CNN/DailyMail prompts.
+USAGE = """Attention concentration and per-layer sparsity over run.py's prompts.
 
-    KEYFORMER_DATA_DIR=../shared/data keyformer-attention-stats                  # -> outputs/attention_stats/
-    keyformer-attention-stats attention_stats.out=results/exp4_attention       # the curated record
-    keyformer-attention-stats n_samples=200 max_prompt_tokens=1920 attention_stats.row_stride=1 \\
-        attention_stats.out=results/exp4_attention_200
+    keyformer-attention-stats                                       # -> outputs/attention_stats/
+    keyformer-attention-stats dataset=cnn_dailymail n_samples=20    # real articles (KEYFORMER_DATA_DIR)
+    keyformer-attention-stats +experiment=NAME                      # a study's settings (its config)
 
-The arguments are Hydra overrides of ``run.py``'s config composed with ``+experiment=exp4_attention`` (the
-number of prompts is ``n_samples``, their cap ``max_prompt_tokens``; the statistics' knobs and the output
-folder are under ``attention_stats``), e.g. ``model=mpt device=cuda dtype=bfloat16`` on a GPU box.
+The arguments are Hydra overrides of ``run.py``'s config composed with the tool's own
+(``conf/attention_stats/default.yaml``, unless an experiment is given): the number of prompts is
+``n_samples``, their cap ``max_prompt_tokens``; the statistics' knobs and the output folder are under
+``attention_stats``, e.g. ``model=mpt device=cuda dtype=bfloat16`` on a GPU box.
 
 Builds the prompts exactly as run.py does (same template, chat wrapping and truncation), runs each one
 unpadded through the model with eager attention, and reduces each layer's attention probabilities on the
@@ -179,8 +179,8 @@ layers) and ``meta.json`` into ``attention_stats.out``.
 """
 
 
-EXPERIMENT = "+experiment=exp4_attention"
-# Where a run writes unless the command sets attention_stats.out (the curated record: results/exp4_attention).
+DEFAULTS = "+attention_stats=default"  # the tool's own config, unless the line names an experiment
+# Where a run writes unless the command sets attention_stats.out (results/ only when asked).
 DEFAULT_OUT = "outputs/attention_stats"
 
 
@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     from keyformer.run.loading import load_model
     from keyformer.run.paths import compose
 
-    overrides = [EXPERIMENT, *args]
+    own = any(a.lstrip("+").startswith(("experiment=", "attention_stats=")) for a in args)
+    overrides = [*([] if own else [DEFAULTS]), *args]
     if not any(a.lstrip("+").startswith("attention_stats.out=") for a in args):
         overrides.append(f"attention_stats.out={DEFAULT_OUT}")  # results/ only when asked
     cfg = compose(overrides)

@@ -35,6 +35,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --leaderboard: a keyformer-collect folder (points.csv, samples.csv)")
     ap.add_argument("--setting", choices=("aware", "agnostic"),
                     help="with --leaderboard: question-aware or query-agnostic (default: what the sweep ran)")
+    ap.add_argument("--sweep", type=Path, metavar="SWEEP",
+                    help="render your own sweep (a hydra.sweep.dir or a keyformer-collect folder) as a page: "
+                         "figure, table, findings.json, README.md into --out")
+    ap.add_argument("--out", type=Path, metavar="DIR", help="with --sweep: where the page goes")
+    ap.add_argument("--reference", default="keyformer", metavar="POLICY",
+                    help="with --sweep: the policy every other one is compared with at its budget "
+                         "(besides full)")
+    ap.add_argument("--seed", type=int, default=0, help="the statistics' random seed")
     ap.add_argument("--studies", metavar="MODULE",
                     help="the registry of studies (a module with STUDIES; default $KEYFORMER_STUDIES, else "
                          "experiments.registry)")
@@ -42,6 +50,19 @@ def main(argv: list[str] | None = None) -> int:
     res = args.results
     if args.studies:
         os.environ["KEYFORMER_STUDIES"] = args.studies
+    if args.sweep is not None:
+        from keyformer.lab.sweep import SweepError, build
+
+        if args.out is None:
+            print("error: --sweep needs --out DIR (where its page goes)", file=sys.stderr)
+            return 2
+        try:
+            for path in build(args.sweep, args.out, args.reference or None, args.seed):
+                print(f"wrote {path}")
+        except SweepError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
     if args.leaderboard is not None:
         from keyformer.lab.leaderboard import LeaderboardError, leaderboard
 

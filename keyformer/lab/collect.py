@@ -1,11 +1,11 @@
 """Gather run folders (results contract of run.py) into curated, committed files under results/.
 
-    keyformer-collect multirun/exp1_cnndm results/exp1_cnndm
-    keyformer-collect exp1_cnndm results/exp1_cnndm --wandb ENTITY/keyformer   # from W&B
+    keyformer-collect multirun/my_sweep results/my_sweep
+    keyformer-collect my_sweep results/my_sweep --wandb ENTITY/keyformer     # from W&B
     keyformer-collect multirun/fewshot results/fewshot                          # lm-eval runs (task=lm_eval)
-    keyformer-collect multirun/exp1_rerun results/exp1_cnndm --replace          # re-run points replace theirs
-    keyformer-collect multirun/exp10 results/exp10_ruler/aware --replace --complete-only  # finished runs only
-    keyformer-collect multirun/exp10 results/exp10_ruler/aware --replace --complete-only --policies tova
+    keyformer-collect multirun/my_rerun results/my_sweep --replace             # re-run points replace theirs
+    keyformer-collect multirun/ruler results/my_ruler/aware --replace --complete-only  # finished runs only
+    keyformer-collect multirun/ruler results/my_ruler/aware --replace --complete-only --policies tova
 
 The W&B source reads the runs of one group (``logger=wandb`` names the group after the sweep folder) with
 their config, summary metrics and per-sample table, and writes the same files, so the notebooks read either.
@@ -362,8 +362,8 @@ def replace_points(points: pd.DataFrame, samples: pd.DataFrame, out: Path, sourc
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweep", help="sweep folder (hydra.sweep.dir of the experiment), or with --wandb the W&B "
-                    "group (by default the sweep folder's name, e.g. exp1_cnndm)")
-    ap.add_argument("out", type=Path, help="curated results folder, e.g. results/exp1_cnndm")
+                    "group (by default the sweep folder's name, e.g. my_sweep)")
+    ap.add_argument("out", type=Path, help="curated results folder, e.g. results/my_sweep")
     ap.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read the runs from W&B instead of a local "
                                                               "folder")
     ap.add_argument("--replace", action="store_true", help="merge into OUT: the collected points replace its "

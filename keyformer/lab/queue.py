@@ -1,6 +1,6 @@
 """Run the points of queue files inside one Python process (no interpreter, import or Hydra start per call).
 The scheduler of ``scripts/run_points.sh`` (which starts WORKERS copies of this with one thread each) and of
-``scripts/gpu_studies.sh`` (eight copies sharing a GPU). Copies share the points through lock folders.
+the GPU scripts (several copies sharing a GPU). Copies share the points through lock folders.
 
     keyformer-queue my_queue.txt --set device=cuda dtype=float32 batch_size=32
     keyformer-queue my_queue.txt --step 16        # round-robin, 16 records a call

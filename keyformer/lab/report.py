@@ -3,14 +3,14 @@
     keyformer-report                    # every section whose results exist under ./results
     keyformer-report --results DIR      # another curated results folder (or one keyformer-collect folder)
     keyformer-report --list             # the section names
-    keyformer-report --section exp1_cnndm --section provenance
+    keyformer-report --section SECTION --section provenance   # --list names them
     keyformer-report --pages            # write each study's findings.json and page, and results/README.md
     keyformer-report --check-pages      # exit 1 naming each page or findings.json that differs from the data
     keyformer-report --update-readme    # rewrite the marked tables of the READMEs and docs/
     keyformer-report --check-readme     # exit 1 naming each marked table that differs from the data
 
-The library's sections are generic (the demo, provenance, the benchmarks); each study under ``experiments/``
-adds its own in its ``findings.py`` (:func:`studies`). A README or doc quotes a section between
+The library's sections are generic (the demo, provenance, the benchmarks); each registered study
+(:mod:`keyformer.lab.studies`) adds its own in its ``findings.py``. A README or doc quotes a section between
 ``<!-- keyformer-report:NAME -->`` and ``<!-- /keyformer-report:NAME -->``; a results page is rendered whole
 from its study's ``page.md`` (:mod:`keyformer.lab.pages`). Superseded runs live in ``results/archive/``.
 """
@@ -28,57 +28,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from keyformer.lab import analysis, studies
+from keyformer.lab import studies
 
 
 def fmt_ci(m: float, lo: float, hi: float) -> str:
     return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
-
-
-def curve_experiment(res: Path, name: str, pairs: list[tuple[str, str]]) -> None:
-    if not (res / name / "points.csv").exists():
-        return
-    points, samples = analysis.load_experiment(res, name)
-    ids = analysis.common_ids(samples, points["point"].tolist())
-    paired = samples[samples["id"].isin(ids)]
-    print(f"\n### {name}: {len(ids)} samples common to {len(points)} points "
-          f"({int(points['complete'].sum())} complete)\n")
-    rows = []
-    for _, p in points.sort_values(["policy", "budget"]).iterrows():
-        s = paired[paired["point"] == p["point"]]
-        cis = {k: analysis.mean_ci(s[k].to_numpy(), n_boot=2000) for k in ("rouge1", "rouge2", "rougeL")}
-        rows.append(f"| {p['policy']} | {p['budget']:.1f} | {int(p['n_done'])} | "
-                    + " | ".join(f"{m:.2f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in cis.values()) + " |")
-    print("| policy | budget | n done | ROUGE-1 | ROUGE-2 | ROUGE-L |\n|---|---|---|---|---|---|")
-    print("\n".join(rows))
-    evict = points[points["policy"] != "full"]
-    full = points.loc[points["policy"] == "full", "point"]
-    print("\nPaired ROUGE-2 differences (95 % bootstrap CI; each pair over the articles both points "
-          "finished):\n")
-    print("| budget | comparison | n | diff [95 % CI] | P(diff <= 0) |\n|---|---|---|---|---|")
-    t = analysis.pairwise_table(samples, evict, pairs, "rouge2", n_boot=5000)
-    for r in t.itertuples():
-        print(f"| {r.budget:.1f} | {r.a} - {r.b} | {r.n} | {fmt_ci(r.diff, r.ci_lo, r.ci_hi)} | "
-              f"{r.p_le_0:.3f} |")
-    for a, b in pairs:
-        if {a, b} <= set(evict["policy"]):
-            d, used = analysis.pooled_difference(samples, evict, a, b, "rouge2", n_boot=5000)
-            print(f"| pooled over {', '.join(f'{x:g}' for x in used)} | {a} - {b} | {d.n} | "
-                  f"{fmt_ci(d.mean, d.lo, d.hi)} | {d.p_le_0:.3f} |")
-    if len(full):
-        for _, p in evict.sort_values(["policy", "budget"]).iterrows():
-            d = analysis.compare_points(samples, p["point"], full.iloc[0], "rouge2", n_boot=5000)
-            print(f"| {p['budget']:.1f} | {p['policy']} - full | {d.n} | {fmt_ci(d.mean, d.lo, d.hi)} | "
-                  f"{d.p_le_0:.3f} |")
-        print("\nBudget to reach 99 % of full ROUGE-2:\n")
-        print("| policy | budget | 95 % CI | share of resamples reaching it | measured budgets | n |\n"
-              "|---|---|---|---|---|---|")
-        for pol in sorted(evict["policy"].unique()):
-            r = analysis.budget_to_reach(samples, evict, pol, full.iloc[0], 0.99, "rouge2", n_boot=2000)
-            b = ("not reached" if np.isnan(r["budget"]) else
-                 (f"<= {r['budget']:.2f}" if r["budget"] == r["min_budget"] else f"{r['budget']:.2f}"))
-            print(f"| {pol} | {b} | [{r['ci_lo']:.2f}, {r['ci_hi']:.2f}] | {r['reached']:.2f} | "
-                  f"{r['min_budget']:.1f}-{r['max_budget']:.1f} | {r['n']} |")
 
 
 def demo(res: Path, name: str = "demo") -> None:
@@ -228,6 +182,51 @@ def bench_long(res: Path, name: str = "bench/long") -> None:
                   f"prefill with the prompt run once per sample vs once per beam: {parts} faster.")
 
 
+def _span(xs: list[float]) -> str:
+    return f"{min(xs):.1f}x" if max(xs) - min(xs) < 0.05 else f"{min(xs):.1f}-{max(xs):.1f}x"
+
+
+def speed(res: Path, name: str = "bench") -> None:
+    """The speed story in two lines, from the bench data: decode tokens/s against full at equal K/V memory on
+    CPU (``bench/long``), and batch-1 decode on GPU, eager and captured (the latest ``bench/gpu`` run)."""
+    files = sorted((res / name / "long").glob("*/long.json"))
+    runs = [json.loads(f.read_text(encoding="utf-8")) for f in files]
+    rows = [row for r in runs for row in r["rows"] if row["policy"] != "full" and row.get("decode_gain")]
+    if rows:
+        gain = {p: [r["decode_gain"] for r in rows if r["policy"] == p]
+                for p in ("keyformer", "h2o", "window")}
+        full_b = sorted({row["batch"] for r in runs for row in r["rows"] if row["policy"] == "full"})
+        other_b = sorted({r["batch"] for r in rows})
+        env = runs[0]["environment"]
+        mib = sorted({round(r["kv_memory_budget_bytes"] / 2**20) for r in runs})
+        settings = ", ".join(f"{r['settings'][0]['prompt_len']}+{r['settings'][0]['new_tokens']}"
+                             for r in runs)
+        print(f"- **CPU, equal K/V memory** ({', '.join(map(str, mib))} MiB, {env['cpu']}, "
+              f"{env['threads']} threads, fp32; {settings} tokens; `bench/long`): Keyformer decodes "
+              f"{_span(gain['keyformer'])} full's tokens/s (H2O {_span(gain['h2o'])}, window "
+              f"{_span(gain['window'])}): the memory a budget frees holds a larger batch (full: batch "
+              f"{full_b[0]}-{full_b[-1]}; evicting: {other_b[0]}-{other_b[-1]}).")
+    gpu = sorted(d for d in (res / name / "gpu").glob("20*") if (d / "latency" / "gpu_bench.json").is_file())
+    if gpu:
+        lat = json.loads((gpu[-1] / "latency" / "gpu_bench.json").read_text(encoding="utf-8"))
+        m = lat["meta"]
+        parts = []
+        for g in (c for c in lat["cells"] if c.get("kind") == "graphs" and "keyformer" in c["runs"]):
+            full, kf = g["runs"]["full"], g["runs"]["keyformer"]
+            full_cap = full["captured"]["captured_steps"] > 0
+            eager = full["eager"]["ms_per_step"] / kf["eager"]["ms_per_step"]
+            cap = ((full["captured"] if full_cap else full["eager"])["ms_per_step"]
+                   / kf["captured"]["ms_per_step"])
+            parts.append(f"{g['model']} {eager:.2f}x eager, {cap:.2f}x captured")
+        git = re.search(r" git (\w+)", (gpu[-1] / "log.txt").read_text(encoding="utf-8"))
+        baseline = ("against a captured full cache" if (gpu[-1] / "static").is_dir()
+                    else "against an eager full cache: no captured full baseline has run, so the captured "
+                         "gain is the capture's and eviction's together")
+        print(f"- **GPU, batch 1** ({m['device_name']}, {m['dtype'].replace('torch.', '')}, {gpu[-1].name}, "
+              f"git {git[1] if git else '?'}; Keyformer@{m['budget']:g} at 4k, decode speed over full's; "
+              f"`bench/gpu`): {'; '.join(parts)} ({baseline}).")
+
+
 def bench_floors(res: Path, name: str = "bench/floors") -> None:
     """What stops each unmet CPU target, as ``keyformer-bench --floors`` measured it (``floors.json``)."""
     f = res / name / "floors.json"
@@ -312,9 +311,8 @@ def _ci_cell(r: pd.Series, key: str) -> str:
     return fmt_ci(float(v), float(r[f"{key}_lo"]), float(r[f"{key}_hi"]))
 
 
-PAIRS = [("keyformer", "h2o"), ("keyformer", "window"), ("h2o", "window")]
 # name -> section; a README quotes a section between <!-- keyformer-report:NAME --> and its closing marker.
-# The library's own sections; each study under experiments/ adds its own (:func:`sections`).
+# The library's own sections; each registered study adds its own (:func:`sections`).
 LIBRARY_SECTIONS: dict[str, Callable[[Path], None]] = {
     "demo": demo,
     "brief": brief,
@@ -322,6 +320,7 @@ LIBRARY_SECTIONS: dict[str, Callable[[Path], None]] = {
     "bench_targets": bench_targets,
     "bench_floors": bench_floors,
     "bench_long": bench_long,
+    "speed": speed,
 }
 def sections(registry: str | None = None) -> dict[str, Callable[[Path], None]]:
     """Every section name -> its printer: the library's, then each registered study's."""
@@ -389,9 +388,9 @@ def drift(paths: tuple[Path, ...], res: Path) -> list[str]:
 
 
 def render_collected(folder: Path) -> str:
-    """The curve tables of one collected folder (``points.csv`` + ``samples.csv`` of keyformer-collect)."""
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        curve_experiment(folder.parent, folder.name, PAIRS)
-    return buf.getvalue().strip("\n")
+    """One collected folder (``points.csv`` + ``samples.csv`` of keyformer-collect): its table and findings,
+    as ``keyformer-report --sweep`` renders them (:mod:`keyformer.lab.sweep`)."""
+    from keyformer.lab import sweep
+
+    return sweep.text(folder).strip("\n")
 

@@ -1,8 +1,8 @@
 """Rerun committed greedy records and compare each prediction, as a string, with the committed one.
 
-    python -m keyformer.lab.spot_check --samples results/exp7_field/needle/samples.csv \
-        --point "budget=0.3,policy=keyformer" --out /tmp/spot/exp7 -- \
-        +experiment=exp7_field +experiment/exp7_task=needle policy=keyformer budget=0.3 n_samples=10
+    python -m keyformer.lab.spot_check --samples results/my_study/samples.csv \
+        --point "budget=0.3,policy=keyformer" --out /tmp/spot/mine -- \
+        +experiment=my_study policy=keyformer budget=0.3 n_samples=10
 
 Runs ``run.py`` with the overrides after ``--`` into ``--out`` (resumed if it is already there), then prints
 one line: the records compared, how many are identical, and the ids that differ. Exit 1 when any differs or a

@@ -10,6 +10,8 @@ registered ``findings`` module defines (``SECTIONS``, ``comparisons``, ``answer`
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -27,17 +29,17 @@ def registry_name(registry: str | None = None) -> str:
 
 def studies(registry: str | None = None) -> list[ModuleType]:
     """The ``findings`` module of every study the registry lists (default :data:`REGISTRY`, or
-    ``$KEYFORMER_STUDIES``), in its order; none when the registry cannot be imported (a checkout without
-    studies). The working folder is importable, as with ``python -m``."""
+    ``$KEYFORMER_STUDIES``), in its order; none when its package is nowhere (a checkout without studies).
+    The package is imported as usual, else from the working folder, as ``python -m`` would."""
     name = registry_name(registry)
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
-    try:
-        reg = importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name is not None and name.startswith(e.name):
+    top = name.split(".")[0]
+    if top not in sys.modules and importlib.util.find_spec(top) is None:
+        spec = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])  # as ``python -m`` would find it
+        if spec is None or spec.loader is None:
             return []
-        raise
+        sys.modules[top] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    reg = importlib.import_module(name)
     return [importlib.import_module(m) for m in reg.STUDIES]
 
 

@@ -21,12 +21,12 @@ docs/policies_2025.md). Every generated token is then kept (prompt compression, 
 **Cost.** After the real prompt forward (its cut deferred: ``KVCache.defer_prompt_cut``), each chunk's repeat
 rows (``r + chunk`` tokens) run over the prompt's keys and values as that forward computed them, with the
 recording attention, an fp32 softmax over up to ``n + r + chunk`` keys in blocks of query rows (kvpress: "2-3
-times the initial prefilling cost"); then the prompt is cut. ``experiments/exp10_ruler/kvzip_cost.py``
-measures it (4.3x full's prefill at 4k on CPU, ``results/bench/kvzip_cost/``). It runs per sample over views
-of that sample's real positions (pads left out), from the policy's ``prepare(model, prompt)``, which a forward
-hook that :func:`keyformer.core.generate.make_cache` installs calls; a cache made otherwise refuses with one
-line. With a quantized cache (whose stored rows are not the prompt's) and on MPT (whose attention is wrapped,
-not an ``AttentionInterface``), a one-shot pre-hook first runs each sample's unpadded prompt once more.
+times the initial prefilling cost"); then the prompt is cut (measured: ``results/bench/kvzip_cost/``). It
+runs per sample over views of that sample's real positions (pads left out), from the policy's
+``prepare(model, prompt)``, which a forward hook that :func:`keyformer.core.generate.make_cache` installs
+calls; a cache made otherwise refuses with one line. With a quantized cache (whose stored rows are not the
+prompt's) and on MPT (whose attention is wrapped, not an ``AttentionInterface``), a one-shot pre-hook first
+runs each sample's unpadded prompt once more.
 
 **Recording.** Each reconstruction forward records into a :class:`Recorder` of its own, which it reaches
 through its cache alone: the keys the cache's layers return carry it (``_kf_record``, as an evicting layer

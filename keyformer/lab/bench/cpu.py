@@ -1,6 +1,6 @@
 """CPU performance benchmark: prefill, decode, memory and KV bytes of every policy, in one process.
 
-Run ``keyformer-bench`` (Hydra config ``conf/bench.yaml``; override anything on the command line).
+Run ``keyformer-bench`` (Hydra config ``conf/bench/default.yaml``; override anything on the command line).
 
 Method (also written into the outputs):
 
@@ -860,8 +860,10 @@ def write_outputs(out: Path, report: dict[str, Any], rows: list[dict[str, Any]],
     (out / "command.txt").write_text(" ".join(["keyformer-bench", *sys.argv[1:]]) + "\n")
 
 
-EXPERIMENT = "+experiment=exp6_speedup"
-# Where a run writes unless the command sets bench.out_dir (the curated record: bench.out_dir=results/bench).
+# The benchmark's own config (conf/bench/default.yaml) and run folder, unless the line names an experiment.
+DEFAULTS = ["+bench=default", "hydra.run.dir=outputs/bench/${now:%Y-%m-%d}/${now:%H-%M-%S}",
+            "hydra.output_subdir=null"]
+# Where a run writes unless the command sets bench.out_dir (a curated record: bench.out_dir=results/bench).
 DEFAULT_OUT = "outputs/bench"
 # ``keyformer-bench --quick``: overrides for a smoke run of every part of the benchmark in seconds (later
 # arguments override these).
@@ -877,22 +879,23 @@ QUICK = ["bench.model_name=tiny", "bench.prompt=random", "bench.new_tokens=3", "
 
 def cli_overrides(args: list[str]) -> list[str]:
     """The Hydra overrides of a ``keyformer-bench`` command line: ``--quick`` expanded (:data:`QUICK`, before
-    the user's own), ``+experiment=exp6_speedup`` unless another experiment is given, and
-    ``bench.out_dir=outputs/bench`` unless the line sets it (results/ only when asked)."""
+    the user's own), the benchmark's own config (:data:`DEFAULTS`) unless the line names an experiment or a
+    ``bench=`` option, and ``bench.out_dir=outputs/bench`` unless the line sets it (results/ only when
+    asked)."""
     args = list(args)
     if "--quick" in args:  # a tiny smoke run (random 2-layer llama, short prompts): seconds
         args.remove("--quick")
         args[0:0] = QUICK
-    if not any(a.lstrip("+").startswith("experiment=") for a in args):
-        args.insert(0, EXPERIMENT)
+    if not any(a.lstrip("+").startswith(("experiment=", "bench=")) for a in args):
+        args[0:0] = DEFAULTS
     if not any(a.lstrip("+").startswith("bench.out_dir=") for a in args):
         args.append(f"bench.out_dir={DEFAULT_OUT}")
     return args
 
 
 def main() -> None:
-    """``keyformer-bench``: ``run.py``'s config with ``+experiment=exp6_speedup`` (unless another experiment
-    is given); runs the benchmark described by its ``bench`` node (``conf/bench.yaml``)."""
+    """``keyformer-bench``: ``run.py``'s config with the benchmark's own (``+bench=default``, unless an
+    experiment is given); runs the benchmark described by its ``bench`` node (``conf/bench/default.yaml``)."""
     import hydra
     from omegaconf import DictConfig, OmegaConf
 

@@ -94,6 +94,12 @@ def prompt_limit(cfg: Mapping[str, Any], model: Any) -> int:
     return limit
 
 
+# The tasks' own metrics, as the run summary lists them (before ROUGE): RULER's string match, accuracy, QA.
+TASK_METRICS = (("string_match_all", "string match (all) %"), ("string_match_part", "string match (part) %"),
+                ("accuracy", "accuracy %"), ("token_f1", "token F1"), ("exact_match", "exact match %"),
+                ("rougeL_longbench", "rougeL (LongBench)"))
+
+
 def format_table(m: Mapping[str, Any]) -> str:
     """Human-readable one-run summary."""
     def f(v: Any, nd: int = 2) -> str:
@@ -103,10 +109,8 @@ def format_table(m: Mapping[str, Any]) -> str:
     rows = [
         ("model", m.get("model")), ("dataset", m.get("dataset")), ("policy", m.get("policy")),
         ("budget", m.get("budget")), ("samples", m.get("n_samples")),
-        *([("accuracy %", f(m["accuracy"], 1))] if "accuracy" in m else []),
-        *[(label, f(m[k])) for k, label in (("token_f1", "token F1"), ("exact_match", "exact match %"),
-                                            ("rougeL_longbench", "rougeL (LongBench)")) if k in m],
-        *[(k, f(m.get(k))) for k in ROUGE_KEYS],
+        *[(label, f(m[k])) for k, label in TASK_METRICS if k in m],  # the task's own metric first
+        *([] if "string_match_all" in m else [(k, f(m.get(k))) for k in ROUGE_KEYS]),  # RULER: not scored so
         *([("truncated samples", m["n_truncated"])] if "n_truncated" in m else []),
         ("prefill ms", f(m.get("prefill_ms"), 1)), ("decode ms/token", f(m.get("decode_ms_per_token"), 1)),
         ("tokens/s", f(m.get("tokens_per_s"), 1)),
