@@ -27,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="exit 1 naming each generated page or findings.json that differs from the data")
     ap.add_argument("--study", metavar="NAME", help="with --pages/--check-pages: only this study")
     ap.add_argument("--seed", type=int, default=0,
-                    help="root of the random streams of the findings' tests and the leaderboard (default 0, "
-                         "what the committed files use; another seed reproduces every verdict)")
+                    help="root of the findings tests' random streams (--pages, --leaderboard, --sweep; "
+                         "default 0, what the committed files use; another seed reproduces every verdict)")
     ap.add_argument("--leaderboard", metavar="BENCHMARK",
                     help="rank a collected sweep (--with FOLDER) in the committed field of BENCHMARK (ruler)")
     ap.add_argument("--with", dest="with_", type=Path, metavar="FOLDER",
@@ -42,7 +42,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference", default="keyformer", metavar="POLICY",
                     help="with --sweep: the policy every other one is compared with at its budget "
                          "(besides full)")
-    ap.add_argument("--seed", type=int, default=0, help="the statistics' random seed")
     ap.add_argument("--studies", metavar="MODULE",
                     help="the registry of studies (a module with STUDIES; default $KEYFORMER_STUDIES, else "
                          "experiments.registry)")

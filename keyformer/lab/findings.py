@@ -109,8 +109,14 @@ class Finding:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+MAX_FAMILY = 64  # the borderline rule watches Holm's thresholds alpha/k up to this k, whatever the family
+
+
 def _thresholds(m: int, alpha: float) -> list[float]:
-    return [alpha / k for k in range(1, m + 1)]
+    """Holm's thresholds a p could be compared with: ``alpha / k`` for ``k`` up to the family's size and at
+    least :data:`MAX_FAMILY`, so that the same differences get the same replicates in any family (the
+    leaderboard's and a page's)."""
+    return [alpha / k for k in range(1, max(m, MAX_FAMILY) + 1)]
 
 
 def _borderline(sf: stats.SignFlip, deltas: Sequence[float], thresholds: Sequence[float]) -> bool:
