@@ -16,6 +16,7 @@ import pandas as pd
 
 from keyformer.lab import analysis
 from keyformer.lab import findings as fnd
+from keyformer.lab.report import findings_of
 
 POLICY_PAIRS = (("keyformer", "h2o"), ("keyformer", "window"), ("h2o", "window"))
 EVICTING = ("keyformer", "h2o", "window")
@@ -212,8 +213,13 @@ def curve_experiment(res: Path, name: str, pairs: Sequence[tuple[str, str]] = PO
     for r in t.itertuples():
         print(f"| {r.budget:.1f} | {r.a} - {r.b} | {r.n} | {_fmt_ci(r.diff, r.ci_lo, r.ci_hi)} | "
               f"{r.p_le_0:.3f} |")
+    found = findings_of(res, name)
     for a, b in pairs:
         if {a, b} <= set(evict["policy"]):
+            f = found.get(f"{name.split('_')[0]}.{a}-{b}")
+            if f is not None:  # the finding itself (its interval at Holm's level): one draw per number
+                print(f"| pooled over {budgets(f)} | {a} - {b} | {f['n']} | {ci(f)} (findings) | - |")
+                continue
             d, used = analysis.pooled_difference(samples, evict, a, b, "rouge2", n_boot=5000)
             print(f"| pooled over {', '.join(f'{x:g}' for x in used)} | {a} - {b} | {d.n} | "
                   f"{_fmt_ci(d.mean, d.lo, d.hi)} | {d.p_le_0:.3f} |")

@@ -11,7 +11,7 @@ import pandas as pd
 from experiments.exp8_powered import analysis as exp8
 from keyformer.lab import analysis
 from keyformer.lab import findings as fnd
-from keyformer.lab.report import fmt_ci
+from keyformer.lab.report import findings_of, fmt_ci
 
 
 def powered(res: Path, name: str = "exp8_powered") -> None:
@@ -20,19 +20,25 @@ def powered(res: Path, name: str = "exp8_powered") -> None:
         return
     points, samples = analysis.load_experiment(res, name)
     r = exp8.powered_study(points, samples)
+    found = findings_of(res, name)
+
+    def ci(fid: str, d: dict) -> str:
+        """The finding's interval where the findings hold it (one draw per number), else the bootstrap's."""
+        f = found.get(fid)
+        return fnd.fmt_ci(f, 2) if f is not None else f"{fmt_ci(d['diff'], d['ci_lo'], d['ci_hi'])} (boot)"
+
     print(f"\n### {name}: Keyformer (mean of 2 noise seeds) - H2O, ROUGE-2, {r['n']} articles every core arm "
           "finished\n")
     if not r["n"]:
         return
-    print("| budget | H2O | Keyformer | KF - H2O [95 % CI] | SD of d | seed 0 - seed 1 [95 % CI] "
-          "|\n|---|---|---|---|---|---|")
+    print("| budget | H2O | Keyformer | KF - H2O [95 %, findings] | SD of d | seed 0 - seed 1 [95 %, "
+          "findings] |\n|---|---|---|---|---|---|")
     for b in r["budgets"]:
-        s = b["s0_minus_s1"]
-        print(f"| {b['budget']:.1f} | {b['h2o']:.2f} | {b['keyformer']:.2f} | "
-              f"{fmt_ci(b['diff'], b['ci_lo'], b['ci_hi'])} | "
-              f"{b['sd']:.2f} | {fmt_ci(s['diff'], s['ci_lo'], s['ci_hi'])} |")
+        at = f"{b['budget']:g}"
+        print(f"| {b['budget']:.1f} | {b['h2o']:.2f} | {b['keyformer']:.2f} | {ci('exp8.budget@' + at, b)} | "
+              f"{b['sd']:.2f} | {ci('exp8.seeds@' + at, b['s0_minus_s1'])} |")
     p = r["pooled"]
-    print(f"\nPooled over {len(r['budgets'])} budgets: {fmt_ci(p['diff'], p['ci_lo'], p['ci_hi'])} "
+    print(f"\nPooled over {len(r['budgets'])} budgets: {ci('exp8.pooled', p)} "
           f"(half-width "
           f"{p['half_width']:.3f}, per-article SD {p['sd']:.2f}; half-width 0.25 needs n = "
           f"{p['n_for_half_width']}). "
@@ -42,7 +48,7 @@ def powered(res: Path, name: str = "exp8_powered") -> None:
     for e in r["extras"]:
         k = e.get("kf_minus_h2o_same_articles")
         print(f"\nAt 0.3, {e['variant']} - H2O over {e['n']} articles: "
-              f"{fmt_ci(e['diff'], e['ci_lo'], e['ci_hi'])} "
+              f"{ci('exp8.extra.' + e['variant'], e)} "
               f"({e['mean']:.2f} vs {e['h2o']:.2f})"
               + (f"; on the same articles Keyformer (2 seeds) - H2O is "
                  f"{fmt_ci(k['diff'], k['ci_lo'], k['ci_hi'])}"

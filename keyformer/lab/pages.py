@@ -183,7 +183,8 @@ def study_files(study: ModuleType, res: Path, seed: int = 0) -> dict[Path, str]:
     doc = findings_doc(study, res, seed)
     if doc is not None:
         out[folder / "findings.json"] = json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
-    out[folder / "README.md"] = render_page(study, res, doc)
+    with report.rendering(results_folder(study), doc):
+        out[folder / "README.md"] = render_page(study, res, doc)
     return out
 
 
