@@ -10,7 +10,7 @@ import pandas as pd
 
 from keyformer.lab import analysis
 from keyformer.lab import findings as fnd
-from keyformer.lab.report import fmt_ci
+from keyformer.lab.report import findings_of, fmt_ci
 
 #: experiment 7's tasks and the standard metric of each (per-sample columns of ``samples.csv``)
 EXP7_METRIC = {"cnndm": "rouge2", "needle": "accuracy", "leval_sqa": "token_f1",
@@ -25,6 +25,7 @@ def field(res: Path, name: str = "exp7_field", tasks: tuple[str, ...] | None = N
             continue
         points, samples = analysis.load_experiment(res / name, task, complete_only=True)
         r = analysis.field_ranking(points, samples, metric, n_boot=5000)
+        found = findings_of(res, name)
         if r.empty:
             continue
         per, pooled = r[r["budget"] != "pooled"], r[r["budget"] == "pooled"].set_index("policy")
@@ -36,8 +37,8 @@ def field(res: Path, name: str = "exp7_field", tasks: tuple[str, ...] | None = N
             x = samples.loc[samples["point"] == full["point"].iloc[0], metric].astype(float)
             m, lo, hi = analysis.mean_ci(x.to_numpy(), n_boot=5000)
             print(f"Full cache: {m:.2f} [{lo:.2f}, {hi:.2f}] (n = {len(x)}).\n")
-        print("| policy | " + " | ".join(f"{b:g}" for b in budgets) + " | n | pooled - Keyformer [95 % CI] | "
-                                                                      "budgets |")
+        print("| policy | " + " | ".join(f"{b:g}" for b in budgets) + " | n | pooled - Keyformer [findings] "
+                                                                      "| budgets |")
         print("|---|" + "---|" * len(budgets) + "---|---|---|")
         for pol in sorted(per["policy"].unique(), key=lambda p: (p != "keyformer", p)):
             cells, ns = [], set()
@@ -47,7 +48,9 @@ def field(res: Path, name: str = "exp7_field", tasks: tuple[str, ...] | None = N
                 ns |= {int(v) for v in c["n"]}
             n = "-".join(str(v) for v in sorted({min(ns), max(ns)}))
             d = pooled.loc[pol] if pol in pooled.index else None
-            diff = fmt_ci(d["diff_vs_ref"], d["d_lo"], d["d_hi"]) if d is not None else "-"
+            f = found.get(f"exp7.{task}.{pol}")
+            diff = (fnd.fmt_ci(f, 2) if f is not None and f["ci_lo"] is not None  # the finding: one draw
+                    else f"{fmt_ci(d['diff_vs_ref'], d['d_lo'], d['d_hi'])} (boot)" if d is not None else "-")
             print(f"| {pol} | " + " | ".join(cells) + f" | {n} | {diff} | "
                                                       f"{d['budgets_used'] if d is not None else '-'} |")
         quant = points[points.get("kv_quant", pd.Series(np.nan, points.index)).notna()]
