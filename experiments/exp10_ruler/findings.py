@@ -11,7 +11,7 @@ import pandas as pd
 from experiments.exp10_ruler import analysis as exp10
 from keyformer.lab import analysis
 from keyformer.lab import findings as fnd
-from keyformer.lab.report import _ci_cell, _p_cell, fmt_ci
+from keyformer.lab.report import _p_cell, findings_of, fmt_ci
 
 RULER_SETTINGS = (("aware", "question-aware"), ("agnostic", "query-agnostic"))
 
@@ -28,31 +28,34 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
     if not any(len(t) for t in tables.values()):
         print(f"(no complete points of {name} yet)")
         return
+    found = findings_of(res, "exp10_ruler")  # the findings of both models
+    setting_of = {lab: folder for folder, lab in RULER_SETTINGS}
     for label, t in tables.items():
         avg = t[t["task"] == "average"] if len(t) else t
         model = _ruler_model(name)
         print(f"\n**{label}**{model} (RULER 4k, string_match_all x 100, mean over "
-              f"{int(avg['n_tasks'].max()) if len(avg) else 0} tasks; 95 % CIs)\n")
+              f"{int(avg['n_tasks'].max()) if len(avg) else 0} tasks)\n")
         if avg.empty:
             print("(no policy has every task yet)")
             continue
-        print("| policy | ratio | budget | average [CI] | vs Keyformer [CI] | p (Holm) | vs full [CI] | rank "
-              "| n | K/V held |\n|---|---|---|---|---|---|---|---|---|---|")
+        print("| policy | ratio | budget | average | vs Keyformer [findings] | p (Holm) | verdict | vs full "
+              "| rank | n | K/V held |\n|---|---|---|---|---|---|---|---|---|---|---|")
         for _, r in avg.sort_values(["ratio", "rank", "policy"]).iterrows():
-            ph = r.get("vs_keyformer_p_holm", np.nan)
-            print(f"| {r['policy']} | {r['ratio']:g} | {r['budget']:g} | {r['mean']:.1f} [{r['ci_lo']:.1f}, "
-                  f"{r['ci_hi']:.1f}] | {_ci_cell(r, 'vs_keyformer')} | "
-                  f"{_p_cell(ph, exp10.RULER_N_BOOT)} | {_ci_cell(r, 'vs_full')} | "
+            f = found.get(f"exp10.{name}.{setting_of[label]}.r{r['ratio']:g}.{r['policy']}")
+            vs = (f"{fnd.fmt_ci(f)} | {fnd.fmt_p(f)} | {fnd.fmt_verdict(f)}" if f is not None else
+                  f"{_diff(r, 'vs_keyformer')} | |")
+            print(f"| {r['policy']} | {r['ratio']:g} | {r['budget']:g} | {r['mean']:.1f} | {vs} | "
+                  f"{_diff(r, 'vs_full')} | "
                   f"{'' if np.isnan(r.get('rank', np.nan)) else int(r['rank'])} | {int(r['n'])} | "
                   f"{'' if np.isnan(r.get('kv_held', np.nan)) else format(r['kv_held'], '.3f')} |")
-        print("\np (Holm): the two-sided bootstrap p of the difference from Keyformer, Holm-adjusted over "
-              "the policies at that ratio (below 0.05: the difference survives the number of comparisons); "
-              f"< {2 / exp10.RULER_N_BOOT:g}: no bootstrap replicate (of {exp10.RULER_N_BOOT}) "
-              "crossed 0, the smallest p the bootstrap resolves, not p = 0. K/V held: the mean over the "
-              "samples of `kv_bytes / kv_bytes_full`, the K/V bytes held at the end of each answer over what "
-              "the full cache holds for the same tokens (prompt-only policies keep every generated token, "
-              "decode-time evictors hold the budget; on a hybrid model the sliding layers' windows count "
-              "too: docs/models.md).")
+        print("\nvs Keyformer, p (Holm), verdict: the finding (results/exp10_ruler/findings.json): a paired "
+              "sign-flip test within each task, Holm over the policies at that ratio, the interval at Holm's "
+              "level (docs/results-contract.md). Means and the difference from full carry no interval: 5 "
+              "records a task are too few for a bootstrap (the rule: 20 a stratum). K/V held: the mean over "
+              "the samples of `kv_bytes / kv_bytes_full`, the K/V bytes held at the end of each answer over "
+              "what the full cache holds for the same tokens (prompt-only policies keep every generated "
+              "token, decode-time evictors hold the budget; on a hybrid model the sliding layers' windows "
+              "count too: docs/models.md).")
         tasks = [x for x in analysis.RULER_TASKS if x in set(t["task"])]
         print("\nPer task (mean):\n")
         print("| policy | ratio | " + " | ".join(tasks) + " |")
@@ -152,6 +155,11 @@ def _prompt_sharing(frames: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> Non
           "time, two 1-thread workers on 2 cores; the outputs are the same either way, tested). By the "
           f"medians a group of three budgets takes {o + 2 * r:.0f} s instead of {3 * o:.0f} s: "
           f"{3 * o / (o + 2 * r):.1f}x less.")
+
+
+def _diff(r: pd.Series, key: str) -> str:
+    v = r.get(key)
+    return "" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{float(v):+.1f}"
 
 
 def _ruler_model(name: str) -> str:
