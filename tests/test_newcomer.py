@@ -387,7 +387,7 @@ def test_report_refuses_unreadable_folders(tmp_path, capsys):
 
 
 def test_report_on_a_collected_folder(tmp_path, capsys):
-    """A folder written by keyformer-collect (points.csv + samples.csv), anywhere: its curve tables."""
+    """A folder written by keyformer-collect (points.csv + samples.csv), anywhere: its table and findings."""
     import pandas as pd
 
     src = ROOT / "results" / "exp1_cnndm"
@@ -404,7 +404,10 @@ def test_report_on_a_collected_folder(tmp_path, capsys):
     samples[samples["point"].isin(keep["point"]) & samples["id"].isin(samples["id"].unique()[:10])].to_csv(
         dest / "samples.csv", index=False)
     assert main(["--results", str(dest)]) == 0
-    assert "### my_sweep: 10 samples common to 3 points" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.startswith(("| full |", "| h2o |"))]
+    assert len(rows) == 3 and all("| 10 |" in r for r in rows)  # each point's ten records
+    assert "| h2o@" in out  # and its findings against full
 
 
 def test_queue_records_become_n_samples():
