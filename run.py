@@ -10,7 +10,8 @@ Every job goes through :mod:`keyformer.run.scaffold` (validation, resume, result
 command prints one ``error:`` line and exits with status 2: unknown group options, unknown keys (with a
 did-you-mean), a launcher whose plugin is not installed, here, before Hydra composes; bad values in the job
 (or, for a sweep, in any of its points before the first job starts: ``keyformer.run.scaffold.Preflight``).
-Ctrl-C prints one line with the command that resumes the partial folder.
+Ctrl-C and SIGTERM print one line with the command that resumes the partial folder (also appended to
+the folder's ``run.log``).
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ if __name__ == "__main__":
     if message:
         print(message, file=sys.stderr, flush=True)
         sys.exit(2)
+    from keyformer.run.validate import install_sigterm
+
+    install_sigterm()  # SIGTERM (SLURM's time limit) ends the job as Ctrl-C does: rows kept, one line
     try:
         main()
-    except KeyboardInterrupt:
-        from keyformer.run.validate import interrupted_message
+    except KeyboardInterrupt as e:
+        from keyformer.run.validate import report_interrupt
 
-        print(interrupted_message(), file=sys.stderr, flush=True)
-        sys.exit(130)
+        sys.exit(report_interrupt(e))

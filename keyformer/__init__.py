@@ -21,21 +21,46 @@ _EXPORTS = {
     "tiny_model": "core.models",
     "POLICIES": "core.policies",
     "Policy": "core.policies",
+    "ScorePolicy": "core.policies",
+    "Context": "core.policies",
+    "Prompt": "core.policies",
+    "Schedule": "core.policies",
+    "NEVER": "core.policies",
+    "PROMPT": "core.policies",
+    "STEP": "core.policies",
+    "every": "core.policies",
     "make_policy": "core.policies",
     "check_policy": "core.contract",
+    "ContractError": "core.contract",
+    "RuleView": "core.rule_check",
     "load": "run.api",
     "apply": "run.api",
 }
 
 __all__ = ["KVCache", "GenerationOutput", "generate", "make_cache", "SUPPORTED_ARCHS", "prepare_model",
-           "tiny_model", "POLICIES", "Policy", "make_policy", "check_policy", "load", "apply"]
+           "tiny_model", "POLICIES", "Policy", "ScorePolicy", "Context", "Prompt", "Schedule", "NEVER",
+           "PROMPT", "STEP", "every", "make_policy", "check_policy", "ContractError", "RuleView", "load",
+           "apply"]
 
 if TYPE_CHECKING:
     from .core.cache import KVCache
-    from .core.contract import check_policy
+    from .core.contract import ContractError, check_policy
     from .core.generate import GenerationOutput, generate, make_cache
     from .core.models import SUPPORTED_ARCHS, prepare_model, tiny_model
-    from .core.policies import POLICIES, Policy, make_policy
+    from .core.policies import (
+        NEVER,
+        POLICIES,
+        PROMPT,
+        STEP,
+        Context,
+        Policy,
+        Prompt,
+        Schedule,
+        ScorePolicy,
+        every,
+        make_policy,
+    )
+    from .core.rule_check import RuleView
     from .run.api import apply, load
 
 

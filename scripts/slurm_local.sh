@@ -65,6 +65,33 @@ install() {
 
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# The state folder is ours before anything in it is read, run or killed: a real folder (no symlink), owned by
+# this user, writable by no one else; made private (0700) when absent. Another user's folder is refused.
+own_dir() {  # own_dir [check]: with "check", an absent folder is left absent
+  if [ ! -e "$DIR" ] && [ ! -L "$DIR" ]; then
+    [ "${1:-}" = check ] && return 0
+    (umask 077 && mkdir "$DIR") 2>/dev/null || true
+  fi
+  if [ -L "$DIR" ] || [ ! -d "$DIR" ]; then say "refusing $DIR: not a folder (or a symlink); set KEYFORMER_SLURM_DIR"; exit 1; fi
+  local owner mode
+  owner="$(stat -c %u "$DIR")" mode="$(stat -c %a "$DIR")"
+  if [ "$owner" != "$(id -u)" ]; then
+    say "refusing $DIR: owned by uid $owner, not by this user ($(id -u)); set KEYFORMER_SLURM_DIR"; exit 1
+  fi
+  if [ $((8#$mode & 8#022)) -ne 0 ]; then
+    say "refusing $DIR: writable by others (mode $mode); set KEYFORMER_SLURM_DIR or chmod go-w it"; exit 1
+  fi
+}
+
+# a daemon's pid, only when its pid file names a live process of that daemon (a reused pid is left alone)
+daemon_pid() {  # daemon_pid NAME
+  local f="$DIR/run/$1.pid" pid
+  pid_alive "$f" || return 1
+  pid="$(cat "$f")"
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ] || return 1
+  echo "$pid"
+}
+
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
   local t="$1" what="$2"; shift 2
   local end=$((SECONDS + t))
@@ -152,6 +179,7 @@ start() {
     port_free "$p" || { say "port $p on 127.0.0.1 is taken: set KEYFORMER_SLURM_PORT"; return 1; }
   done
   rm -rf "$DIR"
+  own_dir
   write_configs
   say "starting in $DIR"
   # munge: a fresh key, its own socket
@@ -195,10 +223,8 @@ fail() {
 
 stop_daemons() {  # each daemon by its pid file, newest first
   for d in slurmd slurmctld slurmdbd mariadbd munged; do
-    local f="$DIR/run/$d.pid"
-    if pid_alive "$f"; then
-      local pid
-      pid="$(cat "$f")"
+    local pid
+    if pid="$(daemon_pid "$d")"; then
       kill "$pid" 2>/dev/null || true
       for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
       kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
@@ -223,6 +249,10 @@ status() {
   squeue
 }
 
+case "${1:-}" in
+  start) own_dir ;;
+  stop|status) own_dir check ;;
+esac
 case "${1:-}" in
   start) start ;;
   stop) stop ;;

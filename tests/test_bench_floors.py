@@ -71,6 +71,10 @@ def test_quick_run_via_keyformer_bench(tmp_path, monkeypatch):
     assert set(r["prefill"]["runs"]) == set(floors.PREFILL)
     assert set(r["decode"][0]["runs"]) == set(floors.DECODE) and "e2e" not in r
     assert "Decode L48xB1" in (out / "floors.txt").read_text()
+    prof = r["prefill"]["profile"]  # one profiled prompt forward per prefill config, op by op
+    assert set(prof) == set(floors.PREFILL) and prof["h2o"]["ops"]["aten::_softmax"]["calls"] > 0
+    assert "aten::_softmax" not in prof["full"]["ops"]  # full's prompt runs SDPA: no softmax of its own
+    assert "Prefill profile, 48 tokens" in (out / "floors.txt").read_text()
     from keyformer.lab import report
 
     table = report.render("bench_floors", tmp_path)  # the table docs/performance-analysis.md quotes

@@ -104,7 +104,8 @@ def test_run_records_the_outside_class_and_its_knobs(pkg, tmp_path):
     assert metrics["policy_spec"] == {"name": "outside_squared", "budget": 0.5, "recent": 0.3,
                                       "prefill_only": False, "sliding": "auto", "sharpen": 3.0}
     cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert cfg["policy"] == {"_target_": "outside_pol.Squared", "budget": 0.5, "recent": 0.3, "sharpen": 3.0}
+    assert cfg["policy"] == {"_target_": "outside_pol.Squared", "budget": 0.5, "recent": 0.3, "wrap": [],
+                             "sharpen": 3.0}
 
 
 @pytest.mark.parametrize(("args", "needle"), [

@@ -574,6 +574,7 @@ def test_yaml_defaults_equal_dataclass_defaults(name):
     raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     cls = POLICIES[name]
     assert policy_class(str(raw.pop("_target_"))) is cls
+    assert raw.pop("wrap", None) == [], f"{path.name}: write `wrap: []` (wrappers, none by default)"
     top_level = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False)
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     for key, value in raw.items():

@@ -97,3 +97,22 @@ def test_a_raw_sweep_becomes_a_page_in_one_command(tmp_path: Path) -> None:
     assert {f["id"] for f in doc["findings"]} == {"window@0.25-full", "window@0.25-keyformer",
                                                    "keyformer@0.25-full"}
     assert (tmp_path / "page" / "points.csv").is_file()
+
+
+def test_a_sweeps_findings_go_to_its_wandb_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--sweep ... --wandb-group G`` logs the findings.json it wrote as a W&B Table of group G (offline)."""
+    pytest.importorskip("wandb")
+    from keyformer.lab.cli import main
+    from keyformer.run.wandb_offline import OfflineApi
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    ids = [f"r{i}" for i in range(4)]
+    _write(tmp_path / "c", {("full", 1.0): [100.0] * 4, ("h2o", 0.5): [50.0] * 4}, "accuracy", ids)
+    args = ["--sweep", str(tmp_path / "c"), "--out", str(tmp_path / "page"), "--wandb-group", "mine"]
+    assert main(args) == 0
+    (run,) = OfflineApi(tmp_path).runs(filters={"group": "mine"})
+    with run.file(run.summary["findings"]["path"]).download() as f:
+        table = json.load(f)
+    assert [dict(zip(table["columns"], r, strict=True))["estimate"] for r in table["data"]] == [-50.0]

@@ -54,6 +54,9 @@ from experiments.crosscheck_kvpress.kvpress_compare import (
 DEFAULT_OUT = Path("results") / "crosscheck_kvpress"
 SNAP = {"window_size": 64, "kernel_size": 5}
 EA = {"n_future_positions": 512, "n_sink": 4, "use_covariance": True, "use_vnorm": True, "epsilon": 0.0}
+PREFILL = {"recent": 0.0, "prefill_only": True}
+LAG = {"n_sink": 4, "lag_size": 128}
+CRIT = {"epsilon": 1e-4, "first_stage_ratio": 0.5}
 
 # name, kvpress press spec ({"cls", "kw", optional "inner"}), our policy name and options.
 METHODS: list[dict[str, Any]] = [
@@ -76,6 +79,21 @@ METHODS: list[dict[str, Any]] = [
     {"name": "ExpectedAttention", "press": {"cls": "ExpectedAttentionPress", "kw": EA},
      "policy": "expected_attention", "policy_kw": {**EA, "recent": 0.0, "prefill_only": True}},
     *kvpress_kvzip.METHODS,  # layerwise KVzip; its own recorder (kvpress_kvzip.run_kvzip)
+    # the tensor-reading scorers and two wrappers over SnapKV (docs/methods.md); kvpress's defaults
+    {"name": "Knorm", "press": {"cls": "KnormPress", "kw": {}}, "policy": "knorm", "policy_kw": PREFILL},
+    {"name": "LagKV", "press": {"cls": "LagKVPress", "kw": LAG}, "policy": "lagkv",
+     "policy_kw": {**LAG, **PREFILL}},
+    {"name": "CurDKV", "press": {"cls": "CURPress", "kw": {}}, "policy": "curdkv", "policy_kw": PREFILL},
+    # kvpress draws its Gaussian sketch unseeded per call: a different sketch than ours, same rule
+    {"name": "LeverageScore", "press": {"cls": "LeverageScorePress", "kw": {"sketch_dimension": 48}},
+     "policy": "leverage", "policy_kw": {"sketch_dimension": 48, **PREFILL}},
+    {"name": "ChunkKV-SnapKV", "press": {"cls": "ChunkKVPress", "kw": {"chunk_length": 20},
+                                         "inner": {"cls": "SnapKVPress", "kw": SNAP}},
+     "policy": "snapkv+chunkkv", "policy_kw": {**SNAP, "chunk_length": 20}},
+    {"name": "CriticalKV-SnapKV", "press": {"cls": "CriticalKVPress", "kw": CRIT,
+                                            "inner": {"cls": "SnapKVPress", "kw": SNAP}},
+     "policy": "snapkv+criticalkv",
+     "policy_kw": {**SNAP, "critical_epsilon": 1e-4, "first_stage_ratio": 0.5}},
 ]
 
 # kvpress presses changed in one respect each (see side_kvpress): the same comparison with ours, to test a
@@ -87,6 +105,12 @@ DIAGNOSTICS: list[dict[str, Any]] = [
      "press": {"cls": "TOVAPerKVHead", "kw": {}, "exact_count": True},
      "policy": "tova", "policy_kw": {"recent": 0.0, "prefill_only": True, "head_reduction": "per_head"}},
     *kvpress_kvzip.DIAGNOSTICS,
+    {"name": "LagKV [kv: ties keep the most recent]", "press": {"cls": "LagKVRecentTies", "kw": LAG},
+     "policy": "lagkv", "policy_kw": {**LAG, **PREFILL}},
+    {"name": "CriticalKV-SnapKV [kv: window apart from the first stage]",
+     "press": {"cls": "CriticalKVWindowApart", "kw": CRIT, "inner": {"cls": "SnapKVPress", "kw": SNAP}},
+     "policy": "snapkv+criticalkv",
+     "policy_kw": {**SNAP, "critical_epsilon": 1e-4, "first_stage_ratio": 0.5}},
 ]
 
 
@@ -296,7 +320,37 @@ def _variant_presses() -> dict[str, Any]:
             s = a[:, :, 0].reshape(bsz, hkv, -1, n - 1).sum(2)
             return F.pad(s, (0, 1), value=s.max().item() + 1)
 
+    from kvpress import CriticalKVPress, LagKVPress
+
+    class LagKVRecentTies(LagKVPress):
+        """LagKV whose equal scores (the sinks and the kept last partition: 1) rank the more recent token
+        first (ours), instead of ``topk``'s order among ties."""
+
+        def score(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                  kwargs):
+            s = super().score(module, hidden_states, keys, values, attentions, kwargs)
+            n = s.shape[-1]
+            return s + torch.arange(n, device=s.device, dtype=s.dtype) * (1e-3 / (self.lag_size * n))
+
+    class CriticalKVWindowApart(CriticalKVPress):
+        """CriticalKV over SnapKV whose first stage takes ``int(k * first_stage_ratio)`` tokens from before
+        the observation window, the window kept besides (ours: the window is the recent window), instead of a
+        first stage that the window's maximal SnapKV scores fill first."""
+
+        def score(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                  kwargs):
+            scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs)
+            n, w = keys.shape[2], self.press.window_size
+            m = int((1 - self.compression_ratio) * n * self.first_stage_ratio)
+            top = scores[..., : n - w].topk(m, dim=-1).indices
+            out = (scores + self.epsilon) * self.vwl1norm(values, module)
+            big = torch.finfo(out.dtype).max
+            out.scatter_(-1, top, big)
+            out[..., n - w:] = big
+            return out
+
     return {"SnapKVPoolAll": SnapKVPoolAll, "TOVAPerKVHead": TOVAPerKVHead,
+            "LagKVRecentTies": LagKVRecentTies, "CriticalKVWindowApart": CriticalKVWindowApart,
             "PyramidKVAligned": PyramidKVAligned, **kvpress_kvzip.variant_presses()}
 
 
@@ -418,7 +472,7 @@ def side_ours(args: argparse.Namespace) -> None:
     import transformers
 
     from keyformer.core.generate import generate
-    from keyformer.core.policies import POLICIES, make_policy
+    from keyformer.core.policies import make_policy, policy_class
 
     spec = load_json(Path(args.prompts))
     n_new = int(spec["new_tokens"])
@@ -444,7 +498,9 @@ def side_ours(args: argparse.Namespace) -> None:
         for b in spec["budgets"]:
             entry: dict[str, Any] = {"name": m["name"], "budget": b, "policy": m["policy"],
                                      "policy_kw": m["policy_kw"]}
-            if m["policy"] not in POLICIES:
+            try:
+                policy_class(m["policy"])  # a registered name, or a composition (snapkv+chunkkv)
+            except ValueError:
                 entry["skipped"] = f"policy {m['policy']!r} not registered"
             else:
                 try:
@@ -533,7 +589,8 @@ def side_all(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--side", default="all", choices=["all", "prompts", "kvpress", "ours", "merge"])
-    ap.add_argument("--model-dir", default=default_model_dir(), help="converted SmolLM2 safetensors folder")
+    ap.add_argument("--model-dir", default=None, help="converted SmolLM2 safetensors folder (default: the "
+                    "loader's cache, resolved only when not given: the kvpress venv has no keyformer.run)")
     data_dir = os.environ.get("KEYFORMER_DATA_DIR")
     ap.add_argument("--data", default=str(Path(data_dir) / "cnn_dailymail.jsonl") if data_dir else None,
                     help="cnn_dailymail.jsonl (default: in $KEYFORMER_DATA_DIR)")
@@ -551,6 +608,8 @@ def main(argv: list[str] | None = None) -> None:
                                   ".gz)")
     ap.add_argument("--out-dir", default=str(DEFAULT_OUT), help="folder of all/merge")
     args = ap.parse_args(argv)
+    if args.model_dir is None:
+        args.model_dir = default_model_dir()
     {"all": side_all, "prompts": side_prompts, "kvpress": side_kvpress, "ours": side_ours,
      "merge": side_merge}[args.side](args)
 

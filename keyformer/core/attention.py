@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+from collections.abc import Callable, Iterator
 
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -26,8 +28,23 @@ from . import noise as gumbel
 from . import scheduler
 from .cache import EvictingLayer
 
+
+def _rows_setting(value, name: str) -> int:
+    """``value`` as a row count, or one ValueError line naming it and the valid choices."""
+    try:
+        rows = int(value)
+    except (TypeError, ValueError):
+        rows = 0
+    if isinstance(value, bool) or rows < 1 or (not isinstance(value, str) and rows != value):
+        raise ValueError(f"{name}={value!r} is not a valid row count; valid: an int >= 1 (query rows per "
+                         f"prompt block)")
+    return rows
+
+
 SCORE_BLOCK_FLOATS = 16 * 2**20  # fp32 logits per prompt block (B * Hq * rows * keys), 64 MB
-SCORE_ROWS = 128  # at most this many query rows per prompt block
+# at most this many query rows per prompt block (the chunk of the scores' kernel path); a setting:
+# KEYFORMER_SCORE_ROWS in the environment, or this attribute
+SCORE_ROWS = _rows_setting(os.environ.get("KEYFORMER_SCORE_ROWS", "128"), "KEYFORMER_SCORE_ROWS")
 PREFILL_FLASH = True  # observe_rows policies: prompt output from SDPA, logits for the observed rows only
 
 
@@ -109,6 +126,8 @@ def attend(module, layer: EvictingLayer, query: torch.Tensor, key: torch.Tensor,
             mask = mask.repeat_interleave(G, dim=1)
         with _sdpa_backends(query.device):
             out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling)
+    if layer.length == 0 and layer.layer_idx == len(layer.cache.layers) - 1:  # the prompt's last layer
+        layer.cache.scratch = None  # the prompt blocks' workspace goes before decoding
     layer.evict()
     return out
 
@@ -192,12 +211,8 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
     off = N - cache.n  # [B] left-pad offsets
     kpos = torch.arange(N, device=dev).view(1, -1) - off.view(-1, 1)  # [B, N] real positions (pads < 0)
     padded = not cache.fwd_all_real  # left padding is checked once, when the cache reads the prompt mask
-    Q = (query.to(f32) * scaling).view(B, Hkv, G, N, D)  # scaled once (exact when scaling is a power of 2)
-    K = key.to(f32).unsqueeze(2)  # [B, Hkv, 1, N, D]
-    V = value.unsqueeze(2)
     rows_from = 0 if policy.observe_rows is None else max(0, N - int(policy.observe_rows))
     flash = PREFILL_FLASH and rows_from > 0 and slopes is None and softcap is None and module is not None
-    R = max(16, min(SCORE_ROWS, SCORE_BLOCK_FLOATS // max(1, B * Hq * N)))
     if flash:  # the output of every row from SDPA; the loop below only scores the observed rows
         m = mask.repeat_interleave(G, dim=1) if mask is not None and mask.shape[1] > 1 and G > 1 else mask
         with _sdpa_backends(dev):
@@ -215,23 +230,17 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
         ctx, **{f: getattr(ctx, f).repeat_interleave(nb, dim=0) for f in batched
                 if getattr(ctx, f) is not None})
     heads = torch.arange(Hq, device=dev)
-    slope = None if slopes is None else slopes.to(dev, f32).view(1, Hkv, G, 1, 1)
-    for r0 in range(rows_from if flash else 0, N, R):
-        r1 = min(N, r0 + R)
-        r = r1 - r0
-        x = torch.matmul(Q[:, :, :, r0:r1], K[..., :r1, :].transpose(-1, -2))  # [B, Hkv, G, r, r1]
-        if softcap is not None:
-            x = torch.tanh(x / softcap) * softcap
-        if slope is not None:
-            x += slope * kpos[:, :r1].to(f32).view(B, 1, 1, 1, r1)
-        x[..., r0:r1].masked_fill_(_upper(r0, r1, dev)[:, r0:], float("-inf"))
-        if layer.window is not None and r1 > layer.window:  # keys the model's window has left
-            x.masked_fill_(_outside_band(r0, r1, layer.window, dev), float("-inf"))
-        if padded:  # pad keys are invisible; a pad row sees only itself (nothing ever attends to a pad)
-            diag = torch.arange(r1, device=dev).view(1, -1) == torch.arange(r0, r1, device=dev).view(-1, 1)
-            hide = (kpos[:, :r1] < 0).view(B, 1, r1) & ~diag
-            x.masked_fill_(hide.view(B, 1, 1, r, r1), float("-inf"))
-        p = torch.softmax(x, dim=-1)
+    if not flash:  # the values expanded over each GQA group once, after the blocks' part of the workspace
+        nx, nq = B * Hq * min(score_rows(B, Hq, N), N) * N, B * Hq * N * D
+        V = value.unsqueeze(2).expand(B, Hkv, G, N, Dv)
+        if value.dtype == f32:
+            V = _workspace(cache, nx + 2 * nq + B * Hq * N * Dv, dev)[nx + 2 * nq :][: B * Hq * N * Dv].view(
+                B, Hkv, G, N, Dv).copy_(V)
+        else:
+            V = V.contiguous()
+    blocks = prompt_blocks(query, key, scaling, kpos, rows_from=rows_from if flash else 0,
+                           window=layer.window, slopes=slopes, softcap=softcap, padded=padded, scratch=cache)
+    for r0, r1, p in blocks:
         if not flash:
             out[:, :, :, r0:r1] = torch.matmul(p.to(V.dtype), V[..., :r1, :])
         a = max(r0, rows_from)
@@ -241,14 +250,125 @@ def _prompt_with_scores(layer: EvictingLayer, query, key, value, slopes, scaling
                                                 kpos_s[:, :r1], Hkv, G)  # thunks: drawn only if used
         ps = p[:, :, :, a - r0 :]
         s = policy.score(ps.repeat_interleave(nb, dim=0) if nb > 1 else ps, sctx)  # [Bs, Hkv, G, r1 - a, r1]
-        wrow = (kpos_s[:, a:r1] >= 0).to(f32).repeat(1, G).view(Bs, 1, 1, G * (r1 - a))
-        acc[..., :r1] += torch.matmul(wrow, s.reshape(Bs, Hkv, G * (r1 - a), r1))
+        _add_column_sums(acc, s, kpos_s[:, a:r1] >= 0)
     state = layer.score[:, :, :N]
     policy.accumulate(state, cache.pool_prompt(acc.view(Bs, Hkv, N)), ctx)
     state.copy_(policy.after_prompt(state, ctx))
     if flash:
         return flash_out
     return out.view(B, Hq, N, Dv).transpose(1, 2)
+
+
+def _add_column_sums(acc: torch.Tensor, s: torch.Tensor, real_rows: torch.Tensor) -> None:
+    """``acc[..., :c] += `` the column sums of the block scores ``s`` [B, Hkv, G, r, c] over its real rows
+    (``real_rows`` [B, r] bool) and the G query heads of each KV head, as one weighted GEMV."""
+    Bs, Hkv, G, r, c = s.shape
+    wrow = real_rows.to(acc.dtype).repeat(1, G).view(Bs, 1, 1, G * r)
+    acc[..., :c] += torch.matmul(wrow, s.reshape(Bs, Hkv, G * r, c))
+
+
+def score_rows(B: int, Hq: int, N: int, chunk_rows: int | None = None) -> int:
+    """Query rows per prompt block: ``chunk_rows`` when given, else ``SCORE_ROWS`` lowered (to no fewer than
+    16) until a block's fp32 logits, ``B * Hq * rows * N``, fit ``SCORE_BLOCK_FLOATS``."""
+    if chunk_rows is not None:
+        return _rows_setting(chunk_rows, "chunk_rows")
+    return min(SCORE_ROWS, max(16, SCORE_BLOCK_FLOATS // max(1, B * Hq * N)))
+
+
+def prompt_blocks(query: torch.Tensor, key: torch.Tensor, scaling: float, kpos: torch.Tensor | None = None, *,
+                  rows_from: int = 0, chunk_rows: int | None = None, window: int | None = None,
+                  slopes: torch.Tensor | None = None, softcap: float | None = None, padded: bool = True,
+                  scratch=None) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """The causal prompt attention's probabilities, one block of query rows at a time (the one kernel path of
+    every attention-reading policy's prompt scores).
+
+    ``query`` [B, Hq, N, D], ``key`` [B, Hkv, N, D] (GQA: Hq = G * Hkv), ``scaling`` the logits' scale,
+    ``kpos`` [B, N] each slot's real position (left pads < 0; default: none). Yields ``(r0, r1, p)`` for the
+    blocks of rows [r0, r1) from ``rows_from`` on (``chunk_rows`` rows each, default :func:`score_rows`):
+    ``p`` [B, Hkv, G, r1 - r0, r1] fp32, the row softmax of the masked logits over keys [0, r1) (0 above the
+    causal frontier, at pad keys and outside a sliding ``window``; a pad row sees only itself), with ALiBi
+    ``slopes`` [Hq] and ``softcap`` as the model applies them. Every row sees all of its keys in its block,
+    so each row's softmax is complete and exact: chunking over query rows needs no online normalisation (only
+    chunking over keys would). ``p`` is a view of one workspace reused by the next block: consume it before
+    asking for the next. ``scratch``: an object whose ``scratch`` attribute holds that workspace across calls
+    (the cache, across the layers of one prompt forward), or None. No ``[N, N]`` matrix is ever held.
+    """
+    B, Hq, N, D = query.shape
+    Hkv = key.shape[1]
+    G = Hq // Hkv
+    dev, f32 = query.device, torch.float32
+    R = score_rows(B, Hq, N, chunk_rows)
+    # one workspace: the block's logits (then, in place, its probabilities), the scaled queries and the keys
+    # expanded over each GQA group (so a block's matmul copies nothing); kept on ``scratch`` between calls, so
+    # the prompt's blocks and layers allocate nothing (allocator and page-fault costs depend on the host)
+    nx, nq = B * Hq * min(R, N) * N, B * Hq * N * D
+    work = _workspace(scratch, nx + 2 * nq, dev)
+    Q = work[nx : nx + nq].view(B, Hkv, G, N, D)
+    torch.mul(query.view(B, Hkv, G, N, D).to(f32), scaling, out=Q)  # scaled once (exact for powers of 2)
+    K = work[nx + nq : nx + 2 * nq].view(B, Hkv, G, N, D)
+    K.copy_(key.unsqueeze(2).expand(B, Hkv, G, N, D))  # fp32 (a bf16 key converts exactly)
+    if kpos is None:
+        kpos, padded = torch.arange(N, device=dev).expand(B, N), False
+    slope = None if slopes is None else slopes.to(dev, f32).view(1, Hkv, G, 1, 1)
+    for r0 in range(rows_from, N, R):
+        r1 = min(N, r0 + R)
+        r = r1 - r0
+        x = work[: B * Hkv * G * r * r1].view(B, Hkv, G, r, r1)
+        torch.matmul(Q[:, :, :, r0:r1], K[..., :r1, :].transpose(-1, -2), out=x)
+        if softcap is not None:
+            x.div_(softcap).tanh_().mul_(softcap)
+        if slope is not None:
+            x += slope * kpos[:, :r1].to(f32).view(B, 1, 1, 1, r1)
+        x[..., r0:r1].masked_fill_(_upper(r0, r1, dev)[:, r0:], float("-inf"))
+        if window is not None and r1 > window:  # keys the model's window has left
+            x.masked_fill_(_outside_band(r0, r1, window, dev), float("-inf"))
+        if padded:  # pad keys are invisible; a pad row sees only itself (nothing ever attends to a pad)
+            diag = torch.arange(r1, device=dev).view(1, -1) == torch.arange(r0, r1, device=dev).view(-1, 1)
+            hide = (kpos[:, :r1] < 0).view(B, 1, r1) & ~diag
+            x.masked_fill_(hide.view(B, 1, 1, r, r1), float("-inf"))
+        if x.device.type == "cpu":  # in place: the same bits as softmax, and no new block
+            yield r0, r1, torch.ops.aten._softmax.out(x, -1, False, out=x)
+        else:  # a device's caching allocator reuses blocks anyway (in-place softmax is not checked there)
+            yield r0, r1, torch.softmax(x, dim=-1)
+
+
+def _workspace(scratch, numel: int, device) -> torch.Tensor:
+    """A flat fp32 tensor of at least ``numel`` floats: ``scratch.scratch`` when it is one, else a new one
+    (kept there when ``scratch`` is not None)."""
+    work = getattr(scratch, "scratch", None)
+    if work is None or work.numel() < numel or work.device != device:
+        work = torch.empty(numel, dtype=torch.float32, device=device)
+        if scratch is not None:
+            scratch.scratch = work
+    return work
+
+
+def attention_column_scores(query: torch.Tensor, key: torch.Tensor, scaling: float, *,
+                            kpos: torch.Tensor | None = None, rows_from: int = 0,
+                            score: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None,
+                            chunk_rows: int | None = None, window: int | None = None,
+                            slopes: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Column sums of the prompt's attention scores without the attention matrix: [B, Hkv, N] fp32.
+
+    For each key j: the sum over the real query rows i >= ``rows_from`` and over the G query heads of each KV
+    head of ``score(P)[i, j]``, with ``P`` the causal, masked row softmax of :func:`prompt_blocks` (same
+    arguments). ``score(p, a, r1)`` maps a block's probabilities of rows [a, r1) ([B, Hkv, G, r1 - a, r1]; it
+    may work in place) to per-entry scores of the same shape: Keyformer draws its noise there from the rows'
+    and keys' positions; default the probabilities themselves (H2O's column sums; ``rows_from = N - w``: an
+    observation window's, ``N - 1``: the last row's, TOVA). Blocks of ``chunk_rows`` query rows (default
+    :func:`score_rows`), so memory is one block, never ``[Hq, N, N]``; the sums equal the engine's prompt
+    scores before its ``accumulate``/``after_prompt`` hooks.
+    """
+    B, _, N, _ = query.shape
+    Hkv = key.shape[1]
+    real = torch.ones(B, N, dtype=torch.bool, device=query.device) if kpos is None else kpos >= 0
+    acc = torch.zeros(B, Hkv, 1, N, dtype=torch.float32, device=query.device)
+    for r0, r1, p in prompt_blocks(query, key, scaling, kpos, rows_from=rows_from, chunk_rows=chunk_rows,
+                                   window=window, slopes=slopes, softcap=softcap, padded=kpos is not None):
+        a = max(r0, rows_from)
+        ps = p[:, :, :, a - r0 :]
+        _add_column_sums(acc, ps if score is None else score(ps, a, r1), real[:, a:r1])
+    return acc.view(B, Hkv, N)
 
 
 def _prompt_noise(seeds, layer_idx, heads, qpos, kpos, Hkv, G):

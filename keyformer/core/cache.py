@@ -520,6 +520,7 @@ class KVCache(Cache):
         self._uniform: bool | None = None  # every layer steady at one length (decided once, after the prompt)
         self.policy = policy if policy is not None else FullPolicy()
         self.prepared = None  # what policy.prepare returned (make_cache; over the prompt: its hook)
+        self.scratch: torch.Tensor | None = None  # the prompt blocks' workspace, shared by the layers
         self.mode, self.max_new_tokens = mode, max_new_tokens
         self.seed, self._seeds = seed, seeds
         self.prompt_mask = prompt_mask

@@ -9,6 +9,9 @@
   tokens whose per-layer, per-KV-head masks come from a slow row-by-row simulation over the full cache that
   applies the policy's own ``score``/``accumulate``/``after_prompt``/``priority`` hooks gives the same tokens.
 
+With ``rule=fn`` (:mod:`keyformer.core.rule_check`), the kept positions are also checked against your own
+naive rule at every step, layer and KV head.
+
 A failing check raises :class:`ContractError` (an ``AssertionError``) naming the check, the policy, the
 architecture and the first differing token::
 
@@ -392,12 +395,32 @@ def _build(factory: type[Policy] | Callable[..., Policy], budget: float | int, k
     return policy
 
 
+def _check_user_rule(report: ContractReport, rule: Callable[..., Any], arch: str, b: float | int,
+                     policy: Policy, label: str, n: int, new: int) -> None:
+    """The ``rule`` check on a sharpened tiny model of ``arch`` (:mod:`keyformer.core.rule_check`)."""
+    from keyformer.core.rule_check import check_rule, rule_skip, sharpened
+
+    model = sharpened(tiny_model(arch, seed=0))
+    why = rule_skip(model)
+    if why:
+        report.skipped.append(("rule", arch, b, why))
+        return
+    problem = check_rule(model, policy, rule, n, new)
+    if problem:
+        raise ContractError("rule", label, f"{arch} (budget={b})", problem)
+    report.passed.append(("rule", arch, b))
+
+
 def check_policy(factory: type[Policy] | Callable[..., Policy], archs: Sequence[str] = ("llama", "gptj"),
                  budgets: Sequence[float | int] = (0.5,), checks: Sequence[str] = CHECKS,
-                 prompt_tokens: int = 36, new_tokens: int = 10, **knobs: Any) -> ContractReport:
+                 prompt_tokens: int = 36, new_tokens: int = 10, rule: Callable[..., Any] | None = None,
+                 **knobs: Any) -> ContractReport:
     """Run ``checks`` (of :data:`CHECKS`) on ``factory(budget=b, **knobs)`` for every architecture of
     ``archs`` (:data:`keyformer.SUPPORTED_ARCHS`, tiny random models) and budget ``b`` of ``budgets``.
-    Raises :class:`ContractError` at the first failing check; returns what passed and what was skipped."""
+    ``rule``: your rule written naively, ``rule(view) -> kept positions``
+    (:class:`keyformer.core.rule_check.RuleView`), checked against the class at every step, layer and KV head
+    (check ``"rule"``). Raises :class:`ContractError` at the first failing check; returns what passed and
+    what was skipped."""
     bad = sorted(set(checks) - set(CHECKS))
     if bad:
         raise ValueError(f"checks={bad} unknown; valid: {', '.join(CHECKS)}")
@@ -425,6 +448,8 @@ def check_policy(factory: type[Policy] | Callable[..., Policy], archs: Sequence[
                     if problem:
                         raise ContractError(c, label, f"{arch} (budget={b})", problem)
                     report.passed.append((c, arch, b))
+                if rule is not None:
+                    _check_user_rule(report, rule, arch, b, policy, label, prompt_tokens, new_tokens)
     finally:
         torch.set_num_threads(threads)
     if report is None:

@@ -37,18 +37,32 @@ class GenerationOutput:
     # run's budget (prefill_s is then that copy and cut); prompt_forward_s is what the prompt forward took
     prompt_reused: bool = False
     prompt_forward_s: float | None = None
+    # per decode step: its seconds (from the clock every run keeps); with step_trace=True also the live KV
+    # bytes per sample (mean over the batch's rows) after the prompt (entry 0) and after each decode step
+    step_s: list[float] = field(default_factory=list, repr=False)
+    step_kv_bytes: list[float] | None = field(default=None, repr=False)
 
 
 class _StepClock(LogitsProcessor):
-    """Records the time of every forward's logits: the first one closes the prompt forward."""
+    """Records the time of every forward's logits: the first one closes the prompt forward. With a ``cache``,
+    also the mean live KV bytes per row after each forward; the seconds that reading takes (``spent``) are
+    left out of the times that follow."""
 
-    def __init__(self, sync):
+    def __init__(self, sync, cache: KVCache | None = None):
         self.times: list[float] = []
         self.sync = sync
+        self.cache = cache
+        self.kv: list[float] = []
+        self.spent = 0.0
 
     def __call__(self, input_ids, scores):
         self.sync()
-        self.times.append(time.perf_counter())
+        t = time.perf_counter()
+        self.times.append(t - self.spent)
+        if self.cache is not None:
+            held = self.cache.kv_bytes()
+            self.kv.append(sum(held) / max(1, len(held)))
+            self.spent += time.perf_counter() - t
         return scores
 
 
@@ -236,7 +250,7 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
              eos_token_id: int | list[int] | None = None,
              pad_token_id: int | None = None, min_new_tokens: int = 0, beam_scores: str = "per_beam",
              kv_quant: KVQuant | None = None, prompt_once: bool = True, prompt_memo: PromptMemo | None = None,
-             **kwargs) -> GenerationOutput:
+             step_trace: bool = False, **kwargs) -> GenerationOutput:
     """Greedy, beam or sampled generation with ``policy`` over a left-padded batch (``do_sample=True`` with
     ``temperature``/``top_p``/``top_k`` in ``kwargs``: transformers' sampling, drawn from torch's generator).
 
@@ -248,8 +262,9 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
     expanded to the beams (transformers would run it once per beam); ``False`` keeps transformers' way (the
     reference the tests compare with: same sequences). ``prompt_memo``
     (:class:`keyformer.core.prompt_memo.PromptMemo`, greedy only): run a prompt forward once for every
-    budget of the same policy (same outputs; ``prompt_reused`` says whether this run ran its own). Extra
-    ``kwargs`` go to ``model.generate``.
+    budget of the same policy (same outputs; ``prompt_reused`` says whether this run ran its own).
+    ``step_trace``: also record the live KV bytes after every forward (``step_kv_bytes``; each decode step's
+    seconds are always in ``step_s``). Extra ``kwargs`` go to ``model.generate``.
     """
     if prompt_memo is not None and num_beams != 1:
         raise ValueError(f"prompt_memo shares greedy prompt forwards; num_beams={num_beams} needs None")
@@ -268,7 +283,7 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
     key = _memo_key(prompt_memo, model, cache, input_ids, attention_mask, kind="generate", seed=seed,
                     seeds=seeds, mode=mode, horizon=max_new_tokens, kv_quant=repr(kv_quant))
     sync = torch.cuda.synchronize if input_ids.device.type == "cuda" else (lambda: None)
-    clock = _StepClock(sync)
+    clock = _StepClock(sync, cache if step_trace else None)
     pad = pad_token_id if pad_token_id is not None else (eos_token_id if isinstance(eos_token_id, int) else 0)
     sync()
     t0 = time.perf_counter()
@@ -282,7 +297,7 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
             logits_processor=LogitsProcessorList([clock]), return_dict_in_generate=True, **kwargs,
         )
     sync()
-    t_end = time.perf_counter()
+    t_end = time.perf_counter() - clock.spent
     times = clock.times
     prefill = times[0] - t0 if times else t_end - t0
     decode = t_end - times[0] if times else 0.0
@@ -293,6 +308,8 @@ def generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: to
         logits=torch.stack(out.logits, dim=1) if getattr(out, "logits", None) else None,
         prompt_reused=key is not None and prompt_memo.last_hit,
         prompt_forward_s=prompt_memo.last_forward_s if key is not None else prefill,
+        step_s=[b - a for a, b in zip(times, times[1:], strict=False)],
+        step_kv_bytes=clock.kv if step_trace else None,
     )
 
 

@@ -20,7 +20,10 @@ Three entry points, the first two filling a contiguous fp32 output:
   the noise of :func:`outer`, in place, without writing the noise field.
 
 :func:`load` returns None (and says why once, in :func:`failure`) when there is no compiler or the build
-fails; callers then use the torch kernels. ``KEYFORMER_NATIVE=0`` turns it off.
+fails; callers then use the torch kernels. ``KEYFORMER_NATIVE=0`` turns it off. The library's SHA-256 is
+recorded beside it when built (``<name>.so.sha256``) and checked before every load: a damaged or unrecorded
+one is never loaded (a truncated library can kill the process with a bus error) but rebuilt, with one line on
+stderr.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import hashlib
 import os
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -208,6 +212,11 @@ def _build(hash_constants: tuple[int, ...]) -> ctypes.CDLL | None:
     key = hashlib.sha256("\0".join([src, cc, *FLAGS, _cpu_key()]).encode()).hexdigest()[:20]
     so = cache_dir() / f"keyformer_noise_{key}.so"
     try:
+        problem = library_problem(so) if so.is_file() else None
+        if problem:  # never loaded: a damaged library can kill the process (a bus error cannot be caught)
+            print(f"[keyformer] native noise library {so} {problem}; rebuilding it", file=sys.stderr,
+                  flush=True)
+            so.unlink(missing_ok=True)
         if not so.is_file():
             so.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=so.parent) as tmp:
@@ -217,7 +226,13 @@ def _build(hash_constants: tuple[int, ...]) -> ctypes.CDLL | None:
                                      text=True, timeout=120)
                 if res.returncode != 0:
                     raise RuntimeError(f"{cc} failed: {(res.stderr or res.stdout).strip()[:300]}")
+                side = Path(tmp) / "noise.so.sha256"
+                side.write_text(_sha256(out) + "\n")
                 os.replace(out, so)  # atomic: processes building at once each install a whole file
+                os.replace(side, _checksum_file(so))
+        problem = library_problem(so)
+        if problem:
+            raise RuntimeError(f"{so} {problem} after building it")
         lib = ctypes.CDLL(str(so))
     except Exception as e:  # noqa: BLE001 - no compiler, a failed build, an unloadable file: torch kernels
         _FAILURE.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
@@ -230,6 +245,24 @@ def _build(hash_constants: tuple[int, ...]) -> ctypes.CDLL | None:
     lib.kf_at.argtypes = [p, p, i64, p, p, i64, i64, i64, i64, i64, i64, p, p]
     lib.kf_at.restype = None
     return lib
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _checksum_file(so: Path) -> Path:
+    return so.with_name(so.name + ".sha256")
+
+
+def library_problem(so: Path) -> str | None:
+    """Why the built library ``so`` must not be loaded (its SHA-256 differs from the one recorded when it was
+    built, or none was recorded), or None."""
+    try:
+        recorded = _checksum_file(so).read_text().strip()
+    except OSError:
+        return "has no recorded checksum"
+    return None if recorded == _sha256(so) else "differs from its checksum at build time (damaged)"
 
 
 _POOL: list[ThreadPoolExecutor] = []

@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference", default="keyformer", metavar="POLICY",
                     help="with --sweep: the policy every other one is compared with at its budget "
                          "(besides full)")
+    ap.add_argument("--wandb-group", metavar="GROUP",
+                    help="with --sweep: also log its findings as a W&B Table into this group (docs/wandb.md)")
     ap.add_argument("--studies", metavar="MODULE",
                     help="the registry of studies (a module with STUDIES; default $KEYFORMER_STUDIES, else "
                          "experiments.registry)")
@@ -61,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         except SweepError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        if args.wandb_group:
+            import json
+
+            from keyformer.run.wandb_log import log_findings_table
+
+            doc = json.loads((args.out / "findings.json").read_text(encoding="utf-8"))
+            if doc["findings"]:
+                log_findings_table(args.wandb_group, doc)
+                print(f"logged {len(doc['findings'])} findings to W&B group {args.wandb_group!r}")
         return 0
     if args.leaderboard is not None:
         from keyformer.lab.leaderboard import LeaderboardError, leaderboard

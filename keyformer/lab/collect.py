@@ -2,13 +2,15 @@
 
     keyformer-collect multirun/my_sweep results/my_sweep
     keyformer-collect my_sweep results/my_sweep --wandb ENTITY/keyformer     # from W&B
+    keyformer-collect my_sweep results/my_sweep --wandb multirun/my_sweep   # W&B offline runs, no network
     keyformer-collect multirun/fewshot results/fewshot                          # lm-eval runs (task=lm_eval)
     keyformer-collect multirun/my_rerun results/my_sweep --replace             # re-run points replace theirs
     keyformer-collect multirun/ruler results/my_ruler/aware --replace --complete-only  # finished runs only
     keyformer-collect multirun/ruler results/my_ruler/aware --replace --complete-only --policies tova
 
-The W&B source reads the runs of one group (``logger=wandb`` names the group after the sweep folder) with
-their config, summary metrics and per-sample table, and writes the same files, so the notebooks read either.
+The W&B source reads the runs of one group (``logger=wandb``'s group: the sweep's name, docs/wandb.md) with
+their config, summary metrics and per-sample table, from the server or from the offline runs below a local
+folder, and writes the same files, so the notebooks read either.
 
 Every sub-folder of the sweep folder that holds ``config.yaml`` + ``predictions.jsonl`` is one point
 (finished or not). Writes:
@@ -40,12 +42,14 @@ points of an experiment whose other run folders are no longer on disk.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import io
 import json
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,14 +74,31 @@ METRIC_COLS = ["prefill_ms", "decode_ms_per_token", "tokens_per_s", "kv_bytes", 
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
+    """The rows of a run's predictions.jsonl, one per ``id`` (the last written wins, as in the run's own
+    metrics.json); torn or damaged lines are skipped; each skipped line or repeated id is reported in one line
+    on stderr."""
+    rows: dict[str, dict] = {}
+    bad = repeated = 0
     if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if not line.strip():
+                continue
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
-                pass  # torn last line of a killed run
-    return rows
+                bad += 1  # torn last line of a killed run, or a damaged line
+                continue
+            if not isinstance(row, dict) or "id" not in row:
+                bad += 1
+                continue
+            key = str(row["id"])
+            repeated += key in rows
+            rows.pop(key, None)
+            rows[key] = row
+    if bad or repeated:
+        print(f"warning: {path}: {bad} unreadable line(s) skipped, {repeated} repeated id(s) counted once",
+              file=sys.stderr)
+    return list(rows.values())
 
 
 def point_config(cfg: dict, metrics: dict | None = None) -> dict:
@@ -213,15 +234,25 @@ def _wandb_samples(run, key: str = "samples") -> list[dict]:
 
 
 def collect_wandb(path: str, group: str, api=None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Points and samples of the W&B runs of one ``group`` (a sweep: ``logger.group``, by default the sweep
-    folder's name) in ``path`` = ``entity/project``. A run without its sample table is skipped (paired
-    statistics need it)."""
-    if api is None:
+    """Points and samples of the W&B runs of one ``group`` (a sweep: see
+    :func:`keyformer.run.wandb_log.group_name`) in ``path``: ``entity/project`` on the W&B server, or a
+    local folder holding offline runs (``WANDB_MODE=offline``; read by
+    :mod:`keyformer.run.wandb_offline`, no network). A point logged by several runs (a resumed job) is
+    read from the newest. A run without its sample table is skipped (paired statistics need it)."""
+    if api is None and Path(path).is_dir():
+        from keyformer.run.wandb_offline import OfflineApi
+
+        api = OfflineApi(path)
+    elif api is None:
         import wandb
 
         api = wandb.Api()
+    newest = {}
+    runs = api.runs(path, filters={"group": group})
+    for run in sorted(runs, key=lambda r: str(getattr(r, "created_at", ""))):
+        newest[run.name] = run
     pairs = []
-    for run in api.runs(path, filters={"group": group}):
+    for run in newest.values():
         preds = _wandb_samples(run)
         if not preds:
             print(f"warning: W&B run {run.name!r} has no sample table; skipped", file=sys.stderr)
@@ -316,7 +347,43 @@ def _unchanged(name: str, p_old: pd.DataFrame, s_old: pd.DataFrame, points: pd.D
                for a, b in ((p_old, points), (s_old, samples)))
 
 
+LOCK_NAME = ".collect.lock"  # in the destination folder: concurrent collects into it take turns
+LOCK_WAIT_S = 900.0  # how long a collect waits for another one writing the same destination
+
+
+@contextlib.contextmanager
+def destination(out: Path) -> Iterator[None]:
+    """Hold the curated folder ``out`` (made if absent) for a read-merge-write: collects into one folder
+    (a job array's epilogues) take turns instead of losing each other's points."""
+    from filelock import FileLock, Timeout
+
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(str(out / LOCK_NAME), timeout=LOCK_WAIT_S):
+            yield
+    except Timeout:
+        raise CollectBusy(f"error: {out} is being written by another keyformer-collect for over "
+                          f"{LOCK_WAIT_S:.0f} s (lock {out / LOCK_NAME}); nothing was written") from None
+
+
+class CollectBusy(RuntimeError):
+    """Another collect held the destination for longer than :data:`LOCK_WAIT_S`."""
+
+
+def write_csv(df: pd.DataFrame, path: Path) -> None:
+    """``df`` to ``path`` atomically (temporary file + rename): a reader never sees half a file."""
+    from keyformer.run.results import atomic_write_text
+
+    atomic_write_text(path, df.to_csv(index=False))
+
+
 def replace_points(points: pd.DataFrame, samples: pd.DataFrame, out: Path, source: str) -> list[dict]:
+    """:func:`merge_points` into ``out`` while holding it (:func:`destination`)."""
+    with destination(out):
+        return merge_points(points, samples, out, source)
+
+
+def merge_points(points: pd.DataFrame, samples: pd.DataFrame, out: Path, source: str) -> list[dict]:
     """Merge ``points``/``samples`` into the curated folder ``out``: same-named points are replaced (in place,
     keeping the order of ``out``), new ones appended, the others kept. Appends one row per replaced or added
     point to ``out/replaced.csv`` (old and new provenance) and returns those rows; a point collected with
@@ -344,28 +411,32 @@ def replace_points(points: pd.DataFrame, samples: pd.DataFrame, out: Path, sourc
             entry[f"old_{c}"], entry[f"new_{c}"] = _prov(old, c), _prov(new, c)
         log.append(entry)
     out.mkdir(parents=True, exist_ok=True)
-    merged.sort_values("point", key=lambda c: c.map(rank)).to_csv(out / "points.csv", index=False)
-    merged_s.sort_values("point", key=lambda c: c.map(rank), kind="stable").to_csv(out / "samples.csv",
-                                                                                   index=False)
+    write_csv(merged_s.sort_values("point", key=lambda c: c.map(rank), kind="stable"), out / "samples.csv")
+    write_csv(merged.sort_values("point", key=lambda c: c.map(rank)), out / "points.csv")
     path = out / "replaced.csv"
     first = not path.is_file()
     if first and not log:
         return log
-    with path.open("a", encoding="utf-8", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=REPLACED_COLS, lineterminator="\n")
-        if first:
-            w.writeheader()
-        w.writerows(log)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=REPLACED_COLS, lineterminator="\n")
+    if first:
+        w.writeheader()
+    w.writerows(log)
+    from keyformer.run.results import atomic_write_text
+
+    atomic_write_text(path, ("" if first else path.read_text(encoding="utf-8")) + buf.getvalue())
     return log
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweep", help="sweep folder (hydra.sweep.dir of the experiment), or with --wandb the W&B "
-                    "group (by default the sweep folder's name, e.g. my_sweep)")
+                    "group (the sweep's name: name=, else the experiment, else the sweep folder's name; "
+                    "docs/wandb.md)")
     ap.add_argument("out", type=Path, help="curated results folder, e.g. results/my_sweep")
-    ap.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read the runs from W&B instead of a local "
-                                                              "folder")
+    ap.add_argument("--wandb", metavar="ENTITY/PROJECT|DIR", help="read the runs of group SWEEP from W&B "
+                    "instead of a local folder: ENTITY/PROJECT on the server, or a folder holding offline "
+                    "runs (WANDB_MODE=offline, e.g. the sweep folder)")
     ap.add_argument("--replace", action="store_true", help="merge into OUT: the collected points replace its "
                     "same-named points, the others stay; logged to stdout and OUT/replaced.csv")
     ap.add_argument("--complete-only", action="store_true", help="collect only the points whose runs have "
@@ -382,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: sweep folder {sweep} does not exist", file=sys.stderr)
             return 2
         if lm_eval_metrics(sweep):
-            rows = collect_lm_eval(sweep, args.out)
+            with destination(args.out):
+                rows = collect_lm_eval(sweep, args.out)
             print(f"{len(rows)} rows (run x lm-eval task) -> {args.out / 'fewshot.csv'}")
             return 0
         points, samples = collect(sweep)
@@ -408,6 +480,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no {'finished ' if args.complete_only else ''}runs with predictions in {where}",
               file=sys.stderr)
         return 1
+    try:
+        return _write(args, points, samples, where)
+    except CollectBusy as e:
+        print(e, file=sys.stderr)
+        return 2
+
+
+def _write(args: argparse.Namespace, points: pd.DataFrame, samples: pd.DataFrame, where: str) -> int:
+    """Write the collected points into ``args.out`` (merged with ``--replace``), holding the folder."""
     if args.replace:
         log = replace_points(points, samples, args.out, where)
         for e in log:
@@ -418,6 +499,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"log: {args.out / 'replaced.csv'}" if log else f"{args.out}: nothing changed", end="")
         print(f" ({unchanged} point(s) collected unchanged)" if unchanged else "")
         return 0
+    with destination(args.out):
+        return _rewrite(args, points, samples, where)
+
+
+def _rewrite(args: argparse.Namespace, points: pd.DataFrame, samples: pd.DataFrame, where: str) -> int:
     old = args.out / "points.csv"
     dropped = sorted(set(pd.read_csv(old)["point"]) - set(points["point"])) if old.exists() else []
     if dropped:  # overwriting would silently lose committed points the sweep folder no longer holds
@@ -426,9 +512,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(the collected points replace theirs, the others stay), or remove {old} first",
               file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    points.sort_values(["policy", "budget", "point"]).to_csv(args.out / "points.csv", index=False)
-    samples.sort_values(["point", "id"]).to_csv(args.out / "samples.csv", index=False)
+    write_csv(samples.sort_values(["point", "id"]), args.out / "samples.csv")
+    write_csv(points.sort_values(["policy", "budget", "point"]), args.out / "points.csv")
     done = int(points["complete"].sum())
     print(f"{len(points)} points ({done} complete), {len(samples)} samples -> {args.out}")
     return 0

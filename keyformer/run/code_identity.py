@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -109,3 +110,120 @@ def code_hash(modules: tuple[str, ...], data: tuple[str, ...] = (), root: Path =
     for f in code_files(modules, data, root):
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()[:12]
+
+
+# -- inputs from outside the project: an outside policy's module, dataset files ---------------------------
+_MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+
+
+def locate_module(name: str) -> Path | None:
+    """The source file of module ``name`` found on the Python path without importing it or its packages (None
+    when absent or not a Python source file)."""
+    from importlib.machinery import PathFinder
+
+    search: list[str] | None = None
+    spec = None
+    for part in name.split("."):
+        spec = PathFinder.find_spec(part, search)
+        if spec is None:
+            return None
+        search = list(spec.submodule_search_locations or []) or None
+    origin = getattr(spec, "origin", None)
+    return Path(origin) if origin and origin.endswith(".py") else None
+
+
+def defines(source: Path, name: str) -> bool:
+    """Whether the module source binds ``name`` at top level (a class, a function, an assignment or an
+    import); a module that builds its names dynamically (``__getattr__``, ``globals()``) counts as binding
+    it."""
+    tree = ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.name in (
+                name, "__getattr__"):
+            return True
+        if isinstance(node, ast.Import | ast.ImportFrom) and any(
+                (a.asname or a.name.split(".")[0]) == name or a.name == "*" for a in node.names):
+            return True
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id in (name, "__all__") for t in targets):
+            return True
+        if "globals()" in ast.unparse(node):
+            return True
+    return False
+
+
+def check_outside_target(target: str) -> str | None:
+    """Why ``policy._target_`` cannot name an outside policy class, found without importing anything: not a
+    ``module.Class`` path, a module not on the Python path, a module that defines no such name; None when it
+    may (the import then checks it is a ``Policy`` subclass). Names without a dot and ``keyformer.*`` paths
+    are the core's to check."""
+    if "." not in target or target.split(".")[0] == TOP:
+        return None
+    if not _MODULE_PATH.match(target):
+        return "not a module.Class path of Python identifiers"
+    module, _, cls = target.rpartition(".")
+    source = locate_module(module)
+    if source is None:
+        from importlib.machinery import PathFinder
+
+        if PathFinder.find_spec(module.split(".")[0]) is None and module.split(".")[0] not in sys_modules():
+            top = module.split(".")[0]
+            return (f"cannot be imported (ModuleNotFoundError: no module {top!r} on the Python path; is its "
+                    "folder on PYTHONPATH?)")
+        return None  # a compiled or namespace module: the import decides
+    try:
+        if not defines(source, cls):
+            return f"module {module!r} has no {cls!r} (read from {source}, not imported)"
+    except (OSError, SyntaxError, UnicodeDecodeError) as e:
+        return f"module {module!r} ({source}) cannot be read: {type(e).__name__}"
+    return None
+
+
+def sys_modules() -> set[str]:
+    import sys
+
+    return set(sys.modules) | set(sys.builtin_module_names)
+
+
+def outside_files(target: str) -> list[Path]:
+    """The files of an outside policy's module: every ``.py`` of its top-level package (the module's helpers
+    included), or the module's single file; empty for ``keyformer.*`` classes and names without a dot."""
+    if "." not in target or target.split(".")[0] == TOP:
+        return []
+    module = target.rpartition(".")[0]
+    top = locate_module(module.split(".")[0])
+    if top is not None and top.name == "__init__.py":
+        return sorted(f for f in top.parent.rglob("*.py") if "__pycache__" not in f.parts)
+    source = locate_module(module)
+    return [source] if source is not None else []
+
+
+def outside_code(target: str) -> str | None:
+    """``<module>@<12 hex>``: a hash of :func:`outside_files` (paths relative to their root, and bytes), read
+    now (an edit between two calls changes it); None for built-in policies."""
+    files = outside_files(target)
+    if not files:
+        return None
+    root = files[0].parent if len(files) == 1 else Path(os.path.commonpath([f.parent for f in files]))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return f"{target.rpartition('.')[0]}@{h.hexdigest()[:12]}"
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """16 hex digits of the SHA-256 of a file's bytes (memoised per path, size and mtime in this process)."""
+    p = Path(path)
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with p.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _DIGESTS[key] = h.hexdigest()[:16]
+    return _DIGESTS[key]

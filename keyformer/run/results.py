@@ -15,7 +15,9 @@
 Resume: a directory whose metrics.json says ``complete`` is skipped; otherwise samples whose ids are
 already in predictions.jsonl are not recomputed. A torn last line (a kill mid-write) is dropped.
 A folder whose config.yaml differs (other than in :data:`VOLATILE_KEYS`) or whose ``resolved`` identity
-differs is never resumed, skipped, overwritten or deleted: :meth:`ResultsDir.check` raises ResumeError.
+differs is never resumed, skipped, overwritten or deleted: :meth:`ResultsDir.check` raises ResumeError; so is
+a folder holding results without a config.yaml. While a job writes, it holds the folder
+(:mod:`keyformer.run.folder_lock`).
 """
 
 from __future__ import annotations
@@ -36,8 +38,15 @@ CONFIG, PREDICTIONS, METRICS = "config.yaml", "predictions.jsonl", "metrics.json
 # the run's log: what it printed (summary, resume line); Hydra's job log when it is the run folder
 LOG = "run.log"
 # Keys that may differ between the original run and its resumption.
-VOLATILE_KEYS = frozenset({"output_dir", "logger", "progress", "resume", "stop_after", "share_prompt"})
+VOLATILE_KEYS = frozenset({"output_dir", "logger", "progress", "resume", "stop_after", "share_prompt",
+                           "name"})
 RESOLVED = "resolved"  # the identity block of config.yaml
+# Packages whose version can change a number (model code, tokenization, scoring): recorded in ``resolved``
+# and compared on resume like the rest of the identity (a different version refuses the resume).
+IDENTITY_PACKAGES = ("torch", "transformers", "tokenizers", "rouge-score", "nltk")
+# Identity entries added after folders were first written: a folder that lacks one resumes (with a line
+# saying so) and records it; a folder that has one compares it.
+ADDED_IDENTITY = ("versions.tokenizers", "versions.rouge-score", "versions.nltk", "policy_code", "data_files")
 
 
 class ResumeError(UserError, ValueError):
@@ -65,17 +74,50 @@ def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
             for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
 
 
+def _prefix(key: str, prefixes: Sequence[str]) -> str | None:
+    return next((p for p in prefixes if key == p or key.startswith(p + ".")), None)
+
+
+def _added(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, str]:
+    """``{dotted key: entry}`` of ``new`` that ``old`` predates (an :data:`ADDED_IDENTITY` entry it has not
+    at all), and ``model_revision`` when an embedded model's weights checksum was added to a revision
+    recorded without one."""
+    a, b = _flat(dict(old)), _flat(dict(new))
+    out = {}
+    for k in b:
+        p = _prefix(k, ADDED_IDENTITY)
+        if p and not any(_prefix(x, (p,)) for x in a):
+            out[k] = p
+    ra, rb = old.get("model_revision"), new.get("model_revision")
+    if isinstance(ra, str) and isinstance(rb, str) and "+" not in ra and rb.startswith(ra + "+"):
+        out["model_revision"] = "model_revision (weights checksum)"
+    return out
+
+
+def identity_added(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[str]:
+    """The identity entries an older folder did not record (they are recorded from its next write on)."""
+    return sorted(set(_added(old, new).values())) if old else []
+
+
 def identity_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[str]:
-    """Differences of the ``resolved`` identity; a model revision unknown on one side is not compared."""
+    """Differences of the ``resolved`` identity; a model revision unknown on one side is not compared, nor
+    an entry the old folder predates (:func:`identity_added`). A changed dataset file is named."""
     if not old:
         return [f"{RESOLVED}: not recorded (written by an older version) -> {_short(new.get('dtype'))} on "
                 f"{_short(new.get('device'))}"]
     a, b = _flat(dict(old)), _flat(dict(new))
+    skip = set(_added(old, new))
     out = []
     for k in sorted(set(a) | set(b)):
-        if k == "model_revision" and (a.get(k) is None or b.get(k) is None):
+        if k in skip or k == "model_revision" and (a.get(k) is None or b.get(k) is None):
             continue
-        if a.get(k) != b.get(k):
+        if a.get(k) == b.get(k):
+            continue
+        if k.startswith("data_files."):
+            name = k.split(".", 1)[1]
+            out.append(f"dataset file {name} changed since these rows were computed (sha256 "
+                       f"{_short(a.get(k))} -> {_short(b.get(k))})")
+        else:
             out.append(f"{RESOLVED}.{k}: {_short(a.get(k))} -> {_short(b.get(k))}")
     return out
 
@@ -167,10 +209,15 @@ class ResultsDir:
     def check(self, config: Mapping[str, Any], identity: Mapping[str, Any]) -> None:
         """Raise ResumeError, changing nothing, if the folder holds results of a config that differs from
         ``config`` (a non-volatile key) or an identity that differs from ``identity``; whether ``resume`` is
-        true or false. A folder with no results, or a config.yaml alone, is free."""
+        true or false. A folder with no results, or a config.yaml alone, is free; results without a
+        config.yaml are refused (whose they are cannot be known)."""
         old = self.stored_config()
-        if old is None or not self.has_results():
+        if not self.has_results():
             return
+        if old is None:
+            raise ResumeError(f"output_dir {self.path} holds results but no {CONFIG} (what made them is "
+                              "unknown); nothing was changed. Choose a new output_dir, or move those files "
+                              "away")
         diffs = config_diff(old, config) + identity_diff(old.get(RESOLVED), identity)
         if diffs:
             shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
@@ -191,6 +238,13 @@ class ResultsDir:
         """Remove predictions and metrics (a restart of the *same* config: callers check first)."""
         for name in (PREDICTIONS, METRICS):
             (self.path / name).unlink(missing_ok=True)
+
+    def remove_if_empty(self) -> None:
+        """Remove the folder if nothing is left in it."""
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
 
     def discard(self, remove_dir: bool = False) -> None:
         """Undo a job that failed before its first result: remove its config.yaml (and the folder if it
@@ -288,7 +342,7 @@ def versions() -> dict[str, str]:
     from importlib import metadata
 
     out = {"python": platform.python_version()}
-    for pkg in ("keyformer-lab", "torch", "transformers", "rouge-score", "hydra-core"):
+    for pkg in ("keyformer-lab", *IDENTITY_PACKAGES, "hydra-core"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

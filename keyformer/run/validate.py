@@ -88,6 +88,8 @@ def resolve_device(device: str) -> str:
     """``auto`` -> cuda when available, else cpu; raise ConfigError for unknown or absent devices."""
     if not isinstance(device, str) or not re.fullmatch(r"cpu|auto|cuda(:\d+)?", device):
         raise ConfigError("device", device, f"allowed: {', '.join(DEVICES)}")
+    if device == "cpu":
+        return device  # without importing torch: a bad value elsewhere is answered at once
     import torch
 
     if device == "auto":
@@ -112,10 +114,8 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
 def validate_common(cfg: Mapping[str, Any]) -> Any:
     """Keys every task uses: budget, recent, seed, device, dtype, the model and the policy. Loads no model.
-    Returns the policy built while checking it: the object the job runs and records."""
-    check_budget(_get(cfg, "budget"))
-    if "budget" in (cfg.get("policy") or {}):
-        check_budget(_get(cfg, "policy.budget"), "policy.budget")
+    Returns the policy built while checking it: the object the job runs and records. The keys that need no
+    library are checked first, so their errors come back before the core (torch, transformers) is imported."""
     recent = _get(cfg, "recent")
     if isinstance(recent, bool) or not isinstance(recent, int | float) or not 0.0 <= recent <= 1.0:
         raise ConfigError("recent", recent, "must be a number in [0, 1] (fraction of the kept tokens)")
@@ -126,6 +126,9 @@ def validate_common(cfg: Mapping[str, Any]) -> Any:
     if cfg.get("output_dir") is not None:
         check_output_dir(cfg["output_dir"])  # a file, below a file, read-only: refused before any model loads
     _check_model(cfg)
+    check_budget(_get(cfg, "budget"))  # imports the core (its budget rule)
+    if "budget" in (cfg.get("policy") or {}):
+        check_budget(_get(cfg, "policy.budget"), "policy.budget")
     policy = _check_policy_kwargs(cfg)
     if cfg.get("kv_quant") is not None:
         from keyformer.core.quant import kv_quant_from
@@ -140,8 +143,7 @@ def validate_common(cfg: Mapping[str, Any]) -> Any:
 def validate(cfg: Mapping[str, Any]) -> Any:
     """Check the config of a generation job (``task=generate``); raise ConfigError. Cheap: loads no model.
     (The generation task also checks that the dataset's file exists: ``keyformer.run.data.check_source``.)
-    Returns the job's policy (:func:`validate_common`)."""
-    policy = validate_common(cfg)
+    Returns the job's policy (:func:`validate_common`); the keys that need no library are checked first."""
     if cfg.get("n_samples") != ALL:  # n_samples=all: every record the dataset has
         _int_at_least(cfg, "n_samples", 1)
     if cfg.get("stop_after") is not None:
@@ -164,7 +166,7 @@ def validate(cfg: Mapping[str, Any]) -> Any:
     _int_at_least(cfg, "generation.min_new_tokens", 0)
     _check_sampling(cfg.get("generation") or {})
     _check_dataset(cfg)
-    return policy
+    return validate_common(cfg)
 
 
 def _check_sampling(gen: Mapping[str, Any]) -> None:
@@ -256,12 +258,23 @@ def _check_dataset(cfg: Mapping) -> None:
 def _check_policy_kwargs(cfg: Mapping) -> Any:
     """Build the policy, letting the core validate its knobs (ValueError naming value and range); return
     it."""
+    from keyformer.run.code_identity import check_outside_target
+
+    target = (cfg.get("policy") or {}).get("_target_") if isinstance(cfg.get("policy"), Mapping) else None
+    if isinstance(target, str):  # checked before anything it names is imported (a module runs on import)
+        problem = check_outside_target(target)
+        if problem:
+            raise ConfigError("policy._target_", target, f"{problem}; valid: a Policy subclass path "
+                              "mypkg.MyPolicy, or a built-in policy (policy=h2o, ...); nothing was imported")
     from keyformer.core.policies import build_policy, split_node
 
-    try:
-        name, kwargs = split_node(cfg["policy"])
+    node = dict(cfg["policy"])
+    try:  # the class first; a node's wrappers (``wrap``) are checked with the knobs below
+        name, kwargs = split_node({k: v for k, v in node.items() if k != "wrap"})
     except ValueError as e:
-        raise ConfigError("policy._target_", dict(cfg["policy"]).get("_target_"), str(e)) from None
+        raise ConfigError("policy._target_", node.get("_target_"), str(e)) from None
+    if node.get("wrap"):
+        kwargs["wrap"] = list(node["wrap"]) if not isinstance(node["wrap"], str) else node["wrap"]
     try:
         return build_policy(cfg["policy"])
     except (ValueError, TypeError) as e:
@@ -501,15 +514,53 @@ def resume_command(output_dir: str | os.PathLike, argv: list[str] | None = None)
     return shlex.join(["python", "run.py", *args, f"output_dir={Path(output_dir).absolute()}"])
 
 
-def interrupted_message() -> str:
-    """Ctrl-C's one line: how many samples the active job's folder holds and the command that resumes it."""
+class Terminated(KeyboardInterrupt):
+    """A termination signal (SIGTERM: what SLURM sends at a time limit, ``kill``'s default), raised where the
+    job is, as Ctrl-C raises KeyboardInterrupt: the rows written so far stay and the same line is printed."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
+def install_sigterm() -> None:
+    """Turn SIGTERM into :class:`Terminated` (a KeyboardInterrupt) in this process."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+def interrupted_message(how: str = "Ctrl-C") -> str:
+    """The one line of an interrupted job (``how``: ``Ctrl-C`` or the signal's name): how many samples the
+    active job's folder holds and the command that resumes it."""
     from pathlib import Path
 
     out = ACTIVE_JOB.get("output_dir")
     if not out or not (Path(out) / "predictions.jsonl").is_file():
-        return "error: interrupted (Ctrl-C) before the first result; nothing was written"
+        return f"error: interrupted ({how}) before the first result; nothing was written"
     with (Path(out) / "predictions.jsonl").open(encoding="utf-8") as f:
         n = sum(1 for line in f if line.strip())
     total = ACTIVE_JOB.get("total")
     of = f" of {total}" if total else ""
-    return f"error: interrupted (Ctrl-C) after {n}{of} samples in {out}; resume: {resume_command(out)}"
+    return f"error: interrupted ({how}) after {n}{of} samples in {out}; resume: {resume_command(out)}"
+
+
+def report_interrupt(e: BaseException) -> int:
+    """Print the interrupted line (stderr) and append it to the active folder's ``run.log`` when the folder
+    is there; return the exit status (130 for Ctrl-C, 128 + the signal's number for a signal)."""
+    from pathlib import Path
+
+    how = str(e) if isinstance(e, Terminated) else "Ctrl-C"
+    line = interrupted_message(how)
+    print(line, file=sys.stderr, flush=True)
+    out = ACTIVE_JOB.get("output_dir")
+    if out and Path(out).is_dir():
+        with (Path(out) / "run.log").open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    return 128 + e.signum if isinstance(e, Terminated) else 130

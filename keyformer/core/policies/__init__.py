@@ -2,7 +2,9 @@
 
 A policy is a :class:`Policy` subclass with a ``name`` in a module of this package; configs build it with
 Hydra's ``_target_`` (``conf/policy/<name>.yaml``). :func:`make_policy` builds one by name,
-:func:`build_policy` from a config node. Adding a policy is one file here plus one YAML.
+:func:`build_policy` from a config node. Adding a policy is one file here plus one YAML. Wrappers
+(``wrappers/``, :data:`WRAPPERS`) compose over any policy: ``make_policy("tova", wrap=["adakv"])``,
+``make_policy("tova+adakv")`` or a node's ``wrap: [adakv]`` (:mod:`.compose`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import NEVER, PROMPT, STEP, Context, Policy, Prompt, Schedule, ScorePolicy, every
+from .compose import WRAPPERS, compose, parse_wrap, split_name
 from .full import FullPolicy
 from .h2o import H2OPolicy
 from .keyformer import KeyformerPolicy
@@ -26,11 +29,14 @@ POLICIES: dict[str, type[Policy]] = Policy.registry
 
 
 def policy_class(target: str) -> type[Policy]:
-    """The policy class of a name (``h2o``) or a ``_target_`` path: a built-in one
-    (``keyformer.core.policies.h2o.H2OPolicy``) or one from any importable module (``mypkg.MyPolicy``, a
-    :class:`Policy` subclass with a ``name``; importing it registers it)."""
+    """The policy class of a name (``h2o``; ``tova+adakv``: a composition) or a ``_target_`` path: a
+    built-in one (``keyformer.core.policies.h2o.H2OPolicy``) or one from any importable module
+    (``mypkg.MyPolicy``, a :class:`Policy` subclass with a ``name``; importing it registers it)."""
     if target in POLICIES:
         return POLICIES[target]
+    if "+" in str(target):
+        head, wrap = split_name(target)
+        return compose(policy_class(head), wrap)
     if "." not in str(target):
         raise ValueError(f"policy={target!r} is unknown; valid: {', '.join(POLICIES)}, or a class path "
                          f"mypkg.MyPolicy")
@@ -55,8 +61,9 @@ def policy_class(target: str) -> type[Policy]:
 
 
 def make_policy(name: str, **kwargs: Any) -> Policy:
-    """Build a policy by name; unknown names or knobs raise ``ValueError`` listing the valid ones."""
-    cls = policy_class(name)
+    """Build a policy by name; unknown names or knobs raise ``ValueError`` listing the valid ones. ``wrap``
+    (a list of :data:`WRAPPERS` names, scorer outwards) composes wrappers over it."""
+    cls = compose(policy_class(name), parse_wrap(kwargs.pop("wrap", None)))
     fields = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
     bad = sorted(set(kwargs) - fields)
     if bad:
@@ -74,9 +81,11 @@ def _target(node: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def split_node(node: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(policy name, keyword arguments) of a config node with ``_target_`` (or a legacy ``name``)."""
+    """(policy name, keyword arguments) of a config node with ``_target_`` (or a legacy ``name``); a node's
+    ``wrap`` names its wrappers (the name is then the composition's, ``tova+adakv``)."""
     target, kwargs = _target(node)
-    return policy_class(target).name, kwargs
+    wrap = parse_wrap(kwargs.pop("wrap", None))
+    return compose(policy_class(target), wrap).name, kwargs
 
 
 def build_policy(node: Mapping[str, Any]) -> Policy:
@@ -86,6 +95,6 @@ def build_policy(node: Mapping[str, Any]) -> Policy:
     return make_policy(target, **kwargs)
 
 
-__all__ = ["POLICIES", "Context", "Policy", "ScorePolicy", "Schedule", "Prompt", "NEVER", "PROMPT", "STEP",
-           "every", "FullPolicy", "WindowPolicy", "StreamingPolicy", "H2OPolicy", "KeyformerPolicy",
-           "make_policy", "build_policy", "split_node", "policy_class"]
+__all__ = ["POLICIES", "WRAPPERS", "compose", "Context", "Policy", "ScorePolicy", "Schedule", "Prompt",
+           "NEVER", "PROMPT", "STEP", "every", "FullPolicy", "WindowPolicy", "StreamingPolicy", "H2OPolicy",
+           "KeyformerPolicy", "make_policy", "build_policy", "split_node", "policy_class"]

@@ -140,7 +140,7 @@ class Context:
     recent_window: torch.Tensor | None = None  # [B] tokens of the recent window (always kept)
     group: int = 1  # query heads per KV head
     keys: torch.Tensor | None = None  # [B, Hkv, S, D]
-    values: torch.Tensor | None = None
+    values: torch.Tensor | None = None  # [B, Hkv, S, Dv]
     query: torch.Tensor | None = None  # [B, Hq, q, D]
     noise: Callable[..., torch.Tensor] | None = None  # noise(draw=0): Exp(1) at the entries being scored
     # noised(probs, draw=0): ``normalise(probs / noise(draw))`` in place in one pass that never writes the
@@ -176,6 +176,17 @@ class Policy:
     # derived from the declaration above, for readers that only ask these two questions
     evicts: ClassVar[bool] = True
     needs_attention: ClassVar[bool] = False
+    # the methods table (docs/methods.md): the paper (authors year, arXiv id) and the family of the method
+    paper: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+    # whether priorities of different KV heads can be ranked together (Ada-KV's head allocation needs it), and
+    # whether they are never negative (a rescaling such as CriticalKV's needs it; attention-probability
+    # scorers are: a policy that reads attention and no tensors is taken to be)
+    head_comparable: ClassVar[bool] = True
+    nonnegative: ClassVar[bool] = False
+    # a composition (keyformer.core.policies.compose): its wrappers, scorer outwards, and its scorer's class
+    wrapped: ClassVar[tuple[str, ...]] = ()
+    scorer: ClassVar[type[Policy] | None] = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)

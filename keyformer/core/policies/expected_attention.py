@@ -119,6 +119,9 @@ class ExpectedAttentionPolicy(Policy):
     epsilon: float = 0.0
 
     name: ClassVar[str] = "expected_attention"
+    paper: ClassVar[str] = "Devoto et al. 2025 (kvpress ExpectedAttentionPress)"
+    family: ClassVar[str] = "query statistics"
+    nonnegative: ClassVar[bool] = True  # expected attention (times ||v||); the sinks +inf
     # the scoring path is the one that passes the queries; the rule reads them and the held keys
     reads: ClassVar[frozenset[str]] = frozenset({"attention", "tensors"})
     observe_rows: ClassVar[int | None] = 1  # one score call at the prompt (the rule reads every query itself)

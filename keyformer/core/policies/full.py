@@ -14,6 +14,8 @@ from .base import NEVER, Policy, Schedule
 class FullPolicy(Policy):
     budget: float | int = 1.0
     name: ClassVar[str] = "full"
+    paper: ClassVar[str] = "reference (no eviction)"
+    family: ClassVar[str] = "baseline"
     cuts: ClassVar[Schedule] = NEVER
 
     def budget_tokens(self, n: torch.Tensor) -> torch.Tensor:

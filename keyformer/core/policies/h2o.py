@@ -16,6 +16,8 @@ class H2OPolicy(ScorePolicy):
     """Score = attention probability, summed over query rows, GQA heads and steps (the base defaults)."""
 
     name: ClassVar[str] = "h2o"
+    paper: ClassVar[str] = "Zhang et al. 2023, arXiv 2306.14048"
+    family: ClassVar[str] = "attention"
 
     def score(self, probs: torch.Tensor, ctx: Context) -> torch.Tensor:
         return probs

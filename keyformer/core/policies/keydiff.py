@@ -37,6 +37,8 @@ class KeyDiffPolicy(Policy):
     recent: float = 0.0
 
     name: ClassVar[str] = "keydiff"
+    paper: ClassVar[str] = "Park et al. 2025, arXiv 2504.15364"
+    family: ClassVar[str] = "key geometry"
     reads: ClassVar[frozenset[str]] = frozenset({"tensors"})  # the held keys; never the attention weights
 
     def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:

@@ -44,6 +44,8 @@ class KeyformerPolicy(Policy):
     max_new_tokens: int | None = None  # tau schedule length; None: the generation's max_new_tokens
 
     name: ClassVar[str] = "keyformer"
+    paper: ClassVar[str] = "Adnan et al. 2024, arXiv 2403.09054"
+    family: ClassVar[str] = "attention"
     reads: ClassVar[frozenset[str]] = frozenset({"attention"})
 
     def __post_init__(self) -> None:

@@ -289,6 +289,8 @@ class KVzipPolicy(AdaKVMixin, Policy):
     alpha_safeguard: float = 0.0  # KVzip shares a layer's budget among its heads with no safeguard
 
     name: ClassVar[str] = "kvzip"
+    paper: ClassVar[str] = "Kim et al. 2025, arXiv 2505.23416"
+    family: ClassVar[str] = "context reconstruction"
     cuts: ClassVar[Schedule] = PROMPT
     reads: ClassVar[frozenset[str]] = frozenset({"tensors", "prompt"})  # prepare runs the reconstruction
 

@@ -35,6 +35,8 @@ class PyramidKVPolicy(SnapKVPolicy):
     fallback: bool = False
 
     name: ClassVar[str] = "pyramidkv"
+    paper: ClassVar[str] = "Cai et al. 2024, arXiv 2406.02069"
+    family: ClassVar[str] = "attention, layer budgets"
 
     def __post_init__(self) -> None:
         super().__post_init__()

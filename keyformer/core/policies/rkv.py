@@ -99,6 +99,8 @@ class RKVPolicy(Policy):
     retain_direction: str = "last"
 
     name: ClassVar[str] = "rkv"
+    paper: ClassVar[str] = "Cai et al. 2025, arXiv 2505.24133"
+    family: ClassVar[str] = "attention + key redundancy"
     cuts: ClassVar[Schedule] = every(128)  # the class default; an instance cuts every ``buffer`` steps
     # the scoring path passes the decode queries the window needs; the rule reads them and the held keys
     reads: ClassVar[frozenset[str]] = frozenset({"attention", "tensors"})

@@ -25,6 +25,8 @@ class SnapKVPolicy(Policy):
     kernel_size: int = 5
 
     name: ClassVar[str] = "snapkv"
+    paper: ClassVar[str] = "Li et al. 2024, arXiv 2404.14469"
+    family: ClassVar[str] = "attention"
     reads: ClassVar[frozenset[str]] = frozenset({"attention"})
     cuts: ClassVar[Schedule] = PROMPT
 

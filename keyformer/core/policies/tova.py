@@ -25,6 +25,8 @@ class TOVAPolicy(Policy):
     head_reduction: str = "layer"
 
     name: ClassVar[str] = "tova"
+    paper: ClassVar[str] = "Oren et al. 2024, arXiv 2401.06104"
+    family: ClassVar[str] = "attention"
     reads: ClassVar[frozenset[str]] = frozenset({"attention"})
     observe_rows: ClassVar[int | None] = 1
 

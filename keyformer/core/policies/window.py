@@ -17,6 +17,9 @@ from .base import Context, Policy
 class WindowPolicy(Policy):
     sinks: int = 0
     name: ClassVar[str] = "window"
+    paper: ClassVar[str] = "sliding window"
+    family: ClassVar[str] = "recency"
+    head_comparable: ClassVar[bool] = False  # every head ranks the same positions: nothing to share
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -40,3 +43,4 @@ class StreamingPolicy(WindowPolicy):
 
     sinks: int = 4
     name: ClassVar[str] = "streaming"
+    paper: ClassVar[str] = "Xiao et al. 2023, arXiv 2309.17453"

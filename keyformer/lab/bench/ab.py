@@ -131,7 +131,32 @@ def checkout(rev: str, root: Path, tmp: Path) -> tuple[Path, str]:
     if not (path / "keyformer").is_dir():
         tmp.mkdir(parents=True, exist_ok=True)
         git("worktree", "add", "--detach", str(path), sha, cwd=root)
+    problem = checkout_problem(path, sha, root)
+    if problem:
+        raise SystemExit(f"error: {path} is reused for {rev!r} but {problem}; nothing was run. Remove it "
+                         f"(git worktree remove --force {path}) or choose another --tmp")
     return path, sha
+
+
+def checkout_problem(path: Path, sha: str, root: Path) -> str | None:
+    """Why the worktree ``path`` is not a clean checkout of commit ``sha`` of this repository, owned by this
+    user (what a reused ``--tmp`` folder must be before its code is run), or None."""
+    if os.stat(path).st_uid != os.getuid():
+        return f"it belongs to uid {os.stat(path).st_uid}, not this user"
+    try:
+        head = git("rev-parse", "HEAD", cwd=path)
+        common = Path(git("rev-parse", "--git-common-dir", cwd=path))
+        ours = Path(git("rev-parse", "--git-common-dir", cwd=root))
+        dirty = git("status", "--porcelain", "--untracked-files=no", cwd=path)
+    except (subprocess.CalledProcessError, OSError):
+        return "it is not a git checkout"
+    if (path / common).resolve() != (root / ours).resolve():
+        return "it is a checkout of another repository"
+    if head != sha:
+        return f"its HEAD is {head[:12]}"
+    if dirty:
+        return f"it has local changes ({len(dirty.splitlines())} file(s))"
+    return None
 
 
 def remove_checkout(path: Path, root: Path) -> None:

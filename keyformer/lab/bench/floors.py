@@ -88,6 +88,23 @@ def prefill(model: Any, ids: torch.Tensor, label: str, budget: float, n_new: int
     return Snapshot(cache, out.logits[:, -1].argmax(-1, keepdim=True)), sec
 
 
+def prefill_ops(model: Any, ids: torch.Tensor, label: str, budget: float, top: int) -> dict[str, Any]:
+    """Where one prompt forward's time goes: its top aten ops by self CPU time (torch.profiler), with their
+    calls, and each op's excess over full's forward (the prefill cost a policy adds, by operation)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    mask = torch.ones_like(ids)
+    cache = make_cache(model, policy_of(label, budget), mask, max_new_tokens=2, seed=0)
+    with noise.fused_score(label != "keyformer-field"), profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(input_ids=ids, attention_mask=mask, cache=cache, logits_to_keep=1)
+    ev = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    total = sum(e.self_cpu_time_total for e in ev)
+    ev.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    return {"aten_self_ms": total / 1000,
+            "ops": {e.key: {"ms": e.self_cpu_time_total / 1000, "calls": e.count} for e in ev},
+            "top": [e.key for e in ev[:top]]}
+
+
 def decode_ms(model: Any, snap: Snapshot, steps: int) -> float:
     """Mean ms per greedy step over ``steps`` steps from a copy of ``snap`` (keyformer-bench's loop)."""
     return 1000 * decode(model, snap, steps) / steps
@@ -221,6 +238,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         pf = interleaved(PREFILL, args.rounds, one_prefill)
         limits = {"h2o": args.h2o_limit, "keyformer": args.kf_limit}
         report["prefill"] = {"prompt_len": args.prefill_len, "runs": pf, "floors": prefill_floors(pf, limits)}
+        if args.profile_prefill:
+            report["prefill"]["profile"] = {k: prefill_ops(model, ids, k, args.budget, 12) for k in PREFILL}
         report["decode"], report["profile"] = [], {}
         for L, B in points:
             prompts = make_prompts(text_ids, vocab, L, B, 0)
@@ -297,6 +316,18 @@ def format_report(r: dict[str, Any]) -> str:
                  f"{f['keyformer']['x_full']:.2f}x: {'met' if f['keyformer']['met'] else 'NOT MET'} "
                  f"(without the noise {f['keyformer']['x_full_without_noise']:.2f}x: "
                  f"{'met' if f['keyformer']['met_without_noise'] else 'not met'})")
+    prof = r["prefill"].get("profile")
+    if prof:
+        lines += ["", f"Prefill profile, {r['prefill']['prompt_len']} tokens, batch 1 (aten self ms of one "
+                      f"prompt forward; per op: ms, calls, and its excess over full's):"]
+        base = prof.get("full", {}).get("ops", {})
+        for k, v in prof.items():
+            def excess(op: str, v=v) -> float:
+                return v["ops"][op]["ms"] - base.get(op, {}).get("ms", 0.0)
+
+            tops = ", ".join(f"{op.removeprefix('aten::')} {v['ops'][op]['ms']:.0f} ({v['ops'][op]['calls']}"
+                             f"{'' if k == 'full' else f', {excess(op):+.0f}'})" for op in v["top"][:8])
+            lines.append(f"    {k:<18} {v['aten_self_ms']:.0f}: {tops}")
     for d in r["decode"]:
         fl = d["floors"]
         lines += ["", f"Decode {fl['point']}, budget {fl['budget']:g} (ms per step; targets 1 and 3):"]
@@ -359,6 +390,8 @@ def parser() -> argparse.ArgumentParser:
                    help="interleaved decode rounds (cheaper than a prefill, and noisier: the parts "
                         "they split are a few ms)")
     p.add_argument("--profile-steps", type=int, default=4, help="profiled decode steps per config (0: none)")
+    p.add_argument("--profile-prefill", type=int, default=1, choices=(0, 1),
+                   help="1: one profiled prompt forward per prefill config, its ops against full's (0: none)")
     p.add_argument("--bandwidth-mb", type=int, default=1024)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--bench", default="results/bench/bench.json",

@@ -116,7 +116,10 @@ def load_ruler(ds: Mapping[str, Any], n: int | None, model: Mapping[str, Any] | 
     elif needs_essay(task):
         _check_ruler_source(ds)
         path = essay_path(str(ds.get("essay_file") or "cnn_dailymail.jsonl"), ds.get("essay_path"))
-        essay = essay_words(str(path), str(ds.get("essay_field") or "article"))
+        try:
+            essay = essay_words(str(path), str(ds.get("essay_field") or "article"))
+        except UnicodeDecodeError as e:
+            raise not_utf8(Path(str(path)), e) from None
     count = max(n or 0, int(ds.get("n", 100)))
     which = str(ds.get("tokenizer") or "model")
     tok = load_tokenizer(model) if which == "model" and model is not None else smollm2_tokenizer()
@@ -128,10 +131,37 @@ def load_ruler(ds: Mapping[str, Any], n: int | None, model: Mapping[str, Any] | 
         raise ConfigError(f"dataset.{e.key}", ds.get(e.key), str(e)) from None
 
 
+def data_files(ds: Mapping[str, Any]) -> dict[str, Path]:
+    """The local files the dataset config ``ds`` reads (``{file name: path}``): the JSONL of a local dataset,
+    the essay file of a ruler task with an essay haystack; none for generated sets and hub data."""
+    if ds.get("name") == "ruler":
+        from keyformer.run.data.ruler import essay_path, needs_essay
+
+        if not needs_essay(str(ds.get("ruler_task"))) or essay_source(ds) == "generated":
+            return {}
+        path = essay_path(str(ds.get("essay_file") or "cnn_dailymail.jsonl"), ds.get("essay_path"))
+    elif ds.get("name") in GENERATED:
+        return {}
+    else:
+        path = local_path(ds)
+    return {path.name: path} if path is not None and path.is_file() else {}
+
+
+def not_utf8(path: Path, e: UnicodeDecodeError, line: int | None = None) -> DataError:
+    """The one-line error of a file that is not UTF-8 text."""
+    where = f", line {line}" if line else ""
+    return DataError(f"{path}{where}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset "
+                     f"{e.start}{' of the line' if line else ''}); save the file as UTF-8 JSONL")
+
+
 def _read_jsonl(path: Path) -> list[dict]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise not_utf8(path, e, n) from None
             if line.strip():
                 try:
                     rows.append(json.loads(line))

@@ -204,10 +204,15 @@ class GenerateTask(Task):
         from keyformer.run.validate import validate
 
         check_prompt_options(cfg["model"])
+        check_source(cfg["dataset"])  # a missing local file or an offline hub: DataError
         policy = validate(cfg)
         check_options(cfg["dataset"])  # truncation, metrics, the needle grid: ConfigError
-        check_source(cfg["dataset"])  # a missing local file or an offline hub: DataError
         return policy
+
+    def data_files(self, cfg: Mapping[str, Any]) -> dict[str, Any]:
+        from keyformer.run.data.loaders import data_files
+
+        return data_files(cfg["dataset"])
 
     def run(self, job: Job) -> dict[str, Any]:
         cfg = job.cfg
@@ -303,6 +308,9 @@ def _generate_all(
                       pad_token_id=pad_id, min_new_tokens=int(gen.get("min_new_tokens", 0)),
                       beam_scores=gen.get("beam_scores", "per_beam"), kv_quant=kv_quant, **sampling(gen))
     memo = prompt_memo(cfg)
+    steps = getattr(job, "steps", None)  # per-step records for W&B's history, kept only when it logs them
+    if steps is not None:
+        gen_kwargs["step_trace"] = True
     job.begin(model)
     with torch.inference_mode():
         if cfg.get("warmup", True):
@@ -319,6 +327,9 @@ def _generate_all(
             out = backend.generate(model, ids, mask, policy, **{**gen_kwargs, "seeds": seeds},
                                    **({"prompt_memo": memo} if memo is not None else {}))
             reused = bool(getattr(out, "prompt_reused", False))
+            if steps is not None:
+                steps.append({"rows": len(batch), "step_s": list(getattr(out, "step_s", None) or []),
+                              "kv_bytes": list(getattr(out, "step_kv_bytes", None) or [])})
             seqs = out.sequences.tolist()
             for j, rec in enumerate(batch):
                 toks = _generated(seqs[j], tok.eos_token_id, pad_id)

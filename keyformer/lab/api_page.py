@@ -1,0 +1,220 @@
+"""``docs/api.md``, the policy API reference, generated from the code.
+
+    python -m keyformer.lab.api_page            # rewrite docs/api.md
+    python -m keyformer.lab.api_page --check    # exit 1 when docs/api.md is not what the code gives
+
+Signatures and docstrings come from :mod:`inspect`; the fields of :class:`keyformer.Context`,
+:class:`keyformer.Prompt` and :class:`keyformer.RuleView` with the comment written beside each (its shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import re
+import sys
+import textwrap
+import typing
+from pathlib import Path
+
+from keyformer.run.paths import ROOT
+
+PAGE = ROOT / "docs" / "api.md"
+HOOKS = ("prepare", "score", "accumulate", "after_prompt", "priority", "layer_budget", "head_budgets",
+         "budget_tokens", "recent_tokens", "compresses_sliding")
+IMPORTS = ("Policy", "ScorePolicy", "Context", "Prompt", "Schedule", "NEVER", "PROMPT", "STEP", "every",
+           "check_policy", "ContractError", "RuleView")
+
+
+DECLARATIONS = ("name", "cuts", "reads", "evicts", "needs_attention", "uses_noise", "observe_rows")
+
+
+def _md(text: str) -> str:
+    """reStructuredText's inline markup as Markdown: ``x`` and :role:`x` become `x`."""
+    return re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text.replace("``", "`"))
+
+
+def _doc(obj: object) -> str:
+    return _md(inspect.cleandoc(obj.__doc__ or "").strip())
+
+
+def _cell(text: str) -> str:
+    return _md(" ".join(text.split())).replace("|", "\\|")
+
+
+def field_notes(cls: type) -> dict[str, str]:
+    """The comment beside each annotated field of ``cls`` (its trailing ``# ...``, else the comment lines
+    just above it)."""
+    lines, _ = inspect.getsourcelines(cls)
+    body = ast.parse(textwrap.dedent("".join(lines))).body[0]
+    out: dict[str, str] = {}
+    for node in getattr(body, "body", []):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        line = lines[node.end_lineno - 1]
+        note = line.split("  # ", 1)[1].strip() if "  # " in line else ""
+        i, above = node.lineno - 2, []
+        while not note and i >= 0 and lines[i].strip().startswith("#") and "---" not in lines[i]:
+            above.insert(0, lines[i].strip().lstrip("#").strip())
+            i -= 1
+        out[node.target.id] = note or " ".join(above)
+    return out
+
+
+def _type(tp: object) -> str:
+    s = tp if isinstance(tp, str) else getattr(tp, "__name__", None) or repr(tp)
+    return str(s).replace("typing.", "").replace("torch.Tensor", "Tensor").replace("collections.abc.", "")
+
+
+def fields_table(cls: type) -> list[str]:
+    notes = field_notes(cls)
+    rows = ["| field | type | default | what |", "|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        default = ("" if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                   else repr(f.default) if f.default is not dataclasses.MISSING else "(factory)")
+        rows.append(f"| `{f.name}` | `{_type(f.type)}` | `{default}` | {_cell(notes.get(f.name, ''))} |"
+                    .replace("| `` |", "|  |"))
+    return rows
+
+
+def class_attrs(cls: type) -> list[str]:
+    """The ``ClassVar`` declarations of ``cls`` with their values on the class."""
+    notes = field_notes(cls)
+    rows = ["| attribute | type | value on `Policy` | what |", "|---|---|---|---|"]
+    for name, tp in cls.__annotations__.items():
+        if name in DECLARATIONS:
+            rows.append(f"| `{name}` | `{_type(tp).removeprefix('ClassVar[').removesuffix(']')}` | "
+                        f"`{getattr(cls, name)!r}` | {_cell(notes.get(name, ''))} |")
+    return rows
+
+
+def signature(fn: typing.Callable) -> str:
+    """``(a: int, b: str = 'x') -> bool``: annotations as written in the source (no quotes)."""
+    sig = inspect.signature(fn)
+    parts = []
+    for p in sig.parameters.values():
+        s = ("**" if p.kind is p.VAR_KEYWORD else "*" if p.kind is p.VAR_POSITIONAL else "") + p.name
+        if p.annotation is not p.empty:
+            s += f": {_type(p.annotation)}"
+        if p.default is not p.empty:
+            s += f" = {p.default!r}"
+        parts.append(s)
+    ret = "" if sig.return_annotation is sig.empty else f" -> {_type(sig.return_annotation)}"
+    return f"({', '.join(parts)}){ret}"
+
+
+def _members(cls: type, names: typing.Iterable[str]) -> list[str]:
+    out = []
+    for name in names:
+        obj = inspect.getattr_static(cls, name)
+        fn = obj.fget if isinstance(obj, property) else obj
+        sig = " (property)" if isinstance(obj, property) else signature(fn)
+        out += [f"### `{name}{sig}`", "", _doc(fn), ""]
+    return out
+
+
+def render() -> str:
+    """The page's text."""
+    from keyformer.core import contract, rule_check
+    from keyformer.core.policies import base
+
+    sched = ", ".join(f"`{s}`" for s in base.SCHEDULES)
+    lines = [
+        "# Policy API reference",
+        "",
+        "<!-- generated by `python -m keyformer.lab.api_page` from the code; do not edit "
+        "(tests/test_api_page.py checks it) -->",
+        "",
+        "Everything a policy of your own needs is public:",
+        "",
+        "```python",
+        *textwrap.wrap(f"from keyformer import ({', '.join(IMPORTS)})", 100, subsequent_indent="    "),
+        "```",
+        "",
+        "A walk-through with examples: [add-a-policy.md](add-a-policy.md).",
+        "",
+        "## How the engine calls a policy",
+        "",
+        _doc(base),
+        "",
+        "## Declarations",
+        "",
+        f"`reads`: a `frozenset[str]`, any of {', '.join(f'`{r!r}`' for r in base.READS)}. `cuts`: a "
+        f"`Schedule`: `NEVER`, `PROMPT`, `STEP` or `every(n)` (`when` one of {sched}).",
+        "",
+        *class_attrs(base.Policy),
+        "",
+        "### `Schedule`",
+        "",
+        _doc(base.Schedule),
+        "",
+        *_members(base.Schedule, ("cuts_at", "room")),
+        "### `every(n)`",
+        "",
+        _doc(base.every),
+        "",
+        "## `Policy` (knobs every policy has)",
+        "",
+        _doc(base.Policy),
+        "",
+        *fields_table(base.Policy),
+        "",
+        "## Hooks",
+        "",
+        *_members(base.Policy, ("schedule", *HOOKS)),
+        "## `ScorePolicy`",
+        "",
+        _doc(base.ScorePolicy),
+        "",
+        "## `Context`",
+        "",
+        _doc(base.Context),
+        "",
+        *fields_table(base.Context),
+        "",
+        "## `Prompt`",
+        "",
+        _doc(base.Prompt),
+        "",
+        *fields_table(base.Prompt),
+        "",
+        "## Checking a policy",
+        "",
+        f"### `check_policy{signature(contract.check_policy)}`",
+        "",
+        _doc(contract.check_policy),
+        "",
+        "Checks: " + ", ".join(f"`{c}`" for c in contract.CHECKS) + ", and `rule` when `rule=` is given.",
+        "",
+        "### `RuleView`",
+        "",
+        _doc(rule_check.RuleView),
+        "",
+        *fields_table(rule_check.RuleView),
+        "",
+        *_members(rule_check.RuleView, ("T", "newest", "hkv", "group", "visible", "attention", "noise")),
+    ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="exit 1 when the page differs from the code's")
+    ap.add_argument("--out", type=Path, default=PAGE, help=f"the page (default {PAGE.relative_to(ROOT)})")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        same = args.out.is_file() and args.out.read_text(encoding="utf-8") == text
+        if not same:
+            print(f"{args.out} is not what the code gives; run: python -m keyformer.lab.api_page",
+                  file=sys.stderr)
+        return 0 if same else 1
+    args.out.write_text(text, encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,670 @@
+"""The tensor-reading scorers (KnormPress, Random, LagKV, CurDKV, LeverageScore) and the wrappers (Ada-KV,
+ChunkKV, CriticalKV, cut every n steps, per-layer budgets), each against a reference written from its paper's
+rule, independently of its class.
+
+A tiny Llama (2 layers, 4 query / 2 KV heads) generates under the policy with the physical cache; the keys and
+values of every layer are captured as the model computes them (post-RoPE, as cached), and after every forward
+the positions the cache holds are recorded. The reference derives, from those tensors alone in plain Python /
+torch, which positions the rule keeps at every step (prompt cut, then per decode step: the new token joins and
+the lowest-priority one outside the recent window leaves; ties keep the more recent), and the two must be
+equal for every layer, KV head and step. No reference calls a policy hook. Random draws and Gaussian sketches
+are given values (:func:`uniform_hash`, :func:`sketch`), as the Gumbel noise is in ``test_policy_rules``.
+
+Each rule check fails under planted mutations (``MUTATIONS``). Composition: a wrapper list builds the same
+method as the named classes (``snapkv+adakv`` is ``adakv_snapkv``, ``snapkv+pyramid`` is ``pyramidkv``), and
+every wrapper composes over every policy of the registry it accepts, alone and in pairs, through the contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from keyformer import generate, make_cache, make_policy, tiny_model
+from keyformer.core import attention as core_attention
+from keyformer.core.contract import check_policy
+from keyformer.core.policies import POLICIES, WRAPPERS, compose, policy_class
+from keyformer.core.policies.leverage import sketch
+from keyformer.core.policies.random_scores import uniform_hash
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+N, NEW = 40, 8  # prompt tokens, generated tokens (NEW - 1 decode forwards)
+Kept = list[list[list[set[int]]]]  # [step][layer][KV head] -> positions held after that forward
+
+
+@dataclasses.dataclass
+class Run:
+    """Per layer: keys and values [Hkv, T, D] (float64, T = N + NEW - 1 fed tokens) and the kept sets."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    kept: Kept
+    model: Any
+
+    @property
+    def layers(self) -> int:
+        return len(self.keys)
+
+    @property
+    def hkv(self) -> int:
+        return self.keys[0].shape[0]
+
+
+class _Snap(LogitsProcessor):
+    def __init__(self, fn: Callable[[], None]):
+        self.fn = fn
+
+    def __call__(self, input_ids, scores):
+        self.fn()
+        return scores
+
+
+@contextmanager
+def _capture(rec: dict[int, list[tuple[torch.Tensor, torch.Tensor]]]):
+    orig = core_attention.attend
+
+    def attend(module, layer, query, key, value, **kw):
+        q = query.shape[2]
+        rec.setdefault(layer.layer_idx, []).append((key[0, :, -q:].double(), value[0, :, -q:].double()))
+        return orig(module, layer, query, key, value, **kw)
+
+    core_attention.attend = attend
+    try:
+        yield
+    finally:
+        core_attention.attend = orig
+
+
+_MODEL: dict[str, Any] = {}
+
+
+def _model():
+    if "m" not in _MODEL:
+        _MODEL["m"] = tiny_model("llama", seed=0)
+    return _MODEL["m"]
+
+
+def run(policy, prompt_seed: int = 4) -> Run:
+    model = _model()
+    ids = torch.randint(3, 256, (1, N), generator=torch.Generator().manual_seed(prompt_seed))
+    cache = make_cache(model, policy, torch.ones_like(ids), max_new_tokens=NEW, seed=11)
+    kept: Kept = []
+    snap = _Snap(lambda: kept.append([[set(h) for h in cache.kept_positions(li)[0]]
+                                      for li in range(len(cache.layers))]))
+    rec: dict[int, list] = {}
+    with torch.inference_mode(), _capture(rec):
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, max_new_tokens=NEW,
+                       min_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                       logits_processor=LogitsProcessorList([snap]))
+    keys = [torch.cat([r[0] for r in rec[li]], dim=1) for li in range(len(cache.layers))]
+    values = [torch.cat([r[1] for r in rec[li]], dim=1) for li in range(len(cache.layers))]
+    return Run(keys, values, kept, model)
+
+
+# -- the shared selection: prompt cut, then one eviction per step (or every n steps) -------------------------
+Prio = Callable[[int, int, list[int]], dict[int, float]]  # (layer, head, held positions ascending) -> prio
+
+
+def top(prio: dict[int, float], m: int) -> set[int]:
+    """The ``m`` highest priorities; ties keep the more recent."""
+    return set(sorted(prio, key=lambda j: (-prio[j], -j))[: max(m, 0)])
+
+
+def select(r: Run, prio: Prio, k_of: Callable[[int], list[int]], cut_every: int = 1) -> Kept:
+    """No recent window (every new scorer's default): the prompt keeps the top ``k`` (per layer and head,
+    ``k_of(layer)``); each decode step adds its token and, at a cut (every ``cut_every`` steps), evicts the
+    lowest priorities (ties: the oldest) down to the budget."""
+    per_layer = []
+    for li in range(r.layers):
+        ks = k_of(li)
+        held = [top(prio(li, h, list(range(N))), ks[h]) if ks[h] < N else set(range(N))
+                for h in range(r.hkv)]
+        steps = [[set(s) for s in held]]
+        for t in range(1, NEW):
+            i = N + t - 1
+            for h in range(r.hkv):
+                held[h] = held[h] | {i}
+                if t % cut_every == 0:
+                    while len(held[h]) > ks[h]:
+                        p = prio(li, h, sorted(held[h]))
+                        held[h].discard(min(held[h], key=lambda j: (p[j], j)))  # noqa: B023
+            steps.append([set(s) for s in held])
+        per_layer.append(steps)
+    return [[per_layer[li][t] for li in range(r.layers)] for t in range(NEW)]
+
+
+def k_budget(p) -> int:
+    return max(1, math.floor(N * p.budget))
+
+
+def uniform_k(r: Run, p) -> Callable[[int], list[int]]:
+    return lambda li: [k_budget(p)] * r.hkv
+
+
+# -- the scorers' rules --------------------------------------------------------------------------------------
+def knorm_prio(r: Run) -> Prio:
+    """KnormPress: the lower the key's L2 norm, the higher its priority."""
+    return lambda li, h, held: {j: -float(r.keys[li][h, j].norm()) for j in held}
+
+
+def rule_knorm(r: Run, p) -> Kept:
+    return select(r, knorm_prio(r), uniform_k(r, p))
+
+
+def random_prio(p) -> Prio:
+    """Random: each token's draw from (seed, layer, head, position), the given values."""
+    return lambda li, h, held: {j: float(uniform_hash(p.seed, li, torch.tensor(h), torch.tensor(j)))
+                                for j in held}
+
+
+def rule_random(r: Run, p) -> Kept:
+    return select(r, random_prio(p), uniform_k(r, p))
+
+
+def rule_curdkv(r: Run, p) -> Kept:
+    """CurDKV: squared key and value norms, each normalised within windows of ``local_window_size``
+    consecutive held tokens, multiplied (``kv_product``); the first ``num_sinks`` held tokens first."""
+    w, sinks = p.local_window_size, p.num_sinks
+
+    def prio(li, h, held):
+        k2 = [float(r.keys[li][h, j].pow(2).sum()) for j in held]
+        v2 = [float(r.values[li][h, j].pow(2).sum()) for j in held]
+
+        def local(x):
+            return [x[a] / sum(x[(a // w) * w: (a // w) * w + w]) for a in range(len(x))]
+
+        s = [a * b for a, b in zip(local(k2), local(v2), strict=True)]
+        total = sum(s)
+        return {j: (1.0 if a < sinks else s[a] / total) for a, j in enumerate(held)}
+
+    return select(r, prio, uniform_k(r, p))
+
+
+def rule_lagkv(r: Run, p) -> Kept:
+    """LagKV: partitions of ``lag_size`` held tokens after the sinks; each scored against the min/max of the
+    next partition per channel (std over channels, softmax over the partition; keys and values averaged),
+    then ranked within its partition; sinks and the last partition with its remainder first."""
+    sink, lag = p.n_sink, p.lag_size
+
+    def part_scores(x: list[list[float]], ref: list[list[float]]) -> list[float]:
+        D = len(x[0])
+        lo = [min(row[c] for row in ref) for c in range(D)]
+        hi = [max(row[c] for row in ref) for c in range(D)]
+        sd = [float(torch.tensor([(row[c] - lo[c]) / (hi[c] - lo[c]) for c in range(D)],
+                                 dtype=torch.float64).std()) for row in x]
+        e = [math.exp(v - max(sd)) for v in sd]
+        return [v / sum(e) for v in e]
+
+    def prio(li, h, held):
+        m = len(held)
+        if m < sink + 2 * lag:
+            return {j: (1.0 if a < sink else (a - sink) / (m - sink)) for a, j in enumerate(held)}
+        end = sink + ((m - sink) // lag) * lag
+        out = {j: 1.0 for j in held}
+        for start in range(sink, end - lag, lag):
+            idx, ref = held[start: start + lag], held[start + lag: start + 2 * lag]
+            ks = part_scores([r.keys[li][h, j].tolist() for j in idx],
+                             [r.keys[li][h, j].tolist() for j in ref])
+            vs = part_scores([r.values[li][h, j].tolist() for j in idx],
+                             [r.values[li][h, j].tolist() for j in ref])
+            s = [(a + b) / 2 for a, b in zip(ks, vs, strict=True)]
+            order = sorted(range(lag), key=lambda a: s[a])  # noqa: B023
+            for rank, a in enumerate(order):
+                out[idx[a]] = rank / lag
+        return out
+
+    return select(r, prio, uniform_k(r, p))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return torch.cat([-x[..., d:], x[..., :d]], dim=-1)
+
+
+def rule_leverage(r: Run, p) -> Kept:
+    """LeverageScore: RoPE undone (the model's own cos/sin), keys centred over the held tokens, sketched by
+    the given Gaussian ``Phi``, leverage ``x^T (X^T X + 0.01 I)^-1 x`` by an explicit inverse."""
+    rot = r.model.model.rotary_emb
+    T = r.keys[0].shape[1]
+    c, s = rot(torch.zeros(1), torch.arange(T).view(1, -1))
+    c, s = c[0].double(), s[0].double()  # [T, D]
+    pre = [k * c - _rotate_half(k) * s for k in r.keys]  # R_p^T k for rotate-half RoPE
+
+    def prio(li, h, held):
+        x = pre[li][h, held]
+        X = (x - x.mean(0)) @ sketch(p.seed, li, r.hkv, x.shape[-1], p.sketch_dimension)[h]
+        inv = torch.linalg.inv(X.T @ X + 1e-2 * torch.eye(X.shape[1], dtype=torch.float64))
+        return {j: float(X[a] @ inv @ X[a]) for a, j in enumerate(held)}
+
+    return select(r, prio, uniform_k(r, p))
+
+
+# -- the wrappers' rules (over KnormPress or Random: their priorities are plain to write) --------------------
+def rule_knorm_every(r: Run, p) -> Kept:
+    """Cut every ``cut_every`` decode steps: the new tokens wait in a buffer, a cut evicts down to k."""
+    return select(r, knorm_prio(r), uniform_k(r, p), cut_every=p.cut_every)
+
+
+def rule_knorm_layers(r: Run, p) -> Kept:
+    """Budget curve: layer l keeps floor(k * c_l / mean(c)), the curve's points spread over the layers."""
+    c = list(p.layer_curve)
+    assert len(c) == r.layers == 2, "the reference spreads a two-point curve over two layers"
+    return select(r, knorm_prio(r), lambda li: [math.floor(k_budget(p) * c[li] / (sum(c) / 2))] * r.hkv)
+
+
+def rule_knorm_chunkkv(r: Run, p) -> Kept:
+    """ChunkKV: a token's priority is the mean over its chunk (``pos // chunk_length``) of the scorer's
+    priorities of the held tokens of that chunk in every head of the layer."""
+    L = p.chunk_length
+    base = knorm_prio(r)
+    held_now: dict[int, list[list[int]]] = {}
+
+    def prio(li, h, held):
+        # the chunk mean spans every head's held tokens; the reference keeps them in select's order, so it
+        # recomputes here over what each head holds (see select): the heads hold the same chunks
+        heads = held_now.get(li) or [held] * r.hkv
+        vals: dict[int, list[float]] = {}
+        for hh in range(r.hkv):
+            pr = base(li, hh, heads[hh])
+            for j in heads[hh]:
+                vals.setdefault(j // L, []).append(pr[j])
+        return {j: sum(vals[j // L]) / len(vals[j // L]) for j in held}
+
+    kept = select(r, prio, uniform_k(r, p))
+    for t in range(NEW):  # ChunkKV keeps one set per layer: the reference above is exact when they agree
+        for li in range(r.layers):
+            assert all(s == kept[t][li][0] for s in kept[t][li]), "ChunkKV's heads hold different sets"
+    return kept
+
+
+def rule_random_criticalkv(r: Run, p) -> Kept:
+    """CriticalKV over Random: the first ``floor(first_stage_ratio * k)`` by the scorer's priority, then the
+    others by ``(priority + epsilon) * mean_g ||v W_o^g||_1`` (W_o^g: the output projection's rows of query
+    head g of the group)."""
+    base = random_prio(p)
+    model = r.model
+    G = model.config.num_attention_heads // model.config.num_key_value_heads
+
+    def a_of(li: int, h: int, j: int) -> float:
+        wo = model.model.layers[li].self_attn.o_proj.weight.detach().double().t()  # [Hq * D, hidden]
+        D = r.values[li].shape[-1]
+        v = r.values[li][h, j]
+        return sum(float((v @ wo[(h * G + g) * D: (h * G + g + 1) * D]).abs().sum()) for g in range(G)) / G
+
+    k = k_budget(p)
+    m = math.floor(p.first_stage_ratio * k)
+
+    def prio(li, h, held):
+        pr = base(li, h, held)
+        first = top(pr, m)
+        scaled = {j: (pr[j] + p.critical_epsilon) * a_of(li, h, j) for j in held}
+        lift = max(scaled.values()) - min(pr.values()) + 1.0
+        return {j: (pr[j] + lift if j in first else scaled[j]) for j in held}
+
+    return select(r, prio, uniform_k(r, p))
+
+
+def rule_knorm_adakv(r: Run, p) -> Kept:
+    """Ada-KV over KnormPress: every head secures its top ``floor(alpha * k)``; the layer's other places
+    places go to the highest priorities of the layer, whichever head; per-head budgets then hold."""
+    base = knorm_prio(r)
+    k, alpha = k_budget(p), p.alpha_safeguard
+
+    def k_of(li):
+        scores = [base(li, h, list(range(N))) for h in range(r.hkv)]
+        secured = [top(scores[h], math.floor(alpha * k)) for h in range(r.hkv)]
+        pool = sorted(((v, j, h) for h in range(r.hkv) for j, v in scores[h].items() if j not in secured[h]),
+                      key=lambda e: (-e[0], -e[1], e[2]))
+        extra = r.hkv * k - sum(len(s) for s in secured)
+        return [len(secured[h]) + sum(1 for _, _, hh in pool[:extra] if hh == h) for h in range(r.hkv)]
+
+    return select(r, base, k_of)
+
+
+RULES: dict[str, tuple[Callable[[Run, Any], Kept], dict[str, Any]]] = {
+    "knorm": (rule_knorm, {}),
+    "random": (rule_random, {"seed": 5}),
+    "curdkv": (rule_curdkv, {"local_window_size": 8}),
+    "lagkv": (rule_lagkv, {"lag_size": 4}),
+    "leverage": (rule_leverage, {"sketch_dimension": 8}),
+    "knorm+every": (rule_knorm_every, {"cut_every": 3}),
+    "knorm+layers": (rule_knorm_layers, {"layer_curve": [1.5, 0.5]}),
+    "knorm+chunkkv": (rule_knorm_chunkkv, {"chunk_length": 5}),
+    "random+criticalkv": (rule_random_criticalkv, {"seed": 6}),  # a seed where both stages decide
+    "knorm+adakv": (rule_knorm_adakv, {}),
+}
+
+
+def rule_policy(name: str):
+    return make_policy(name, budget=0.5, **RULES[name][1])
+
+
+def check_rule(name: str) -> None:
+    """AssertionError unless the cache keeps, at every step, layer and KV head, what ``name``'s rule keeps."""
+    policy = rule_policy(name)
+    r = run(policy)
+    want = RULES[name][0](r, policy)
+    assert len(r.kept) == NEW
+    for t in range(NEW):
+        for li in range(r.layers):
+            assert r.kept[t][li] == want[t][li], (
+                f"{name}: step {t} layer {li}: cache {[sorted(s) for s in r.kept[t][li]]} "
+                f"!= rule {[sorted(s) for s in want[t][li]]}")
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_method_follows_its_rule(name):
+    check_rule(name)
+
+
+def test_every_tensor_scorer_of_the_registry_has_a_rule_here_or_elsewhere():
+    """A registered policy that reads tensors and no attention weights needs a rule reference (here, or in
+    tests/test_new_policies.py for KeyDiff; KVzip in tests/test_kvzip*.py)."""
+    elsewhere = {"keydiff", "kvzip", "expected_attention", "rkv"}
+    mine = {n for n in POLICIES if "tensors" in POLICIES[n].reads or not POLICIES[n].reads}
+    assert mine - set(RULES) - elsewhere - {"full", "window", "streaming"} == set()
+
+
+def test_rules_act():
+    """Positive controls: the scorers keep other sets than a plain window of the same budget, and differ
+    from one another; the wrappers change what their scorer keeps."""
+    win = run(make_policy("window", budget=0.5)).kept[0]
+    sets = {n: run(rule_policy(n)).kept for n in RULES}
+    for name in ("knorm", "random", "curdkv", "lagkv", "leverage"):
+        assert sets[name][0] != win, name
+    assert len({repr(sets[n][0]) for n in ("knorm", "random", "curdkv", "lagkv", "leverage")}) == 5
+    for name in ("knorm+every", "knorm+layers", "knorm+chunkkv", "knorm+adakv"):
+        assert sets[name] != sets["knorm"], name
+    assert sets["random+criticalkv"] != sets["random"]
+    assert run(make_policy("random", budget=0.5, seed=6)).kept != sets["random"]
+
+
+# -- planted mutations ---------------------------------------------------------------------------------------
+def _cls(name: str) -> type:
+    return policy_class(name)
+
+
+def _mut_reversed(mp, name):  # the ranking reversed
+    base = _cls(name).priority
+    mp.setattr(_cls(name), "priority", lambda self, state, ctx: -base(self, state, ctx))
+
+
+def _mut_state_reversed(mp, name):  # scorers that score on the scoring path: their state reversed
+    base = _cls(name).accumulate
+    mp.setattr(_cls(name), "accumulate", lambda self, state, s, ctx: base(self, state, -s, ctx))
+
+
+def _mut_no_sinks(mp, name):  # the sinks dropped
+    field = "num_sinks" if name == "curdkv" else "n_sink"
+    base = _cls(name).score
+
+    def score(self, probs, ctx):
+        saved = getattr(self, field)
+        setattr(self, field, 0)
+        try:
+            return base(self, probs, ctx)
+        finally:
+            setattr(self, field, saved)
+    mp.setattr(_cls(name), "score", score)
+
+
+def _mut_no_local(mp, name):  # CurDKV's local windows off
+    from keyformer.core.policies import curdkv
+
+    orig = curdkv.curdkv_scores
+    mp.setattr(curdkv, "curdkv_scores", lambda k, v, pos, live, window, kind, sinks:
+               orig(k, v, pos, live, 0, kind, sinks))
+
+
+def _mut_cross(mp, name):  # LagKV's within-partition rank replaced by the raw softmax score
+    from keyformer.core.policies import lagkv
+
+    orig = lagkv.lagkv_row
+    mp.setattr(lagkv, "lagkv_row", lambda k, v, sink, lag, cross: orig(k, v, sink, lag, True))
+
+
+def _mut_rope_kept(mp, name):  # leverage of the post-RoPE keys (RoPE not undone)
+    from keyformer.core.policies import leverage
+
+    mp.setattr(leverage, "unrotate_keys", lambda keys, pos, info: keys)
+
+
+def _mut_no_centring(mp, name):  # leverage without centring the keys
+    from keyformer.core.policies import leverage
+
+    def uncentred(x, phi):
+        X = x @ phi.to(x.device)
+        G = X.T @ X + leverage.JITTER * torch.eye(X.shape[-1], dtype=X.dtype)
+        return (X * torch.linalg.solve(G, X.T).T).sum(-1)
+    mp.setattr(leverage, "leverage", uncentred)
+
+
+def _mut_seed_ignored(mp, name):  # Random's seed ignored
+    from keyformer.core.policies import random_scores
+
+    orig = random_scores.uniform_hash
+    mp.setattr(random_scores, "uniform_hash", lambda seed, layer, heads, pos: orig(0, layer, heads, pos))
+
+
+def _mut_every_step(mp, name):  # the schedule wrapper ignored: a cut at every step
+    from keyformer.core.policies.base import STEP
+    from keyformer.core.policies.wrappers.schedule import Every
+
+    mp.setattr(Every, "schedule", property(lambda self: STEP))
+
+
+def _mut_uniform_layers(mp, name):  # the budget curve ignored
+    from keyformer.core.policies.wrappers.layers import Layers
+
+    mp.setattr(Layers, "layer_budget", lambda self, k, n, ctx: k)
+
+
+def _mut_chunk_per_head(mp, name):  # chunk means per head instead of over the layer's heads
+    from keyformer.core.policies.wrappers import chunkkv
+
+    orig = chunkkv.chunk_means
+    mp.setattr(chunkkv, "chunk_means", lambda prio, pos, live, length: torch.cat(
+        [orig(prio[:, h:h + 1], pos[:, h:h + 1], live[:, h:h + 1], length) for h in range(prio.shape[1])], 1))
+
+
+def _mut_chunk_sum(mp, name):  # chunk sums instead of means (chunks the heads hold fewer of lose)
+    from keyformer.core.policies.wrappers import chunkkv
+
+    def sums(prio, pos, live, length):
+        B, H, S = prio.shape
+        use = live & (pos >= 0)
+        cid = torch.where(use, pos // length, 0).reshape(B, H * S)
+        p = torch.where(use, prio.double(), 0.0).reshape(B, H * S)
+        total = p.new_zeros(B, int(cid.max()) + 1).scatter_add_(1, cid, p)
+        return total.gather(1, cid).view(B, H, S)
+    mp.setattr(chunkkv, "chunk_means", sums)
+
+
+def _mut_no_first_stage(mp, name):  # CriticalKV without its first stage
+    from keyformer.core.policies.wrappers.criticalkv import CriticalKV
+
+    base = CriticalKV.priority
+
+    def priority(self, state, ctx):
+        saved, self.first_stage_ratio = self.first_stage_ratio, 0.0
+        try:
+            return base(self, state, ctx)
+        finally:
+            self.first_stage_ratio = saved
+    mp.setattr(CriticalKV, "priority", priority)
+
+
+def _mut_no_projection(mp, name):  # CriticalKV with plain value norms (W_o ignored)
+    from keyformer.core.policies.wrappers import criticalkv
+
+    mp.setattr(criticalkv, "projected_norms", lambda values, wo: values.float().abs().sum(-1))
+
+
+def _mut_uniform_heads(mp, name):  # Ada-KV's sharing off
+    from keyformer.core.policies.wrappers.adakv import AdaKV
+
+    mp.setattr(AdaKV, "head_budgets", lambda self, prio, keep_n, ctx: keep_n)
+
+
+MUTATIONS: list[tuple[str, str, Callable[[pytest.MonkeyPatch, str], None]]] = [
+    ("knorm", "ranking reversed", _mut_reversed),
+    ("random", "ranking reversed", _mut_reversed),
+    ("random", "seed ignored", _mut_seed_ignored),
+    ("curdkv", "ranking reversed", _mut_state_reversed),
+    ("curdkv", "sinks dropped", _mut_no_sinks),
+    ("curdkv", "local windows off", _mut_no_local),
+    ("lagkv", "ranking reversed", _mut_state_reversed),
+    ("lagkv", "sinks dropped", _mut_no_sinks),
+    ("lagkv", "raw scores, not ranks", _mut_cross),
+    ("leverage", "ranking reversed", _mut_reversed),
+    ("leverage", "RoPE not undone", _mut_rope_kept),
+    ("leverage", "keys not centred", _mut_no_centring),
+    ("knorm+every", "cut at every step", _mut_every_step),
+    ("knorm+layers", "uniform layers", _mut_uniform_layers),
+    ("knorm+chunkkv", "chunks per head", _mut_chunk_per_head),
+    ("knorm+chunkkv", "chunk sums", _mut_chunk_sum),
+    ("random+criticalkv", "no first stage", _mut_no_first_stage),
+    ("random+criticalkv", "W_o ignored", _mut_no_projection),
+    ("knorm+adakv", "uniform head budgets", _mut_uniform_heads),
+]
+
+
+@pytest.mark.parametrize("name,label,mutate", MUTATIONS, ids=[f"{n}:{m}" for n, m, _ in MUTATIONS])
+def test_rule_check_catches_mutation(name, label, mutate, monkeypatch):
+    mutate(monkeypatch, name)
+    with pytest.raises(AssertionError):
+        check_rule(name)
+
+
+def test_every_rule_has_a_mutation():
+    assert set(RULES) <= {n for n, _, _ in MUTATIONS}
+
+
+# -- composition ---------------------------------------------------------------------------------------------
+def _outcome(policy, arch: str = "llama"):
+    model = tiny_model(arch, seed=0)
+    ids = torch.randint(3, 256, (2, 36), generator=torch.Generator().manual_seed(3))
+    out = generate(model, ids, None, policy, max_new_tokens=8, output_logits=True, seed=3)
+    return out.sequences, out.logits, [out.cache.kept_positions(li) for li in range(len(out.cache.layers))]
+
+
+@pytest.mark.parametrize(("named", "composed", "knobs"), [
+    ("adakv_snapkv", "snapkv+adakv", {"window_size": 8}),
+    ("adakv_keyformer", "keyformer+adakv", {}),
+    ("pyramidkv", "snapkv+pyramid", {"window_size": 8}),
+])
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_named_methods_are_their_compositions(named, composed, knobs, arch):
+    """The named classes and the wrapper lists keep the same tokens and give the same outputs."""
+    a = _outcome(make_policy(named, budget=0.5, **knobs), arch)
+    extra = {"pyramid_beta": 20} if named == "pyramidkv" else {}
+    b = _outcome(make_policy(composed, budget=0.5, **knobs, **extra), arch)
+    assert torch.equal(a[0], b[0]) and a[2] == b[2]
+    assert float((a[1] - b[1]).abs().max()) == 0.0
+
+
+def _composable(wrap: tuple[str, ...]) -> list[str]:
+    out = []
+    for name in sorted(POLICIES):
+        try:
+            compose(POLICIES[name], wrap)
+        except ValueError:
+            continue
+        out.append(name)
+    return out
+
+
+def _knobs(name: str, wrap: tuple[str, ...] = ()) -> dict[str, Any]:
+    fields = policy_class(name).__dataclass_fields__
+    kw: dict[str, Any] = {}
+    if {"adakv", "criticalkv"} & set(wrap) and "head_reduction" in fields:  # per-head wrappers (TOVA's
+        kw["head_reduction"] = "per_head"  # default is one set per layer)
+    if "pyramid" in wrap:  # beta 20 leaves the last of two layers one token: two keys tie exactly (KeyDiff)
+        kw["pyramid_beta"] = 2
+    if "window_size" in fields:
+        kw["window_size"] = 8
+    if "buffer" in fields:
+        kw["buffer"] = 8
+    if "lag_size" in fields:
+        kw["lag_size"] = 4
+    if "sketch_dimension" in fields:  # below head_dim: with m held keys <= rank + 1, every leverage ties
+        kw["sketch_dimension"] = 8
+    return kw
+
+
+WRAPPED = [(w, n) for w in sorted(WRAPPERS) for n in _composable((w,))]
+
+
+@pytest.mark.parametrize(("wrapper", "name"), WRAPPED, ids=[f"{n}+{w}" for w, n in WRAPPED])
+def test_every_wrapper_over_every_policy_keeps_the_contract(wrapper, name):
+    """Every wrapper over every registered policy it accepts: physical == mask and the live-byte budget
+    (the naive reference too, where the policy reads attention only), on the tiny Llama."""
+    check_policy(lambda budget: make_policy(f"{name}+{wrapper}", budget=budget, **_knobs(name, (wrapper,))),
+                 archs=("llama",), checks=("physical == mask", "budget", "naive reference"))
+
+
+PAIRS = [(a, b) for a, b in itertools.permutations(sorted(WRAPPERS), 2) if "h2o" in _composable((a, b))]
+
+
+@pytest.mark.parametrize(("first", "second"), PAIRS, ids=[f"h2o+{a}+{b}" for a, b in PAIRS])
+def test_any_two_wrappers_compose(first, second):
+    check_policy(lambda budget: make_policy("h2o", budget=budget, wrap=[first, second]),
+                 archs=("llama",), checks=("physical == mask", "budget", "padded batch"))
+
+
+@pytest.mark.parametrize("name", ["knorm", "random", "curdkv", "lagkv", "leverage"])
+@pytest.mark.parametrize("arch", ["llama", "gptj", "gpt2", "mpt", "gemma3_text", "qwen3"])
+def test_new_scorers_padded_and_mask_on_every_tiny_arch(name, arch):
+    """The contract of the new scorers on the tiny architectures (``tests/test_policy_contract.py`` runs them
+    too, through the registry; this adds MPT's and Qwen3's here at little cost)."""
+    checks = ("physical == mask", "budget", "padded batch")
+    if name == "leverage" and arch in ("mpt", "qwen3"):  # their padded keys differ from the unpadded ones in
+        checks = checks[:2]  # the last bits, and the leverage (a linear solve) amplifies that past near-ties
+    check_policy(lambda budget: make_policy(name, budget=budget, **_knobs(name)), archs=(arch,),
+                 checks=checks)
+
+
+# -- the command line: wrap is validated and recorded -------------------------------------------------------
+def test_bad_wrap_names_the_valid_wrappers():
+    from keyformer.core.policies import parse_wrap
+
+    with pytest.raises(ValueError, match=r"wrap=\['adakvv'\]: 'adakvv' is not a wrapper; valid: adakv, "):
+        parse_wrap(["adakvv"])
+    with pytest.raises(ValueError, match="cannot wrap policy 'kvzip'"):
+        make_policy("kvzip", wrap=["adakv"])
+    with pytest.raises(ValueError, match="head_reduction='layer'"):
+        make_policy("tova", wrap=["adakv"])
+    with pytest.raises(ValueError, match="names a wrapper twice"):
+        make_policy("h2o", wrap="adakv,adakv")
+
+
+def test_config_wrap_is_checked_and_recorded():
+    """``policy.wrap`` from a composed config: a bad wrapper is one ConfigError naming policy.wrap and the
+    valid wrappers; a good one builds the composition, and the record's name says what ran."""
+    from keyformer.run.paths import compose as compose_cfg
+    from keyformer.run.scaffold import policy_fields
+    from keyformer.run.validate import ConfigError, _check_policy_kwargs
+
+    cfg = compose_cfg(["policy=h2o", "policy.wrap=[adakv,criticalkv]", "model=tiny_llama"])
+    policy = _check_policy_kwargs(cfg)
+    rec = policy_fields(policy)
+    assert rec["policy"] == rec["policy_spec"]["name"] == "h2o+adakv+criticalkv"
+    assert rec["policy_spec"]["alpha_safeguard"] == 0.2 and rec["policy_spec"]["first_stage_ratio"] == 0.5
+    from keyformer.lab.collect import point_config
+
+    row = point_config(cfg, rec)  # a collected row names the composition and its wrappers' knobs
+    assert row["policy"] == "h2o+adakv+criticalkv" and row["policy.alpha_safeguard"] == 0.2
+    assert point_config(cfg)["policy"] == "h2o+adakv+criticalkv"  # from the config node alone, too
+    bad = compose_cfg(["policy=h2o", "policy.wrap=[adakvv]", "model=tiny_llama"])
+    with pytest.raises(ConfigError, match=r"adakvv.*valid: adakv") as e:
+        _check_policy_kwargs(bad)
+    assert e.value.key == "policy.wrap"
