@@ -61,24 +61,3 @@ def test_unknown_placeholder_and_too_many_bullets_are_refused(tmp_path: Path) ->
     study.bullets = lambda doc: ["x"] * 9
     with pytest.raises(ValueError, match="at most 8"):
         pages.render_page(study, tmp_path, {"findings": []})
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("study", STUDIES)
-def test_verdicts_survive_another_bootstrap_seed(study: str) -> None:
-    """Every committed verdict (both designs) is what a rerun with another bootstrap seed gives: no verdict
-    hangs on Monte Carlo noise."""
-    import json
-
-    from keyformer.lab import findings as fnd
-
-    mod = next(s for s in pages.pages() if pages.study_name(s) == study)
-    if not hasattr(mod, "comparisons"):
-        pytest.skip(f"{study} is descriptive: no findings")
-    path = RES / pages.results_folder(mod) / "findings.json"
-    committed = {f["id"]: f for f in json.loads(path.read_text())["findings"]}
-    rerun = fnd.evaluate(mod.comparisons(RES), seed=1)
-    flips = [(f.id, committed[f.id]["verdict"], f.verdict, committed[f.id]["verdict_alt"], f.verdict_alt)
-             for f in rerun if (f.verdict, f.verdict_alt) != (committed[f.id]["verdict"],
-                                                               committed[f.id]["verdict_alt"])]
-    assert not flips, flips

@@ -11,7 +11,7 @@ import pandas as pd
 from experiments.exp10_ruler import analysis as exp10
 from keyformer.lab import analysis
 from keyformer.lab import findings as fnd
-from keyformer.lab.report import _ci_cell, _p_cell, fmt_ci
+from keyformer.lab.report import _p_cell, findings_of, fmt_ci
 
 RULER_SETTINGS = (("aware", "question-aware"), ("agnostic", "query-agnostic"))
 
@@ -28,31 +28,34 @@ def ruler(res: Path, name: str = "exp10_ruler") -> None:
     if not any(len(t) for t in tables.values()):
         print(f"(no complete points of {name} yet)")
         return
+    found = findings_of(res, "exp10_ruler")  # the findings of both models
+    setting_of = {lab: folder for folder, lab in RULER_SETTINGS}
     for label, t in tables.items():
         avg = t[t["task"] == "average"] if len(t) else t
         model = _ruler_model(name)
         print(f"\n**{label}**{model} (RULER 4k, string_match_all x 100, mean over "
-              f"{int(avg['n_tasks'].max()) if len(avg) else 0} tasks; 95 % CIs)\n")
+              f"{int(avg['n_tasks'].max()) if len(avg) else 0} tasks)\n")
         if avg.empty:
             print("(no policy has every task yet)")
             continue
-        print("| policy | ratio | budget | average [CI] | vs Keyformer [CI] | p (Holm) | vs full [CI] | rank "
-              "| n | K/V held |\n|---|---|---|---|---|---|---|---|---|---|")
+        print("| policy | ratio | budget | average | vs Keyformer [findings] | p (Holm) | verdict | vs full "
+              "| rank | n | K/V held |\n|---|---|---|---|---|---|---|---|---|---|---|")
         for _, r in avg.sort_values(["ratio", "rank", "policy"]).iterrows():
-            ph = r.get("vs_keyformer_p_holm", np.nan)
-            print(f"| {r['policy']} | {r['ratio']:g} | {r['budget']:g} | {r['mean']:.1f} [{r['ci_lo']:.1f}, "
-                  f"{r['ci_hi']:.1f}] | {_ci_cell(r, 'vs_keyformer')} | "
-                  f"{_p_cell(ph, exp10.RULER_N_BOOT)} | {_ci_cell(r, 'vs_full')} | "
+            f = found.get(f"exp10.{name}.{setting_of[label]}.r{r['ratio']:g}.{r['policy']}")
+            vs = (f"{fnd.fmt_ci(f)} | {fnd.fmt_p(f)} | {fnd.fmt_verdict(f)}" if f is not None else
+                  f"{_diff(r, 'vs_keyformer')} | |")
+            print(f"| {r['policy']} | {r['ratio']:g} | {r['budget']:g} | {r['mean']:.1f} | {vs} | "
+                  f"{_diff(r, 'vs_full')} | "
                   f"{'' if np.isnan(r.get('rank', np.nan)) else int(r['rank'])} | {int(r['n'])} | "
                   f"{'' if np.isnan(r.get('kv_held', np.nan)) else format(r['kv_held'], '.3f')} |")
-        print("\np (Holm): the two-sided bootstrap p of the difference from Keyformer, Holm-adjusted over "
-              "the policies at that ratio (below 0.05: the difference survives the number of comparisons); "
-              f"< {2 / exp10.RULER_N_BOOT:g}: no bootstrap replicate (of {exp10.RULER_N_BOOT}) "
-              "crossed 0, the smallest p the bootstrap resolves, not p = 0. K/V held: the mean over the "
-              "samples of `kv_bytes / kv_bytes_full`, the K/V bytes held at the end of each answer over what "
-              "the full cache holds for the same tokens (prompt-only policies keep every generated token, "
-              "decode-time evictors hold the budget; on a hybrid model the sliding layers' windows count "
-              "too: docs/models.md).")
+        print("\nvs Keyformer, p (Holm), verdict: the finding (results/exp10_ruler/findings.json): a paired "
+              "sign-flip test within each task, Holm over the policies at that ratio, the interval at Holm's "
+              "level (docs/results-contract.md). Means and the difference from full carry no interval: 5 "
+              "records a task are too few for a bootstrap (the rule: 20 a stratum). K/V held: the mean over "
+              "the samples of `kv_bytes / kv_bytes_full`, the K/V bytes held at the end of each answer over "
+              "what the full cache holds for the same tokens (prompt-only policies keep every generated "
+              "token, decode-time evictors hold the budget; on a hybrid model the sliding layers' windows "
+              "count too: docs/models.md).")
         tasks = [x for x in analysis.RULER_TASKS if x in set(t["task"])]
         print("\nPer task (mean):\n")
         print("| policy | ratio | " + " | ".join(tasks) + " |")
@@ -154,6 +157,11 @@ def _prompt_sharing(frames: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> Non
           f"{3 * o / (o + 2 * r):.1f}x less.")
 
 
+def _diff(r: pd.Series, key: str) -> str:
+    v = r.get(key)
+    return "" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{float(v):+.1f}"
+
+
 def _ruler_model(name: str) -> str:
     """The model an experiment 10 section names (SmolLM2's, the default, is not named)."""
     return " on Gemma 3 270M" if name.endswith("_gemma") else ""
@@ -180,15 +188,27 @@ REFERENCE = "keyformer"
 POLICIES = ("h2o", "window", "streaming", "snapkv", "pyramidkv", "tova", "adakv_snapkv", "adakv_keyformer",
             "keydiff", "expected_attention", "kvzip", "rkv")
 HEADLINE_RATIO = 0.5
+TOPUP = "exp10_ruler/topup"  # the top-up's rows: results/exp10_ruler/topup/<setting>/
 DEFINITION = {
     "metric": "string_match_all x 100, mean over RULER's 11 tasks",
     "comparison": "policy - keyformer at the same budget, paired over the same records",
     "families": {"exp10.<model>.<setting>.r<ratio>": list(POLICIES)},
     "reference": REFERENCE,
-    "design": "stratified: records resampled within each task (the estimand is the mean over the fixed 11 "
-              "tasks); alternative (verdict_alt): all records resampled as one pool",
+    "design": "paired sign-flip test within each task (the estimand is the mean over the fixed 11 tasks); "
+              "alternative (verdict_alt): the same test with each task's mean difference as one unit",
     "alpha": fnd.ALPHA,
+    "margin": 5.0,  # string_match_all points: within +-5 of Keyformer is equivalent (declared after the data)
     "identical": "a policy whose answers equal Keyformer's on every record is n/a, outside its family",
+    # the family of twelve was first committed (2a577ce, 2026-12-06) after its rows (2026-12-01): exploratory;
+    # the top-up at ratio 0.5 (queues/exp10_topup.txt, topup.py) is declared before any of its rows
+    "roles": {f"exp10.{TOPUP}.*": "confirmatory", "exp10.*": "exploratory"},
+    "registered": {f"exp10.{TOPUP}.*": {"commit": "aab03b56589a",
+                                        "file": "experiments/exp10_ruler/queues/exp10_topup.txt",
+                                        "contains": "n_samples=18",
+                                        "rows": [f"{TOPUP}/aware", f"{TOPUP}/agnostic"]}},
+    "topup": ("SmolLM2 at ratio 0.5, both settings: the policies whose verdict against Keyformer was "
+              "inconclusive with at most 20 records a task needed for 80 % power, and Keyformer, at 18 "
+              f"records a task (results/{TOPUP}/<setting>/), tested as these families at alpha 0.05"),
 }
 
 
@@ -199,7 +219,7 @@ def _family(model: str, setting: str, ratio: float) -> str:
 def comparisons(res: Path) -> list[fnd.Comparison]:
     """Every policy's task-stratified paired difference from Keyformer, per model, setting and ratio."""
     out = []
-    for model in MODELS:
+    for model in [*MODELS, TOPUP]:
         for setting in SETTINGS:
             if not (res / model / setting / "points.csv").is_file():
                 continue
@@ -243,7 +263,7 @@ def comparisons(res: Path) -> list[fnd.Comparison]:
 
 def _predictions(pts: pd.DataFrame, smp: pd.DataFrame, policy: str, budget: float) -> pd.Series:
     rows = analysis._policy_samples(pts, smp, policy, budget)
-    return rows.set_index("id")["prediction"].astype(str)
+    return rows.set_index("id")["prediction"].fillna("").astype(str)
 
 
 def _group(doc: dict, model: str, setting: str, ratio: float) -> list[dict]:
@@ -260,12 +280,20 @@ def _rank(group: list[dict]) -> tuple[int, int]:
 
 
 def _named(fs: list[dict]) -> str:
-    return ", ".join(f"{f['a']} ({f['estimate']:+.1f} [{f['ci_lo']:+.1f}, {f['ci_hi']:+.1f}])" for f in
-                     sorted(fs, key=lambda f: -f["estimate"])) or "none"
+    fs = sorted(fs, key=lambda f: -f["estimate"])
+    return ", ".join(f"{f['a']} ({fnd.fmt_ci(f)})" for f in fs) or "none"
+
+
+def _open(fs: list[dict]) -> str:
+    """The inconclusive ones with the records a task that 80 % power would need (up to 20: the top-up)."""
+    fs = sorted((f for f in fs if f["verdict"] == "inconclusive" and f.get("records_needed")),
+                key=lambda f: f["records_needed"])
+    return ", ".join(f"{f['a']} {f['estimate']:+.1f} (~{f['records_needed']:.0f})" for f in fs
+                     if f["records_needed"] <= 20) or "none"
 
 
 def _sensitive(fs: list[dict]) -> list[dict]:
-    return [f for f in fs if f["verdict"] != f["verdict_alt"]]
+    return [f for f in fs if f["verdict"] in ("ahead", "behind") and f["verdict"] != f["verdict_alt"]]
 
 
 def bullets(doc: dict) -> list[str]:
@@ -282,10 +310,11 @@ def bullets(doc: dict) -> list[str]:
             behind = [f for f in g if f["verdict"] == "behind"]
             sens = _sensitive(g)
             out.append(
-                f"**{name}, {label}, ratio {HEADLINE_RATIO:g}:** Keyformer ranks {rank} of {n} "
+                f"**{name}, {label}, ratio {HEADLINE_RATIO:g}:** Keyformer ranks {rank} of {n} by mean "
                 f"({g[0]['meta']['keyformer_mean']:.1f}, full {g[0]['meta']['full_mean']:.1f}); ahead of it "
                 f"after Holm over {g[0]['family_size']}: {_named(ahead)}; behind: {_named(behind)}"
-                + (f"; not under the pooled design: {', '.join(f['a'] for f in sens)}" if sens else "") + ".")
+                + (f"; not with the tasks as units: {', '.join(f['a'] for f in sens)}" if sens else "")
+                + f"; inconclusive that 20 records a task could resolve (records needed): {_open(g)}.")
     for model, name in MODELS.items():
         parts = []
         for ratio in sorted({f["meta"]["ratio"] for f in doc["findings"] if f["meta"]["model"] == model}):
@@ -302,13 +331,13 @@ def bullets(doc: dict) -> list[str]:
             out.append(f"**{name}, the other ratios** (Keyformer's rank; policies ahead/behind it after "
                        "Holm): "
                        + "; ".join(parts) + ".")
-    sens = [f for f in doc["findings"] if f["verdict"] != f["verdict_alt"]]
+    sens = _sensitive(doc["findings"])
     if sens:
-        out.append(f"**Design matters for {len(sens)} of {len(doc['findings'])} verdicts:** they hold when "
-                   "records "
-                   "are resampled within each task but not when all records are pooled (or the reverse): "
+        out.append(f"**{len(sens)} of {sum(f['verdict'] in ('ahead', 'behind') for f in doc['findings'])} "
+                   "decisive verdicts hold for these 11 tasks but not with the tasks as units** (a claim "
+                   "about other tasks of the kind would need more tasks, not more records): "
                    + ", ".join(f"{MODELS[f['meta']['model']]} {f['meta']['setting']} {f['meta']['ratio']:g} "
-                               f"{f['a']} ({f['verdict']} / {f['verdict_alt']})" for f in sens) + ".")
+                               f"{f['a']}" for f in sens) + ".")
     return out[:8]
 
 
@@ -327,7 +356,7 @@ def answer(doc: dict) -> str:
 def headline_table(res: Path, doc: dict) -> str:
     """Policy x (model, setting) at the headline ratio: mean (verdict against Keyformer)."""
     cols = [(m, s) for m in MODELS for s in SETTINGS if _group(doc, m, s, HEADLINE_RATIO)]
-    mark = {"ahead": " ▲", "behind": " ▼", "tied": "", "n/a": " (=)"}
+    mark = {"ahead": " ▲", "behind": " ▼", "inconclusive": "", "equivalent": " ≈", "n/a": " (=)"}
     rows = {}
     for m, s in cols:
         g = _group(doc, m, s, HEADLINE_RATIO)
@@ -344,7 +373,7 @@ def headline_table(res: Path, doc: dict) -> str:
 
 def ratio_table(res: Path, doc: dict) -> str:
     """SmolLM2: policy x ratio, question-aware and query-agnostic: mean (verdict against Keyformer)."""
-    mark = {"ahead": " ▲", "behind": " ▼", "tied": "", "n/a": " (=)"}
+    mark = {"ahead": " ▲", "behind": " ▼", "inconclusive": "", "equivalent": " ≈", "n/a": " (=)"}
     model = "exp10_ruler"
     ratios = sorted({f["meta"]["ratio"] for f in doc["findings"] if f["meta"]["model"] == model})
     cols = [(s, r) for s in SETTINGS for r in ratios]

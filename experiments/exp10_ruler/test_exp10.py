@@ -155,10 +155,10 @@ def test_ruler_report_section(tmp_path, capsys):
     _fake_results(tmp_path / "exp10_ruler", "agnostic", SCORES)
     ruler(tmp_path)
     out = capsys.readouterr().out
-    assert "**question-aware**" in out and "**query-agnostic**" in out and "| h2o | 0.5 | 0.5 | 50.0 [" in out
+    assert "**question-aware**" in out and "**query-agnostic**" in out and "| h2o | 0.5 | 0.5 | 50.0 |" in out
     assert "Question-aware vs query-agnostic" in out
     assert "| keyformer | 0.5 | 41.7 | 41.7 | +0.00 [+0.00, +0.00] | 6 |" in out
-    assert "| vs Keyformer [CI] | p (Holm) |" in out
+    assert "| vs Keyformer [findings] | p (Holm) | verdict |" in out  # read from findings.json
 
 
 def test_ruler_report_prompt_sharing(tmp_path, capsys):

@@ -16,6 +16,7 @@ import pandas as pd
 
 from keyformer.lab import analysis
 from keyformer.lab import findings as fnd
+from keyformer.lab.report import findings_of
 
 POLICY_PAIRS = (("keyformer", "h2o"), ("keyformer", "window"), ("h2o", "window"))
 EVICTING = ("keyformer", "h2o", "window")
@@ -98,7 +99,7 @@ def curve_comparisons(res: Path, name: str, families: dict[str, list[tuple[str, 
 
 # -- words, read from findings.json ----------------------------------------------------------------------
 def ci(f: dict) -> str:
-    return f"{f['estimate']:+.2f} [{f['ci_lo']:+.2f}, {f['ci_hi']:+.2f}]"
+    return fnd.fmt_ci(f, 2)
 
 
 def budgets(f: dict) -> str:
@@ -107,16 +108,17 @@ def budgets(f: dict) -> str:
 
 def verdict(f: dict) -> str:
     """The verdict, and the alternative design's where it differs."""
-    v = f"**{f['verdict']}**"
-    return v if f["verdict_alt"] == f["verdict"] else f"{v} ({f['design_alt']} design: {f['verdict_alt']})"
+    v = f"**{fnd.fmt_verdict(f)}**"
+    alt = f.get("verdict_alt")
+    return v if alt is None or alt == f["verdict"] else f"{v} ({f['design_alt']} as units: {alt})"
 
 
 def holm(f: dict) -> str:
     if f["p_adj"] is None:
         return "identical outputs"
     if f["family_size"] and f["family_size"] > 1:
-        return f"Holm p {fnd.fmt_p(f['p_adj'], f['n_boot'])} over {f['family_size']}"
-    return f"p {fnd.fmt_p(f['p_adj'], f['n_boot'])}"
+        return f"Holm p {fnd.fmt_p(f)} over {f['family_size']}"
+    return f"p {fnd.fmt_p(f)}"
 
 
 def pair_bullet(f: dict) -> str:
@@ -211,8 +213,13 @@ def curve_experiment(res: Path, name: str, pairs: Sequence[tuple[str, str]] = PO
     for r in t.itertuples():
         print(f"| {r.budget:.1f} | {r.a} - {r.b} | {r.n} | {_fmt_ci(r.diff, r.ci_lo, r.ci_hi)} | "
               f"{r.p_le_0:.3f} |")
+    found = findings_of(res, name)
     for a, b in pairs:
         if {a, b} <= set(evict["policy"]):
+            f = found.get(f"{name.split('_')[0]}.{a}-{b}")
+            if f is not None:  # the finding itself (its interval at Holm's level): one draw per number
+                print(f"| pooled over {budgets(f)} | {a} - {b} | {f['n']} | {ci(f)} (findings) | - |")
+                continue
             d, used = analysis.pooled_difference(samples, evict, a, b, "rouge2", n_boot=5000)
             print(f"| pooled over {', '.join(f'{x:g}' for x in used)} | {a} - {b} | {d.n} | "
                   f"{_fmt_ci(d.mean, d.lo, d.hi)} | {d.p_le_0:.3f} |")

@@ -63,7 +63,7 @@ def test_exp1_pooled_families_and_identical_flags(tmp_path: Path) -> None:
     assert cs["exp1.stream.h2o-7e9326a"].identical and not cs["exp1.stream.keyformer-7e9326a"].identical
     assert all(cs[f"exp1.h200.{p}"].identical for p in ("full", "keyformer", "h2o", "window"))
     assert cs["exp1.h200.keyformer"].meta["budgets"] == [0.2]
-    found = {f.id: f for f in fnd.evaluate(list(cs.values()), n_boot=500, n_boot_max=500)}
+    found = {f.id: f for f in fnd.evaluate(list(cs.values()), n_perm=500, n_perm_max=500)}
     assert found["exp1.keyformer-h2o"].verdict == "ahead" and found["exp1.window-full"].verdict == "behind"
     assert found["exp1.h200.full"].verdict == "n/a" and found["exp1.stream.h2o-7e9326a"].family_size is None
     assert found["exp1.stream.keyformer-7e9326a"].family_size == 1  # the identical H2O arm leaves the family

@@ -36,6 +36,6 @@ def test_report_field_ranks_policies_and_prices_quantization(tmp_path: Path, cap
     exp7.field(tmp_path)
     out = capsys.readouterr().out
     assert "Full cache: 13.00" in out and "| keyformer | 11.00 (1) | 12.00 (1) | 50 | - | - |" in out
-    assert "| h2o |" in out and "-0.50 [-0.50, -0.50] | 0.2,0.5 |" in out
+    assert "| h2o |" in out and "-0.50 [-0.50, -0.50] (boot) | 0.2,0.5 |" in out  # no findings.json here
     assert "| full,1.0,4.0 |" in out and "-0.50 [-0.50, -0.50] |" in out
     assert "tova" not in out  # an unfinished point is not ranked

@@ -51,7 +51,7 @@ def test_pooled_differences_identity_and_family(tmp_path: Path) -> None:
     assert cs["exp7.cnndm.adakv_keyformer"].identical
     win = cs["exp7.cnndm.window"]
     assert win.meta["budgets"] == [0.1] and np.allclose(win.strata[0], -2.0) and not win.identical
-    found = {f.id: f for f in fnd.evaluate(list(cs.values()), n_boot=2000)}
+    found = {f.id: f for f in fnd.evaluate(list(cs.values()), n_perm=2000)}
     assert found["exp7.cnndm.adakv_keyformer"].verdict == "n/a"
     assert found["exp7.cnndm.h2o"].family_size == 2  # the identical arm leaves the family
 

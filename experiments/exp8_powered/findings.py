@@ -11,7 +11,7 @@ import pandas as pd
 from experiments.exp8_powered import analysis as exp8
 from keyformer.lab import analysis
 from keyformer.lab import findings as fnd
-from keyformer.lab.report import fmt_ci
+from keyformer.lab.report import findings_of, fmt_ci
 
 
 def powered(res: Path, name: str = "exp8_powered") -> None:
@@ -20,19 +20,25 @@ def powered(res: Path, name: str = "exp8_powered") -> None:
         return
     points, samples = analysis.load_experiment(res, name)
     r = exp8.powered_study(points, samples)
+    found = findings_of(res, name)
+
+    def ci(fid: str, d: dict) -> str:
+        """The finding's interval where the findings hold it (one draw per number), else the bootstrap's."""
+        f = found.get(fid)
+        return fnd.fmt_ci(f, 2) if f is not None else f"{fmt_ci(d['diff'], d['ci_lo'], d['ci_hi'])} (boot)"
+
     print(f"\n### {name}: Keyformer (mean of 2 noise seeds) - H2O, ROUGE-2, {r['n']} articles every core arm "
           "finished\n")
     if not r["n"]:
         return
-    print("| budget | H2O | Keyformer | KF - H2O [95 % CI] | SD of d | seed 0 - seed 1 [95 % CI] "
-          "|\n|---|---|---|---|---|---|")
+    print("| budget | H2O | Keyformer | KF - H2O [95 %, findings] | SD of d | seed 0 - seed 1 [95 %, "
+          "findings] |\n|---|---|---|---|---|---|")
     for b in r["budgets"]:
-        s = b["s0_minus_s1"]
-        print(f"| {b['budget']:.1f} | {b['h2o']:.2f} | {b['keyformer']:.2f} | "
-              f"{fmt_ci(b['diff'], b['ci_lo'], b['ci_hi'])} | "
-              f"{b['sd']:.2f} | {fmt_ci(s['diff'], s['ci_lo'], s['ci_hi'])} |")
+        at = f"{b['budget']:g}"
+        print(f"| {b['budget']:.1f} | {b['h2o']:.2f} | {b['keyformer']:.2f} | {ci('exp8.budget@' + at, b)} | "
+              f"{b['sd']:.2f} | {ci('exp8.seeds@' + at, b['s0_minus_s1'])} |")
     p = r["pooled"]
-    print(f"\nPooled over {len(r['budgets'])} budgets: {fmt_ci(p['diff'], p['ci_lo'], p['ci_hi'])} "
+    print(f"\nPooled over {len(r['budgets'])} budgets: {ci('exp8.pooled', p)} "
           f"(half-width "
           f"{p['half_width']:.3f}, per-article SD {p['sd']:.2f}; half-width 0.25 needs n = "
           f"{p['n_for_half_width']}). "
@@ -42,7 +48,7 @@ def powered(res: Path, name: str = "exp8_powered") -> None:
     for e in r["extras"]:
         k = e.get("kf_minus_h2o_same_articles")
         print(f"\nAt 0.3, {e['variant']} - H2O over {e['n']} articles: "
-              f"{fmt_ci(e['diff'], e['ci_lo'], e['ci_hi'])} "
+              f"{ci('exp8.extra.' + e['variant'], e)} "
               f"({e['mean']:.2f} vs {e['h2o']:.2f})"
               + (f"; on the same articles Keyformer (2 seeds) - H2O is "
                  f"{fmt_ci(k['diff'], k['ci_lo'], k['ci_hi'])}"
@@ -148,12 +154,20 @@ DEFINITION = {
         "exp8.authors.vs_full": [f"exp8.authors.{d}@{b:g}.{p}_full" for d in DECODINGS.values()
                                  for b in AUTHORS_BUDGETS for p in ("h2o", "keyformer")],
     },
-    "design": ("paired bootstrap over articles, one stratum (a pooled comparison's per-article value is "
-               "already its mean over budgets, so the stratified and pooled designs coincide); the core "
+    "design": ("paired sign-flip test over articles, one stratum (a pooled comparison's per-article value is "
+               "already its mean over budgets); the core "
                "comparisons use the articles every core arm finished, the others the articles their points "
                "finished; Holm within each family at alpha 0.05; only exp8.pooled decides, the families are "
                "secondary (per-budget and extra arms descriptive in the pre-registration)"),
-    "alpha": 0.05,
+    "alpha": fnd.ALPHA,
+    "margin": 0.3,  # ROUGE-2 points: the paper's gap; within +-0.3 no paper-sized gain either way
+    "roles": {"exp8.pooled": "confirmatory", "exp8.budgets": "descriptive", "exp8.seeds": "descriptive",
+              "exp8.extras": "descriptive", "exp8.authors.*": "exploratory"},
+    "registered": {"exp8.pooled": {"commit": "311ba2d", "file": "experiments/exp8_powered.md",
+                                   "contains": "## Decision rule (stated before the runs",
+                                   "rows": ["exp8_powered"]}},
+    "incomplete": "a point with fewer records than planned enters only over the records it finished and is "
+                  "named (meta.incomplete); the extras are descriptive, so no verdict rests on one",
 }
 
 
@@ -223,11 +237,17 @@ def powered_comparisons(points: pd.DataFrame, samples: pd.DataFrame) -> list[fnd
         if not common:
             continue
         kf = (arms[("keyformer_s0", 0.3)] + arms[("keyformer_s1", 0.3)]).reindex(common) / 2
+        extra = {}
+        if {"n_done", "n_samples"} <= set(points):  # a point with fewer records than the core's is named
+            pt = points[(points["variant"] == v) & np.isclose(points["budget"].astype(float), 0.3)].iloc[0]
+            planned = int(points.loc[points["variant"] == "h2o", "n_samples"].max())
+            if int(pt["n_done"]) < planned:
+                extra["incomplete"] = f"{int(pt['n_done'])} of {planned} records"
         out.append(_cmp(f"exp8.extra.{v}", f"ROUGE-2, {v} - H2O, budget 0.3", v, "h2o",
                         (x.loc[common] - ref.loc[common]).to_numpy(), "exp8.extras",
                         _same(_preds(points, samples, variant=v, budget=0.3), ref_p, common), budget=0.3,
                         a_mean=float(x.loc[common].mean()), b_mean=float(ref.loc[common].mean()),
-                        kf_minus_h2o_same=float((kf - ref.loc[common]).mean())))
+                        kf_minus_h2o_same=float((kf - ref.loc[common]).mean()), **extra))
     return out
 
 
@@ -311,11 +331,18 @@ def comparisons(res: Path) -> list[fnd.Comparison]:
 
 
 def _ci(f: dict) -> str:
-    return f"{f['estimate']:+.2f} [{f['ci_lo']:+.2f}, {f['ci_hi']:+.2f}]"
+    return fnd.fmt_ci(f, 2)
 
 
 def _p(f: dict, adjusted: bool = True) -> str:
-    return fnd.fmt_p(f["p_adj"] if adjusted else f["p"], f["n_boot"])
+    return fnd.fmt_p(f, adjusted)
+
+
+def _decide(f: dict, gap: float) -> str:
+    """The pre-registered rule on the finding's interval (none where the interval could not be built)."""
+    if f["ci_lo"] is None:
+        return f"no decision: {f['interval']}"
+    return exp8.decide(f["ci_lo"], f["ci_hi"], gap)
 
 
 def _fam(doc: dict, family: str) -> list[dict]:
@@ -327,7 +354,13 @@ def _one(doc: dict, id_: str) -> dict | None:
 
 
 def _list(fs: list[dict], label) -> str:
-    return "; ".join(f"{label(f)} {_ci(f)} **{f['verdict']}** (Holm p {_p(f)})" for f in fs)
+    def one(f: dict) -> str:
+        inc = f" ({f['meta']['incomplete']})" if f["meta"].get("incomplete") else ""
+        if f["verdict"] is None:  # descriptive: an interval (95 %), no verdict
+            return f"{label(f)}{inc} {_ci(f)}"
+        return f"{label(f)}{inc} {_ci(f)} **{fnd.fmt_verdict(f)}** (Holm p {_p(f)})"
+
+    return "; ".join(one(f) for f in fs)
 
 
 def bullets(doc: dict) -> list[str]:
@@ -343,21 +376,21 @@ def bullets(doc: dict) -> list[str]:
         out.append(f"**Pre-registered test** ({f['n']} articles, Keyformer averaged over two noise seeds per "
                    f"article): Keyformer - H2O pooled over budgets {over} = **{_ci(f)}** ROUGE-2 "
                    f"({m['a_mean']:.2f} vs {m['b_mean']:.2f}; p {_p(f, False)}). Decision against the "
-                   f"paper's {gap:+.1f}: **{exp8.decide(f['ci_lo'], f['ci_hi'], gap)}**. "
+                   f"paper's {gap:+.1f}: **{_decide(f, gap)}**. "
                    f"At the observed SD ({m['sd']:.2f}) and gap, a CI excluding 0 or {gap:+.1f} needs "
                    f"n {m['n_decisive']}.")
     fs = _fam(doc, "exp8.budgets")
     if fs:
-        out.append(f"Per budget (Holm over {fs[0]['family_size']}; descriptive in the pre-registration): "
+        out.append("Per budget (descriptive in the pre-registration: 95 % intervals, no verdict): "
                    + _list(fs, lambda f: f"{f['meta']['budget']:g}") + ".")
     fs = _fam(doc, "exp8.seeds")
     if fs:
-        out.append(f"The noise alone, Keyformer seed 0 - seed 1 (Holm over {fs[0]['family_size']}): "
+        out.append("The noise alone, Keyformer seed 0 - seed 1 (descriptive): "
                    + _list(fs, lambda f: f"{f['meta']['budget']:g}") + ".")
     fs = _fam(doc, "exp8.extras")
     if fs:
-        out.append(f"Extra arms at {fs[0]['meta']['budget']:g} on the first {fs[0]['n']} articles (Holm over "
-                   f"{fs[0]['family_size']}): " + _list(fs, lambda f: f"`{f['a']}` - H2O")
+        out.append(f"Extra arms at {fs[0]['meta']['budget']:g} on the first {fs[0]['n']} articles "
+                   "(descriptive): " + _list(fs, lambda f: f"`{f['a']}` - H2O")
                    + f"; on those articles the core Keyformer - H2O is "
                      f"{fs[0]['meta']['kf_minus_h2o_same']:+.2f}.")
     fs = _fam(doc, "exp8.authors.gap")
@@ -366,8 +399,8 @@ def bullets(doc: dict) -> list[str]:
         names = {"gap_beam4": "the beam's effect on the gap (beam 4 - greedy)",
                  "gap_long": "the long prompt and generation's effect (authors' greedy gap - experiment 8's)"}
         out.append(f"**Authors' setting** (Holm over {fs[0]['family_size']}): Keyformer - H2O pooled, "
-                   + "; ".join(f"{f['meta']['decoding']} {_ci(f)} (n {f['n']}, **{f['verdict']}**, Holm p "
-                               f"{_p(f)}; by the rule: {exp8.decide(f['ci_lo'], f['ci_hi'], gap)})"
+                   + "; ".join(f"{f['meta']['decoding']} {_ci(f)} (n {f['n']}, **{fnd.fmt_verdict(f)}**, "
+                               f"Holm p {_p(f)}; by the rule: {_decide(f, gap)})"
                                for f in pooled) + "; "
                    + _list([f for f in fs if f["a"] in names], lambda f: names[f["a"]]) + ".")
     fs = _fam(doc, "exp8.authors.budgets")
@@ -379,12 +412,12 @@ def bullets(doc: dict) -> list[str]:
     if fs:
         below = [f"{f['a']} {f['meta']['decoding']} {f['meta']['budget']:g}" for f in fs
                  if f["verdict"] == "behind"]
-        tied = [f"{f['a']} {f['meta']['decoding']} {f['meta']['budget']:g} {_ci(f)}" for f in fs
-                if f["verdict"] == "tied"]
+        rest = [f"{f['a']} {f['meta']['decoding']} {f['meta']['budget']:g} {_ci(f)} {f['verdict']}"
+                for f in fs if f["verdict"] in ("inconclusive", "equivalent")]
         out.append(f"Authors' setting against full (Holm over {fs[0]['family_size']}): below full: "
-                   f"{', '.join(below) or 'none'}; tied: {', '.join(tied) or 'none'}.")
-    lost = [f for f in doc["findings"] if f["family"] and f["p"] is not None
-            and f["p"] < doc["definition"]["alpha"] and f["verdict"] == "tied"]
+                   f"{', '.join(below) or 'none'}; not separated: {', '.join(rest) or 'none'}.")
+    lost = [f for f in doc["findings"] if f["family"] and f["p"] is not None and f["verdict"] is not None
+            and f["p"] < doc["definition"]["alpha"] and f["verdict"] in ("inconclusive", "equivalent")]
     if lost:
         out.append("An unadjusted p below alpha that Holm does not keep: " + "; ".join(
             f"`{f['id']}` {_ci(f)} (p {_p(f, False)}, Holm {_p(f)})" for f in lost) + ".")
@@ -398,7 +431,7 @@ def answer(doc: dict) -> str:
         return ""
     gap = doc["definition"]["paper_gap"]
     auth = [g for g in _fam(doc, "exp8.authors.gap") if g["a"] == "keyformer"]
-    decision = exp8.decide(f["ci_lo"], f["ci_hi"], gap)
+    decision = _decide(f, gap)
     return (f"{decision[0].upper() + decision[1:]}: Keyformer - H2O {_ci(f)} ROUGE-2 over {f['n']} articles"
             + (("; in the authors' setting " + ", ".join(
                 f"{g['meta']['decoding']} {_ci(g)} ({g['verdict']})" for g in auth)) if auth else "") + ".")

@@ -74,7 +74,10 @@ def test_powered_comparisons_known_answer(tmp_path: Path) -> None:
 def test_pooled_decision_reads_the_ci(tmp_path: Path) -> None:
     """The headline decision is the pre-registered rule applied to the finding's CI."""
     _powered(tmp_path)
-    f = next(x for x in fnd.evaluate(f8.comparisons(tmp_path), n_boot=2000) if x.id == "exp8.pooled")
+    cs = f8.comparisons(tmp_path)
+    pooled = next(c for c in cs if c.id == "exp8.pooled")
+    pooled.strata = [pooled.strata[0] + np.linspace(-0.5, 0.5, len(pooled.strata[0]))]  # a spread to invert
+    f = next(x for x in fnd.evaluate(cs, n_perm=2000) if x.id == "exp8.pooled")
     assert f.ci_lo >= exp8.PAPER_GAP and f.p_adj == f.p and f.family_size is None
     doc = {"definition": f8.DEFINITION, "findings": [vars(f)]}
     decision = exp8.decide(f.ci_lo, f.ci_hi)

@@ -140,9 +140,12 @@ def test_report_section_prints_the_replication_table(tmp_path, capsys):
     gemma(tmp_path)
     out = capsys.readouterr().out.splitlines()
     rows = {ln.split(" | ")[3]: ln for ln in out if ln.startswith("| exp7 | needle")}
-    assert rows["window > keyformer"].endswith("| window ≈ keyformer | 0.2,0.5 | 5 | no | no |")
-    assert rows["h2o ≈ keyformer"].endswith("| h2o ≈ keyformer | 0.2,0.5 | 5 | yes | yes |")
-    assert "1 of the 2 hold family-wise, 1 per comparison." in "\n".join(out)
+    # five records: the exact sign-flip test's smallest p is 2/32 > 0.05, so SmolLM2 decides nothing (the
+    # window's +80 included) and there is no claim to replicate, and no interval either
+    assert rows["window ? keyformer"].endswith("| window ? keyformer | 0.2,0.5 | 5 | no claim | no claim |")
+    assert "+80.00 [too few records (n = 5)" in rows["window ? keyformer"]
+    assert rows["h2o ? keyformer"].endswith("| h2o ? keyformer | 0.2,0.5 | 5 | no claim | no claim |")
+    assert "0 of 0 hold family-wise, 0 of 0 per comparison." in "\n".join(out)
     assert pd.read_csv(tmp_path / "exp9_gemma/needle/points.csv")["complete"].all()
     # a second Keyformer seed beside the task (needle_seed1/): one row per seed and one for the seeds' mean
     points, samples = _rows({("keyformer", b): hit for b in (0.2, 0.5)})

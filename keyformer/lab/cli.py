@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-pages", action="store_true",
                     help="exit 1 naming each generated page or findings.json that differs from the data")
     ap.add_argument("--study", metavar="NAME", help="with --pages/--check-pages: only this study")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="root of the findings tests' random streams (--pages, --leaderboard, --sweep; "
+                         "default 0, what the committed files use; another seed reproduces every verdict)")
     ap.add_argument("--leaderboard", metavar="BENCHMARK",
                     help="rank a collected sweep (--with FOLDER) in the committed field of BENCHMARK (ruler)")
     ap.add_argument("--with", dest="with_", type=Path, metavar="FOLDER",
@@ -41,7 +44,6 @@ def main(argv: list[str] | None = None) -> int:
                          "(besides full)")
     ap.add_argument("--wandb-group", metavar="GROUP",
                     help="with --sweep: also log its findings as a W&B Table into this group (docs/wandb.md)")
-    ap.add_argument("--seed", type=int, default=0, help="the statistics' random seed")
     ap.add_argument("--studies", metavar="MODULE",
                     help="the registry of studies (a module with STUDIES; default $KEYFORMER_STUDIES, else "
                          "experiments.registry)")
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         try:
-            print(leaderboard(args.leaderboard, args.with_, res, args.setting))
+            print(leaderboard(args.leaderboard, args.with_, res, args.setting, args.seed))
         except LeaderboardError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --study {args.study!r}: no such study with a page; valid: {', '.join(known)}",
                   file=sys.stderr)
             return 2
-        files = pages.build(res, only=args.study)
+        files = pages.build(res, only=args.study, seed=args.seed)
         if args.check_pages:
             bad = pages.drift(files)
             for b in bad:

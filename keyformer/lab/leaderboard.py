@@ -3,23 +3,23 @@
 ``FOLDER`` is what ``keyformer-collect`` wrote for the sweep (``points.csv`` + ``samples.csv``). Each of its
 (policy, budget) points is paired record by record with every committed policy at the same budget, on the
 records both ran, and compared with the findings engine (:mod:`keyformer.lab.findings`): the mean over the
-benchmark's strata (RULER: its tasks), a bootstrap CI resampling within each stratum, and the difference from
-every committed policy with Holm's correction over them (the user's point is a policy added to the field, so
-it gets its own family and the committed findings do not move). A sweep whose settings differ from the
-field's (model, prompt limit, chat template, decoding, the records themselves, a budget the field never ran)
-is refused with one line that names the difference.
+benchmark's strata (RULER: its tasks, in the study's order) and the difference from every committed policy by
+the paired sign-flip test within strata, with Holm's correction over them (the user's point is a policy added
+to the field, so it gets its own family and the committed findings do not move). A sweep whose settings differ
+from the field's (model, prompt limit, chat template, decoding, the records themselves, a budget the field
+never ran) is refused with one line that names the difference.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from keyformer.lab import analysis
+from keyformer.lab import analysis, stats
 from keyformer.lab import findings as fnd
 
 
@@ -37,9 +37,11 @@ class Benchmark:
     metric: str
     stratum: Callable[[str], str]
     settings: tuple[str, ...]
+    order: tuple[str, ...] = ()  # the strata's canonical order (the study's findings use it too)
 
 
-BENCHMARKS = {"ruler": Benchmark("ruler", "string_match_all", analysis.ruler_task_of, ("aware", "agnostic"))}
+BENCHMARKS = {"ruler": Benchmark("ruler", "string_match_all", analysis.ruler_task_of, ("aware", "agnostic"),
+                                  analysis.RULER_TASKS)}
 SETTINGS = ("chat_template", "num_beams", "dtype")  # must equal the field's
 
 
@@ -144,61 +146,82 @@ def _series(points: pd.DataFrame, samples: pd.DataFrame, metric: str, policy: st
     return {str(k): g.set_index("id")[metric].astype(float) for k, g in rows.groupby(rows["id"].map(stratum))}
 
 
-def _same_outputs(up: pd.DataFrame, us: pd.DataFrame, fp: pd.DataFrame, fs: pd.DataFrame, p: pd.Series,
-                  policy: str) -> bool:
-    """Whether the user's point wrote the same answer as a committed policy on every record both ran."""
-    if "prediction" not in us or "prediction" not in fs:
+def _same_outputs(us: pd.DataFrame, fp: pd.DataFrame, fs: pd.DataFrame, user_points: pd.Series, policy: str,
+                  budget: float, ids: set[str]) -> bool:
+    """Whether the user's points (every stratum's) wrote the same answer as a committed policy on every one of
+    ``ids``, the records the comparison pairs."""
+    if "prediction" not in us or "prediction" not in fs or not ids:
         return False
     sel = fp[fp["policy"] == policy]
     if policy != "full":
-        sel = sel[np.isclose(sel["budget"].astype(float), float(p["budget"]))]
-    mine = us[us["point"] == p["point"]].set_index("id")["prediction"].astype(str)
-    theirs = fs[fs["point"].isin(sel["point"])].set_index("id")["prediction"].astype(str)
-    common = mine.index.intersection(theirs.index)
-    return bool(len(common)) and bool((mine[common] == theirs[common]).all())
+        sel = sel[np.isclose(sel["budget"].astype(float), budget)]
+    def answers(samples: pd.DataFrame, pts: pd.Series) -> pd.Series:
+        rows = samples[samples["point"].isin(pts)].drop_duplicates("id")
+        return rows.set_index("id")["prediction"].fillna("").astype(str)
+
+    mine, theirs = answers(us, user_points), answers(fs, sel["point"])
+    common = sorted(ids & set(mine.index) & set(theirs.index))
+    return len(common) == len(ids) and bool((mine[common] == theirs[common]).all())
+
+
+def _ordered(bench: Benchmark, strata: set[str]) -> list[str]:
+    """The benchmark's canonical stratum order (then any other, sorted): the order the study's findings use,
+    so a comparison gets the same numbers here and on the page."""
+    return [t for t in bench.order if t in strata] + sorted(strata - set(bench.order))
+
+
+def _arm(bench: Benchmark, per: list[pd.Series], seed: int, key: str) -> dict[str, float]:
+    """An arm's mean over the strata, with a bootstrap CI only where the rule allows it
+    (:func:`stats.bootstrap_valid`)."""
+    xs = [x.to_numpy(float) for x in per]
+    out = {"mean": float(np.mean([x.mean() for x in xs])), "ci_lo": np.nan, "ci_hi": np.nan,
+           "n": sum(len(x) for x in xs)}
+    if stats.bootstrap_valid(xs):
+        _, out["ci_lo"], out["ci_hi"] = stats.bootstrap_mean(xs, fnd.N_PERM, stats.stream(seed, key))
+    return out
 
 
 def rank(bench: Benchmark, user: tuple[pd.DataFrame, pd.DataFrame], field: tuple[pd.DataFrame, pd.DataFrame],
          seed: int = 0) -> tuple[pd.DataFrame, list[fnd.Finding]]:
     """Per user (policy, budget): every committed policy at that budget and full, with its mean over the
-    strata the user's records cover, a stratified CI, its rank, and the user's difference from it (Holm over
-    the committed policies: one family per user point)."""
+    strata the user's records cover, its rank, and the user's difference from it, judged by the findings
+    engine over every record of every stratum both ran (Holm over the committed policies: one family per
+    user point; identical answers on all those records: n/a)."""
     up, us = user
     fp, fs = field
     rows, comps = [], []
     ok = set(same_prompts(bench, us, fs)[0])  # the strata whose records are the field's prompts
-    for _, p in up.drop_duplicates(["policy", "budget"]).iterrows():  # one point per (policy, budget)
-        mine = _series(up, us, bench.metric, p["policy"], float(p["budget"]), bench.stratum)
+    for _, p in up.drop_duplicates(["policy", "budget"]).iterrows():
+        budget = float(p["budget"])
+        at = np.isclose(up["budget"].astype(float), budget)
+        points = up.loc[(up["policy"] == p["policy"]) & at, "point"]
+        mine = _series(up, us, bench.metric, p["policy"], budget, bench.stratum)
         mine = {k: v[v.index.isin(fs["id"])] for k, v in mine.items()}  # the records the field ran
-        strata = sorted(k for k, v in mine.items() if len(v) and k in ok)
-        fam = f"leaderboard.{p['policy']}.b{float(p['budget']):g}"
-        others = sorted(set(fp["policy"]))
+        strata = _ordered(bench, {k for k, v in mine.items() if len(v) and k in ok})
+        fam = f"leaderboard.{p['policy']}.b{budget:g}"
         group = []
-        for pol in others:
-            theirs = _series(fp, fs, bench.metric, pol, None if pol == "full" else float(p["budget"]),
-                             bench.stratum)
-            if not all(t in theirs for t in strata):
+        for pol in sorted(set(fp["policy"])):
+            theirs = _series(fp, fs, bench.metric, pol, None if pol == "full" else budget, bench.stratum)
+            if not strata or not all(t in theirs for t in strata):
                 continue
             pairs = [mine[t].align(theirs[t], join="inner") for t in strata]
-            same = _same_outputs(up, us, fp, fs, p, pol)
-            m, lo, hi = analysis.stratified_mean_ci([b.to_numpy() for _, b in pairs], n_boot=fnd.N_BOOT,
-                                                    seed=seed)
-            group.append({"policy": pol, "mean": m, "ci_lo": lo, "ci_hi": hi,
-                          "n": sum(len(b) for _, b in pairs)})
+            if any(len(a) == 0 for a, _ in pairs):
+                continue
+            ids = {i for a, _ in pairs for i in a.index}
+            group.append({"policy": pol, **_arm(bench, [b for _, b in pairs], seed, f"{fam}.{pol}")})
             comps.append(fnd.Comparison(
                 id=f"{fam}.{pol}", quantity=f"{bench.metric}, {p['policy']} - {pol}", a=str(p["policy"]),
-                b=pol,
-                strata=[(a - b).to_numpy() for a, b in pairs], family=None if pol == "full" else fam,
-                identical=same,
-                meta={"user_policy": str(p["policy"]), "budget": float(p["budget"])}))
-        m, lo, hi = analysis.stratified_mean_ci([mine[t].to_numpy() for t in strata], n_boot=fnd.N_BOOT,
-                                                seed=seed)
-        group.append({"policy": f"{p['policy']} (yours)", "mean": m, "ci_lo": lo, "ci_hi": hi,
-                      "n": sum(len(mine[t]) for t in strata)})
+                b=pol, strata=[(a - b).to_numpy() for a, b in pairs], family=None if pol == "full" else fam,
+                identical=_same_outputs(us, fp, fs, points, pol, budget, ids),
+                meta={"user_policy": str(p["policy"]), "budget": budget}))
+        if strata:
+            group.append({"policy": f"{p['policy']} (yours)", **_arm(bench, [mine[t] for t in strata], seed,
+                                                                        f"{fam}.yours")})
         left = sorted(set(mine) - set(strata))
-        g = pd.DataFrame(group).assign(budget=float(p["budget"]), user_policy=str(p["policy"]),
-                                       strata=len(strata), left_out=", ".join(left))
-        g["rank"] = g.loc[g["policy"] != "full", "mean"].rank(ascending=False, method="min")
+        g = pd.DataFrame(group).assign(budget=budget, user_policy=str(p["policy"]), strata=len(strata),
+                                       left_out=", ".join(left))
+        if len(g):
+            g["rank"] = g.loc[g["policy"] != "full", "mean"].rank(ascending=False, method="min")
         rows.append(g)
     found = fnd.evaluate(comps, seed=seed)
     table = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
@@ -207,34 +230,41 @@ def rank(bench: Benchmark, user: tuple[pd.DataFrame, pd.DataFrame], field: tuple
 
 def render(table: pd.DataFrame, found: list[fnd.Finding], bench: Benchmark, setting: str) -> str:
     """The leaderboard as markdown: one table per user point."""
-    by = {(f.meta["user_policy"], f.meta["budget"], f.b): f for f in found}
+    by = {(f.meta["user_policy"], f.meta["budget"], f.b): asdict(f) for f in found}
     out = []
     for (pol, budget), g in table.groupby(["user_policy", "budget"], sort=False):
+        fams = [f for k, f in by.items() if k[:2] == (pol, budget) and f["family_size"]]
+        size = fams[0]["family_size"] if fams else 0
         out.append(f"\n### {pol} at budget {budget:g} against the committed field ({bench.dataset}, "
-                   f"{setting}; "
-                   f"{bench.metric} x 100, mean over {int(g['strata'].iloc[0])} strata, 95 % CIs)\n")
+                   f"{setting}; {bench.metric} x 100, mean over {int(g['strata'].iloc[0])} strata)\n")
         if g["left_out"].iloc[0]:
             out.append(f"Left out (their prompts differ from the field's, e.g. another essay haystack): "
                        f"{g['left_out'].iloc[0]}.\n")
-        out.append("| rank | policy | mean [CI] | n | yours - policy [CI] | p (Holm) | verdict | "
-                   "pooled design |")
+        out.append("| rank | policy | mean [95 % CI] | n | yours - policy [interval at Holm's level] | "
+                   "p (Holm) | verdict | tasks as units |")
         out.append("|---|---|---|---|---|---|---|---|")
         for _, r in g.sort_values("mean", ascending=False).iterrows():
             f = by.get((pol, budget, r["policy"]))
             rk = "" if np.isnan(r["rank"]) else str(int(r["rank"]))
             name = f"**{r['policy']}**" if r["policy"].endswith("(yours)") else r["policy"]
-            diff = (f"{f.estimate:+.1f} [{f.ci_lo:+.1f}, {f.ci_hi:+.1f}] | {fnd.fmt_p(f.p_adj, f.n_boot)} | "
-                    f"{f.verdict} | {f.verdict_alt}") if f else "| | |"
-            mean = f"{r['mean']:.1f} [{r['ci_lo']:.1f}, {r['ci_hi']:.1f}]"
+            diff = (f"{fnd.fmt_ci(f)} | {fnd.fmt_p(f)} | {fnd.fmt_verdict(f)} | {f['verdict_alt'] or ''}"
+                    if f else "| | |")
+            ci = "" if np.isnan(r["ci_lo"]) else f" [{r['ci_lo']:.1f}, {r['ci_hi']:.1f}]"
+            mean = f"{r['mean']:.1f}{ci}"
             out.append(f"| {rk} | {name} | {mean} | {int(r['n'])} | {diff} |")
-    out.append("\nverdict: `ahead`/`behind` when the Holm-adjusted p (over the committed policies at that "
-               "budget) is below 0.05, else `tied`; `pooled design`: the verdict when all records are "
-               "resampled as one pool "
-               "instead of within each stratum.")
+    out.append(f"\nverdict: the paired sign-flip test within strata (exact up to {stats.EXACT_MAX} records, "
+               f"else Monte Carlo with its error), Holm over the {size} committed policies at that budget: "
+               "`ahead`/`behind` when the adjusted p is below 0.05, else `inconclusive` with the records a "
+               "stratum that 80 % power would need; the interval is the same test inverted at the level Holm "
+               "tested it at (it excludes 0 exactly when the verdict is ahead or behind; \"too few records\" "
+               "where no p the records can give reaches it); `n/a`: the same answers on every paired record. "
+               "`tasks as units`: the verdict with each task's mean difference as one unit. A mean's "
+               "bootstrap CI is shown only with at least 20 records in every stratum.")
     return "\n".join(out).strip("\n")
 
 
-def leaderboard(name: str, folder: Path, res: Path = Path("results"), setting: str | None = None) -> str:
+def leaderboard(name: str, folder: Path, res: Path = Path("results"), setting: str | None = None,
+                seed: int = 0) -> str:
     """``keyformer-report --leaderboard NAME --with FOLDER``: the user's points ranked in the committed
     field."""
     if name not in BENCHMARKS:
@@ -254,5 +284,5 @@ def leaderboard(name: str, folder: Path, res: Path = Path("results"), setting: s
     ff = field_folder(bench, user[0], res, setting, exclude=folder)
     field = analysis.load_experiment(str(ff.parent), ff.name, complete_only=True)
     check(bench, user, field, setting)
-    table, found = rank(bench, user, field)
+    table, found = rank(bench, user, field, seed)
     return render(table, found, bench, setting)

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from keyformer.lab import findings as fnd
-from keyformer.lab import report, studies
+from keyformer.lab import preregistration, report, studies
 from keyformer.lab.studies import answers, results_folder, study_name
 
 PLACEHOLDER = re.compile(r"\{\{\s*([\w:/.,-]+)\s*\}\}")
@@ -34,12 +34,82 @@ MAX_BULLETS = 8
 INDEX_TEMPLATE = "index.md"  # beside the registry (experiments/index.md): the results index's words
 
 
-def findings_doc(study: ModuleType, res: Path) -> dict[str, Any] | None:
-    """The study's findings document, computed from the committed rows (None: the study has no findings)."""
+def findings_doc(study: ModuleType, res: Path, seed: int = 0) -> dict[str, Any] | None:
+    """The study's findings document, computed from the committed rows (None: the study has no findings).
+    Each comparison's role comes from the definition's ``roles`` (:func:`preregistration.role`) and its
+    equivalence margin, unless it sets one, from the definition's ``margin``."""
     if not hasattr(study, "comparisons"):
         return None
-    found = fnd.evaluate(study.comparisons(res))
+    comps = study.comparisons(res)
+    for c in comps:
+        c.role = preregistration.role(study.DEFINITION, c.family, c.id)
+        if c.margin is None:
+            c.margin = study.DEFINITION.get("margin")
+    found = fnd.evaluate(comps, seed=seed)
     return json.loads(fnd.dumps(study_name(study), found, study.DEFINITION))
+
+
+CHANGED = "verdicts_schema1.json"  # beside the registry: each study's verdicts under the bootstrap engine
+MAX_CHANGED = 12
+
+
+def _why(old: dict[str, Any], f: dict[str, Any]) -> str:
+    """Why a schema-1 verdict (bootstrap p, Holm) became the sign-flip one."""
+    if f["verdict"] is None:
+        return "descriptive in the pre-registration: no verdict"
+    if old["verdict"] in ("ahead", "behind") and f["verdict"] == "inconclusive":
+        if f.get("ci_lo") is None:
+            return f"the exact test cannot reach Holm's level with n = {f['n']}"
+        return (f"the sign-flip test does not reject at Holm's level {f['level']:.2g} "
+                f"(p {fnd.fmt_p(f, False)})")
+    if f["verdict"] == "equivalent":
+        return f"interval inside the margin +-{f['margin']:g}"
+    return "the sign-flip test rejects where the bootstrap did not"
+
+
+def method(study: ModuleType, doc: dict[str, Any] | None) -> str:
+    """How the page's verdicts are reached, from its findings: the test, the interval, Holm, the verdicts,
+    the margin, and each family's role (confirmatory only where git shows it came before its rows)."""
+    if doc is None:
+        return ""
+    d, fs = doc["definition"], doc["findings"]
+    tests = {f["test"] for f in fs if f["test"]}
+    margin = d.get("margin")
+    said = "; ".join(f"`{k}` {r}" for k, r in d.get("roles", {}).items()) or "every family exploratory"
+    if {f["role"] for f in fs} - set(d.get("roles", {}).values()):
+        said += " (a family not named: exploratory)"
+    how = " and ".join(sorted(tests)) or "none"
+    return (f"paired sign-flip test of a zero difference ({how}; a Monte Carlo p carries its standard error "
+            "and pattern count), Holm within each family at alpha "
+            f"{d.get('alpha', fnd.ALPHA):g}; the interval is the same test inverted at the level Holm tested "
+            "the comparison at, so it excludes 0 exactly when the verdict is `ahead`/`behind`; `equivalent`: "
+            + (f"the interval inside +-{margin:g} (the margin declared for the metric, after the data: "
+               "exploratory)" if margin is not None else "not claimed (no margin declared)")
+            + "; `inconclusive` names the records a stratum 80 % power would need. Roles (confirmatory only "
+            "where git shows the definition came before the rows): " + said + ".")
+
+
+def changed_table(study: ModuleType, doc: dict[str, Any] | None) -> str:
+    """The verdicts that changed from the schema-1 engine (bootstrap) to this one (old, new, why): ``tied``
+    read as ``inconclusive`` is a renaming and not listed."""
+    path = studies.registry_folder() / CHANGED
+    if doc is None or not path.is_file():
+        return ""
+    old = json.loads(path.read_text(encoding="utf-8")).get(study_name(study), {})
+    rows = []
+    for f in doc["findings"]:
+        o = old.get(f["id"])
+        same = (f["verdict"], f["verdict"])
+        if o is None or (o["verdict"], f["verdict"]) in (("tied", "inconclusive"), same):
+            continue
+        rows.append(f"| `{f['id']}` | {o['verdict']} | {fnd.fmt_verdict(f)} {fnd.fmt_ci(f)} | {_why(o, f)} |")
+    if not rows:
+        return "No verdict changed with the sign-flip engine (`tied` now reads `inconclusive`, `equivalent`)."
+    more = len(rows) - MAX_CHANGED
+    head = ("| finding | old (bootstrap) | new (sign-flip) [interval at Holm's level] | why |\n"
+            "|---|---|---|---|\n")
+    tail = f"\n\n... and {more} more (findings.json; the old verdicts: {CHANGED} beside the registry)."
+    return head + "\n".join(rows[:MAX_CHANGED]) + (tail if more > 0 else "")
 
 
 def provenance(res: Path, folders: list[str]) -> str:
@@ -84,6 +154,10 @@ def render_page(study: ModuleType, res: Path, doc: dict[str, Any] | None) -> str
             return report.render(key.split(":", 1)[1], res)
         if key.startswith("provenance:"):
             return provenance(res, key.split(":", 1)[1].split(","))
+        if key == "changed":
+            return changed_table(study, doc)
+        if key == "method":
+            return method(study, doc)
         if key == "findings":
             items = study.bullets(doc) if doc is not None else []
             if len(items) > MAX_BULLETS:
@@ -102,25 +176,27 @@ def pages(registry: str | None = None) -> list[ModuleType]:
     return [s for s in studies.studies(registry) if Path(s.__file__).with_name("page.md").is_file()]
 
 
-def study_files(study: ModuleType, res: Path) -> dict[Path, str]:
+def study_files(study: ModuleType, res: Path, seed: int = 0) -> dict[Path, str]:
     """One study's generated files: ``findings.json`` (computed from the committed rows) and its page."""
     out: dict[Path, str] = {}
     folder = res / results_folder(study)
-    doc = findings_doc(study, res)
+    doc = findings_doc(study, res, seed)
     if doc is not None:
         out[folder / "findings.json"] = json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
-    out[folder / "README.md"] = render_page(study, res, doc)
+    with report.rendering(results_folder(study), doc):
+        out[folder / "README.md"] = render_page(study, res, doc)
     return out
 
 
-def index_file(res: Path, registry: str | None = None) -> dict[Path, str]:
+def index_file(res: Path, registry: str | None = None,
+               fresh: dict[Path, str] | None = None) -> dict[Path, str]:
     """The results index ``results/README.md``: its template (``index.md`` beside the registry) with
     ``{{ index }}`` replaced by one row per study (question, one-line answer from its committed
-    ``findings.json``, link)."""
+    ``findings.json``, link; ``fresh``: generated files to read instead of the committed ones)."""
     template = studies.registry_folder(registry) / INDEX_TEMPLATE
     if not template.is_file():
         return {}
-    said = {study_name(s): a for s, a in answers(res, registry)}
+    said = {study_name(s): a for s, a in answers(res, registry, fresh)}
     rows = [f"| [{s.TITLE}]({results_folder(s)}/README.md) | {s.QUESTION} | {said.get(study_name(s), '')} |"
             for s in pages(registry)]
     table = "| experiment | question | answer |\n|---|---|---|\n" + "\n".join(rows)
@@ -130,14 +206,15 @@ def index_file(res: Path, registry: str | None = None) -> dict[Path, str]:
     return {res / "README.md": text.rstrip("\n") + "\n"}
 
 
-def build(res: Path, registry: str | None = None, only: str | None = None) -> dict[Path, str]:
-    """Every generated file: each study's (or only ``only``'s) findings and page, then the index."""
+def build(res: Path, registry: str | None = None, only: str | None = None, seed: int = 0) -> dict[Path, str]:
+    """Every generated file: each study's (or only ``only``'s) findings and page, then the index (``seed``:
+    the random streams' root; the committed files use 0)."""
     out: dict[Path, str] = {}
     for study in pages(registry):
         if only is None or study_name(study) == only:
-            out.update(study_files(study, res))
+            out.update(study_files(study, res, seed))
     if only is None:
-        out.update(index_file(res, registry))
+        out.update(index_file(res, registry, out))
     return out
 
 

@@ -296,6 +296,36 @@ def provenance(res: Path) -> None:
     print("\n".join(rows))
 
 
+_FRESH: dict[str, dict] = {}  # results folder -> the findings document a page is being rendered with
+
+
+def findings_of(res: Path, folder: str) -> dict[str, dict]:
+    """``{id: finding}`` of a study's findings, for a table that prints a comparison the findings hold (one
+    draw per number): the document a page is being rendered with (:func:`rendering`), else the committed
+    ``res/<folder>/findings.json``; empty without either."""
+    from keyformer.lab import findings as fnd
+
+    doc = _FRESH.get(folder)
+    path = res / folder / "findings.json"
+    if doc is None and path.is_file():
+        doc = fnd.load(path)
+    return {f["id"]: f for f in doc["findings"]} if doc else {}
+
+
+class rendering:  # noqa: N801 - a context manager, read as a phrase
+    """``with rendering(folder, doc):`` the tables rendered inside read ``doc`` as ``folder``'s findings."""
+
+    def __init__(self, folder: str, doc: dict | None) -> None:
+        self.folder, self.doc = folder, doc
+
+    def __enter__(self) -> None:
+        if self.doc is not None:
+            _FRESH[self.folder] = self.doc
+
+    def __exit__(self, *exc: object) -> None:
+        _FRESH.pop(self.folder, None)
+
+
 def _p_cell(p: float, n_boot: int) -> str:
     """A bootstrap p as the table prints it: 3 decimals, or ``< 2/n_boot`` where no replicate crossed 0
     (a bootstrap p of 0 means "below its resolution", not 0)."""

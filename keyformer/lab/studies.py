@@ -58,15 +58,18 @@ def results_folder(study: ModuleType) -> str:
     return getattr(study, "RESULTS", study_name(study))
 
 
-def answers(res: Path, registry: str | None = None) -> list[tuple[ModuleType, str]]:
-    """Each study's one-line answer, read from its committed ``findings.json`` (studies without one are left
-    out)."""
+def answers(res: Path, registry: str | None = None,
+            fresh: dict[Path, str] | None = None) -> list[tuple[ModuleType, str]]:
+    """Each study's one-line answer, read from its committed ``findings.json`` (or its text in ``fresh``,
+    the files being generated; studies without one are left out)."""
     out = []
     for study in studies(registry):
         if not Path(study.__file__).with_name("page.md").is_file():
             continue
         f = res / results_folder(study) / "findings.json"
-        if f.is_file() and hasattr(study, "answer"):
+        if fresh and f in fresh and hasattr(study, "answer"):
+            out.append((study, study.answer(fnd.loads(fresh[f], f))))
+        elif f.is_file() and hasattr(study, "answer"):
             out.append((study, study.answer(fnd.load(f))))
         elif hasattr(study, "answer_rows"):  # a descriptive study: no comparisons, its answer read from rows
             out.append((study, study.answer_rows(res)))

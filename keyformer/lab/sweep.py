@@ -16,6 +16,7 @@ exploratory.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -186,11 +187,13 @@ def render(name: str, t: pd.DataFrame, found: list[fnd.Finding], metric: str, re
         flag = "" if r.complete else " (partial)"
         lines.append(f"| {r.policy}{flag} | {fmt_budget(r.budget)} | {r.n} | "
                      f"{_ci(r.mean, r.ci_lo, r.ci_hi)} | {r.kv_ratio:.3f} | {r.decode_ms_per_token:.1f} |")
-    lines += ["", "## Findings (exploratory; paired, Holm within each family; `findings.json`)", "",
-              "| comparison | n | difference [95 % CI] | p (Holm) | verdict |", "|---|---|---|---|---|"]
-    for f in found:
-        lines.append(f"| {f.a} - {f.b} | {f.n} | {_ci(f.estimate, f.ci_lo, f.ci_hi, signed=True)} | "
-                     f"{fnd.fmt_p(f.p_adj, f.n_boot)} | {f.verdict} |")
+    lines += ["", "## Findings (exploratory; paired sign-flip test within strata, Holm within each family; "
+              "`findings.json`)", "",
+              "| comparison | n | difference [interval at Holm's level] | p (Holm) | verdict |",
+              "|---|---|---|---|---|"]
+    for f in map(asdict, found):
+        lines.append(f"| {f['a']} - {f['b']} | {f['n']} | {fnd.fmt_ci(f, 2)} | {fnd.fmt_p(f)} | "
+                     f"{fnd.fmt_verdict(f)} |")
     if not found:
         lines.append("| (no pair: the sweep needs `full` or the reference beside a policy) | | | | |")
     partial = t.loc[~t["complete"], "policy"].tolist()
