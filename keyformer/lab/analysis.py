@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from keyformer.lab.stats import holm  # noqa: F401 - one Holm for the studies that read it from here
+
 ROUGE = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
 
@@ -64,18 +66,6 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = 10000
                       float((means >= 0).mean()))
 
 
-def holm(p: Sequence[float]) -> np.ndarray:
-    """Holm's step-down adjusted p-values (family-wise error control) of ``p``, in the input order; NaN
-    entries are not part of the family and stay NaN. ``adjusted < alpha`` rejects at family-wise ``alpha``."""
-    p = np.asarray(p, dtype=float)
-    out = np.full_like(p, np.nan)
-    idx = np.flatnonzero(~np.isnan(p))
-    order = idx[np.argsort(p[idx], kind="stable")]
-    m, running = len(order), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        out[i] = running
-    return out
 
 
 def paired_frame(samples: pd.DataFrame, point_a: str, point_b: str, metric: str = "rouge2") -> pd.DataFrame:

@@ -54,11 +54,22 @@ class Wrapper:
 
     @classmethod
     def refuses(cls, inner: type[Policy]) -> str | None:
-        """Why this wrapper cannot wrap ``inner`` (a policy class, maybe already wrapped), or None."""
+        """Why this wrapper cannot wrap ``inner`` (a policy class, maybe already wrapped), or None: a policy
+        that never cuts, the wrapper's own reason (:meth:`refuses_own`), a hook ``inner`` already owns."""
+        if not inner.evicts:
+            return "it never cuts"
+        own = cls.refuses_own(inner)
+        if own is not None:
+            return own
         for hook in cls.owns:
             mine = getattr(inner, hook)
             if mine is not getattr(Policy, hook):
                 return f"{inner.name!r} already has its own {hook}"
+        return None
+
+    @classmethod
+    def refuses_own(cls, inner: type[Policy]) -> str | None:
+        """This wrapper's own reason to refuse ``inner`` (None: none)."""
         return None
 
 

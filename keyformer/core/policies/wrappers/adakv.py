@@ -72,9 +72,5 @@ class AdaKV(AdaKVMixin, Wrapper):
             raise ValueError(f"head_reduction={hr!r}: Ada-KV allocates per head; valid: per_head")
 
     @classmethod
-    def refuses(cls, inner: type[Policy]) -> str | None:
-        if not inner.evicts:
-            return "it never cuts"
-        if not inner.head_comparable:
-            return "its priorities are not comparable across heads"
-        return super().refuses(inner)
+    def refuses_own(cls, inner: type[Policy]) -> str | None:
+        return None if inner.head_comparable else "its priorities are not comparable across heads"

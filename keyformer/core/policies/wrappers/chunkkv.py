@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from ..base import Context, Policy
+from ..base import Context
 from ..compose import Wrapper
 
 
@@ -48,10 +48,6 @@ class ChunkKV(Wrapper):
         v = self.chunk_length
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"chunk_length={v!r} must be an int >= 1 (tokens per chunk)")
-
-    @classmethod
-    def refuses(cls, inner: type[Policy]) -> str | None:
-        return "it never cuts" if not inner.evicts else super().refuses(inner)
 
     def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
         prio = super().priority(state, ctx)  # type: ignore[misc]

@@ -78,14 +78,12 @@ class CriticalKV(PreparingWrapper):
             raise ValueError(f"head_reduction={hr!r}: CriticalKV rescales per head; valid: per_head")
 
     @classmethod
-    def refuses(cls, inner: type[Policy]) -> str | None:
-        if not inner.evicts:
-            return "it never cuts"
+    def refuses_own(cls, inner: type[Policy]) -> str | None:
         if "prompt" in inner.reads:
             return "it scores the prompt in a forward of its own"
         if not (inner.nonnegative or (inner.needs_attention and "tensors" not in inner.reads)):
             return "its priorities may be negative (the rescaling multiplies them by value norms)"
-        return super().refuses(inner)
+        return None
 
     def prepare_own(self, model: Any) -> dict[int, torch.Tensor]:
         return output_projections(model)

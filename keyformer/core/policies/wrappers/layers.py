@@ -18,19 +18,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..base import Context, Policy
+from ..base import Context
 from ..compose import Wrapper
 
 
 class _LayerWrapper(Wrapper):
     owns: ClassVar[tuple[str, ...]] = ("layer_budget",)
     family: ClassVar[str] = "layer budgets"
-
-    @classmethod
-    def refuses(cls, inner: type[Policy]) -> str | None:
-        if not inner.evicts:
-            return "it never cuts"
-        return super().refuses(inner)
 
 
 @dataclass

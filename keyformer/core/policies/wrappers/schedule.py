@@ -12,19 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..base import PROMPT, STEP, Policy, Schedule, every
+from ..base import PROMPT, STEP, Schedule, every
 from ..compose import Wrapper
 
 
 class _ScheduleWrapper(Wrapper):
     owns: ClassVar[tuple[str, ...]] = ("schedule",)
     family: ClassVar[str] = "schedule"
-
-    @classmethod
-    def refuses(cls, inner: type[Policy]) -> str | None:
-        if not inner.evicts:
-            return "it never cuts"
-        return super().refuses(inner)
 
 
 @dataclass
