@@ -20,6 +20,8 @@ _EXPORTS = {
     "prepare_model": "core.models",
     "tiny_model": "core.models",
     "POLICIES": "core.policies",
+    "WRAPPERS": "core.policies",
+    "Wrapper": "core.policies",
     "Policy": "core.policies",
     "ScorePolicy": "core.policies",
     "Context": "core.policies",
@@ -38,9 +40,9 @@ _EXPORTS = {
 }
 
 __all__ = ["KVCache", "GenerationOutput", "generate", "make_cache", "SUPPORTED_ARCHS", "prepare_model",
-           "tiny_model", "POLICIES", "Policy", "ScorePolicy", "Context", "Prompt", "Schedule", "NEVER",
-           "PROMPT", "STEP", "every", "make_policy", "check_policy", "ContractError", "RuleView", "load",
-           "apply"]
+           "tiny_model", "POLICIES", "WRAPPERS", "Wrapper", "Policy", "ScorePolicy", "Context", "Prompt",
+           "Schedule", "NEVER", "PROMPT", "STEP", "every", "make_policy", "check_policy", "ContractError",
+           "RuleView", "load", "apply"]
 
 if TYPE_CHECKING:
     from .core.cache import KVCache

@@ -47,9 +47,9 @@ def test_guide_examples_use_public_imports_and_compile():
 @pytest.mark.usefixtures("one_thread")
 def test_guide_examples_run(monkeypatch):
     """The self-contained examples (not the ones importing a user's ``mypkg``) run, the rule check too."""
-    from keyformer import Policy
+    from keyformer import WRAPPERS, Policy
 
-    before = dict(Policy.registry)
+    before, wrappers = dict(Policy.registry), dict(WRAPPERS)
     try:
         ran = 0
         for i, code in enumerate(_python_blocks()):
@@ -62,3 +62,5 @@ def test_guide_examples_run(monkeypatch):
     finally:  # the examples' policies stay out of the other tests' parametrisations
         Policy.registry.clear()
         Policy.registry.update(before)
+        WRAPPERS.clear()
+        WRAPPERS.update(wrappers)

@@ -108,6 +108,7 @@ def test_a_sweeps_findings_go_to_its_wandb_group(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # a W&B session an earlier test started ignores WANDB_DIR: ./wandb is here
     ids = [f"r{i}" for i in range(4)]
     _write(tmp_path / "c", {("full", 1.0): [100.0] * 4, ("h2o", 0.5): [50.0] * 4}, "accuracy", ids)
     args = ["--sweep", str(tmp_path / "c"), "--out", str(tmp_path / "page"), "--wandb-group", "mine"]

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import NEVER, PROMPT, STEP, Context, Policy, Prompt, Schedule, ScorePolicy, every
-from .compose import WRAPPERS, compose, parse_wrap, split_name
+from .compose import WRAPPERS, Wrapper, compose, parse_wrap, split_name
 from .full import FullPolicy
 from .h2o import H2OPolicy
 from .keyformer import KeyformerPolicy
@@ -95,6 +95,6 @@ def build_policy(node: Mapping[str, Any]) -> Policy:
     return make_policy(target, **kwargs)
 
 
-__all__ = ["POLICIES", "WRAPPERS", "compose", "Context", "Policy", "ScorePolicy", "Schedule", "Prompt",
-           "NEVER", "PROMPT", "STEP", "every", "FullPolicy", "WindowPolicy", "StreamingPolicy", "H2OPolicy",
-           "KeyformerPolicy", "make_policy", "build_policy", "split_node", "policy_class"]
+__all__ = ["POLICIES", "WRAPPERS", "Wrapper", "compose", "Context", "Policy", "ScorePolicy", "Schedule",
+           "Prompt", "NEVER", "PROMPT", "STEP", "every", "FullPolicy", "WindowPolicy", "StreamingPolicy",
+           "H2OPolicy", "KeyformerPolicy", "make_policy", "build_policy", "split_node", "policy_class"]
