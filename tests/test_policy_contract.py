@@ -184,8 +184,8 @@ def test_budget_holds(model, name):
     assert every.calls == NEW
 
 
-# Qwen3's padded keys differ from the unpadded ones in their last bits on the tiny model; leverage (a linear solve
-# over a head's held keys) amplifies that past near-ties (tests/test_methods_rules.py leaves it out too).
+# Qwen3's padded keys differ from the unpadded ones in their last bits on the tiny model; leverage (a linear
+# solve over a head's held keys) amplifies that past near-ties (test_methods_rules.py leaves it out too).
 PAD_SENSITIVE = {("leverage", "qwen3")}
 
 
