@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
             doc = json.loads((args.out / "findings.json").read_text(encoding="utf-8"))
             if doc["findings"]:
-                log_findings_table(args.wandb_group, doc)
+                log_findings_table(args.wandb_group, doc, directory=os.environ.get("WANDB_DIR"))
                 print(f"logged {len(doc['findings'])} findings to W&B group {args.wandb_group!r}")
         return 0
     if args.leaderboard is not None:
