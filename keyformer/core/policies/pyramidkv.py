@@ -29,6 +29,22 @@ from .base import Context
 from .snapkv import SnapKVPolicy
 
 
+def pyramid_budget(k: torch.Tensor, n: torch.Tensor, w: torch.Tensor, layer: int, num_layers: int,
+                   beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyramidKV's budget of ``layer`` (of ``num_layers``): the window ``w`` plus an arithmetic sequence of
+    the rest ``k - w`` from ``2(k - w) - lo`` (first layer) down to ``lo = (k - w) / beta`` (last), capped at
+    the ``n - w`` tokens there are; returns ``(budget, lo)``."""
+    wf = w.double()
+    kk, nf = k.double() - wf, n.double()
+    lo = kk / beta
+    hi = 2 * kk - lo
+    cap = hi >= nf - wf
+    hi = torch.where(cap, nf - wf, hi)
+    lo = torch.where(cap, 2 * kk - hi, lo)
+    steps = (hi - lo) / max(num_layers - 1, 1)
+    return (wf + torch.round(hi - layer * steps)).long(), lo
+
+
 @dataclass
 class PyramidKVPolicy(SnapKVPolicy):
     beta: int = 20
@@ -47,15 +63,8 @@ class PyramidKVPolicy(SnapKVPolicy):
         layer, num_layers = ctx.policy_layer, ctx.policy_layers  # the layers it acts on (hybrid: global ones)
         if num_layers == 1:  # one layer: the pyramid's mean is its only value
             return torch.minimum(k.clamp(min=1), n)
-        w = k.clamp(max=self.window_size).double()
-        kk, nf = k.double() - w, n.double()
-        lo = kk / self.beta
-        hi = 2 * kk - lo
-        cap = hi >= nf - w
-        hi = torch.where(cap, nf - w, hi)
-        lo = torch.where(cap, 2 * kk - hi, lo)
-        steps = (hi - lo) / max(num_layers - 1, 1)
-        out = (w + torch.round(hi - layer * steps)).long()
+        w = k.clamp(max=self.window_size)
+        out, lo = pyramid_budget(k, n, w, layer, num_layers, self.beta)
         if self.fallback:
             out = torch.where(lo >= self.window_size, out, k)
         return torch.minimum(out.clamp(min=1), n)

@@ -20,6 +20,7 @@ import torch
 
 from ..base import Context
 from ..compose import Wrapper
+from ..pyramidkv import pyramid_budget
 
 
 class _LayerWrapper(Wrapper):
@@ -44,15 +45,8 @@ class Pyramid(_LayerWrapper):
         layer, num_layers = ctx.policy_layer, ctx.policy_layers
         if num_layers == 1:
             return torch.minimum(k.clamp(min=1), n)
-        w = torch.minimum(self.recent_tokens(k), k).double()  # type: ignore[attr-defined]
-        kk, nf = k.double() - w, n.double()
-        lo = kk / self.pyramid_beta
-        hi = 2 * kk - lo
-        cap = hi >= nf - w
-        hi = torch.where(cap, nf - w, hi)
-        lo = torch.where(cap, 2 * kk - hi, lo)
-        steps = (hi - lo) / max(num_layers - 1, 1)
-        out = (w + torch.round(hi - layer * steps)).long()
+        w = torch.minimum(self.recent_tokens(k), k)  # type: ignore[attr-defined]
+        out, _ = pyramid_budget(k, n, w, layer, num_layers, self.pyramid_beta)
         return torch.minimum(out.clamp(min=1), n)
 
 
