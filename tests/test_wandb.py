@@ -167,6 +167,27 @@ def test_findings_table_is_logged_into_the_group(tmp_path, monkeypatch):
         log_findings_table("my_study", {"study": "x", "findings": []}, mode="offline", directory=tmp_path)
 
 
+def test_a_run_file_counts_as_written_only_with_its_exit_record(tmp_path, monkeypatch):
+    """W&B's service closes an offline run's file after ``finish`` returns; ``wait_written`` (which the
+    findings table and the job logger call) sees a file cut before its exit record as not yet written."""
+    pytest.importorskip("wandb")
+    from keyformer.run.wandb_log import log_findings_table
+    from keyformer.run.wandb_offline import is_written, records, wait_written
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    doc = {"study": "s", "findings": [{"id": "x", "a": "h2o@0.5", "b": "full", "estimate": 1.0}]}
+    log_findings_table("s", doc, mode="offline", directory=tmp_path)
+    (done,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    assert is_written(done)
+    data = done.read_bytes()
+    cut = tmp_path / "cut.wandb"
+    cut.write_bytes(data[:7])  # the header alone: what a reader can find before the service flushes
+    assert list(records(cut)) == [] and not is_written(cut)
+    assert not is_written(tmp_path / "missing.wandb")
+    with pytest.raises(TimeoutError, match="cut.wandb"):
+        wait_written(cut, timeout=0.2)
+
+
 def test_a_renamed_sweep_still_resumes(tmp_path):
     """``name`` is not part of a run's identity: the same point under another name resumes, never refused."""
     from keyformer.run.tasks.generate import run

@@ -146,6 +146,10 @@ class WandbLogger:
             if log_samples and rows:
                 self.run.log({"samples": _table(rows)})
             self.run.finish()
+            if self.run.offline:  # the file is closed after finish returns: a reader in this process waits
+                from .wandb_offline import wait_written
+
+                wait_written(self.run.settings.sync_file)
         except Exception as e:  # noqa: BLE001
             warnings.warn(f"W&B logging failed (local results are complete): {type(e).__name__}: {e}",
                           stacklevel=2)
@@ -170,8 +174,8 @@ def log_findings_table(run_or_group: Any, doc: Mapping[str, Any], key: str = "fi
                        directory: str | os.PathLike | None = None) -> None:
     """Log a sweep's findings (a ``findings.json`` document, ``keyformer-report --sweep``) as the W&B Table
     ``key``: into ``run_or_group`` when it is a run, else into a run named ``findings`` (job type
-    ``findings``) of the group of that name, which it starts and finishes. Raises on failure (an explicit
-    call, not a side effect of a job)."""
+    ``findings``) of the group of that name, which it starts and finishes (offline: returns once the run's
+    file is written). Raises on failure (an explicit call, not a side effect of a job)."""
     import wandb
 
     rows = findings_rows(doc)
@@ -187,3 +191,7 @@ def log_findings_table(run_or_group: Any, doc: Mapping[str, Any], key: str = "fi
         run.log({key: _table(rows)})
     finally:
         run.finish()
+    if run.offline:  # W&B closes the run's file after finish returns: wait, so a reader right after sees it
+        from .wandb_offline import wait_written
+
+        wait_written(run.settings.sync_file)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,34 @@ def records(path: str | Path) -> Iterator[bytes]:
         elif kind == _LAST:
             yield part + chunk
             part = b""
+
+
+def _kinds(path: str | Path) -> Iterator[str]:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    for raw in records(path):
+        rec = pb.Record()
+        rec.ParseFromString(raw)
+        yield rec.WhichOneof("record_type")
+
+
+def is_written(path: str | Path) -> bool:
+    """Whether a run file holds its exit record: W&B writes it when the run finishes and closes the file after
+    ``finish`` has returned (its service flushes the file on its own time), so until then a reader may see
+    nothing of the run."""
+    try:
+        return "exit" in _kinds(path)
+    except (OSError, ValueError):  # not there yet, or not even its header
+        return False
+
+
+def wait_written(path: str | Path, timeout: float = 60.0) -> None:
+    """Return once ``is_written(path)``; TimeoutError naming the file after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not is_written(path):
+        if time.monotonic() > end:
+            raise TimeoutError(f"{path}: W&B did not write the finished run within {timeout:g} s")
+        time.sleep(0.05)
 
 
 def _put(d: dict, item: Any) -> None:
