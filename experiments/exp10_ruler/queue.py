@@ -16,10 +16,10 @@ multirun/exp10_ruler_gemma/...) go to multirun/exp10_ruler_gemma/queues.
 ``left.txt`` (one per model) lists every tier's points in tier order, less those already complete in
 ``results/exp10_ruler{,_gemma}/<setting>/points.csv``: how a session on a fresh machine continues.
 
-Tiers 1b, 2b, 3 and 4 (44 + 44 + 264 + 704 points) are not committed as queue files: tests/test_configs.py
-composes every line of experiments/queues/*.txt, which would take half an hour on the 2-core machine. Points
-are listed policy-major (every task of a policy, then the next policy), so a policy's RULER average
-is complete as early as possible; in tiers 3-4 a point's budgets follow each other with
+Tiers 1b, 2b, 3, 4 and 5 (44 + 44 + 264 + 704 + 198 points) are not committed as queue files:
+tests/test_configs.py composes every line of experiments/queues/*.txt, which would take half an hour on
+the 2-core machine. Points are listed policy-major (every task of a policy, then the next policy), so a
+policy's RULER average is complete as early as possible; in tiers 3-4 a point's budgets follow each other with
 ``share_prompt=true``: one prompt forward per record serves all of them (outputs as without it).
 """
 
@@ -35,6 +35,10 @@ CORE = ["full", "keyformer", "h2o", "snapkv", "window"]
 CURRENT = ["expected_attention", "keydiff", "kvzip", "rkv"]  # the field's 2025 methods (issue 21)
 # tier 4 runs the 2025 methods first: where Keyformer ranks among the current methods at every ratio
 FIELD = [*CURRENT, "tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer", "streaming"]
+# issue 68's methods at ratio 0.5, both settings: the floor and the cheap scorers first, then the compositions
+# (a wrapper over two scorers each: CriticalKV over SnapKV and Keyformer, Ada-KV over H2O and key norm)
+METHODS = ["random", "knorm", "snapkv+criticalkv", "keyformer+criticalkv", "h2o+adakv", "knorm+adakv",
+           "lagkv", "curdkv", "leverage"]
 RECORDS = 5
 OTHER = (0.75, 0.25, 0.125)  # budgets of ratios 0.25, 0.75, 0.875 (tiers 3-4; ratio 0.5 is tiers 1-2)
 HEADER = """# Experiment 10 (experiments/exp10_ruler/README.md), {what}.
@@ -45,10 +49,14 @@ HEADER = """# Experiment 10 (experiments/exp10_ruler/README.md), {what}.
 
 def line(setting: str, task: str, policy: str, budget: float, exp: str = "exp10_ruler",
          share: bool = False) -> str:
+    """One queue line; ``policy`` may be a composition ``scorer+wrapper[+wrapper...]`` (``policy.wrap``)."""
     folder = f"multirun/{exp}/{setting}/task={task},budget={budget},policy={policy}"
     agnostic = " dataset.query_agnostic=true" if setting == "agnostic" else ""
+    base, *wrap = policy.split("+")
+    wraps = f" policy.wrap=[{','.join(wrap)}]" if wrap else ""
     return (f"{folder} {RECORDS} +experiment={exp} dataset.ruler_task={task} "
-            f"generation.max_new_tokens={TOKENS.get(task, 128)}{agnostic} policy={policy} budget={budget}"
+            f"generation.max_new_tokens={TOKENS.get(task, 128)}{agnostic} policy={base}{wraps} "
+            f"budget={budget}"
             + (" share_prompt=true" if share else ""))
 
 
@@ -90,7 +98,7 @@ def gemma_tiers() -> dict[str, tuple[str, list[str]]]:
 
 
 def tiers() -> dict[str, tuple[str, list[str]]]:
-    """Experiment 10's tiers on SmolLM2, in the order they run (1, 1b, 2, 2b, 3, 4)."""
+    """Experiment 10's tiers on SmolLM2, in the order they run (1, 1b, 2, 2b, 3, 4, 5)."""
     both = ("aware", "agnostic")
     return {
         "exp10_core.txt": ("tier 1: question-aware, ratio 0.5 (budget 0.5), full / Keyformer / H2O / SnapKV "
@@ -110,6 +118,9 @@ def tiers() -> dict[str, tuple[str, list[str]]]:
                             "query-agnostic, so each policy is read once in both settings)",
                             [x for p in FIELD for s in both  # ratio 0.5 of the 2025 methods: tiers 1b, 2b
                              for x in sweep(s, [p], {p: OTHER if p in CURRENT else (0.5, *OTHER)})]),
+        "exp10_methods.txt": ("tier 5: the methods and compositions added to the registry since tier 4, at "
+                              "ratio 0.5, both settings, method by method",
+                              [x for p in METHODS for s in both for x in points(s, [p], 0.5)]),
     }
 
 
@@ -136,7 +147,7 @@ def main(argv: list[str]) -> None:
     here = Path(__file__).resolve().parent
     late = Path(argv[0]) if argv else here.parent.parent / "multirun" / "exp10_ruler" / "queues"
     for name, (what, lines) in tiers().items():
-        out = (here if name in ("exp10_core.txt", "exp10_core_agnostic.txt") else late) / name
+        out = (here / "queues" if name in ("exp10_core.txt", "exp10_core_agnostic.txt") else late) / name
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(HEADER.format(what=what, records=RECORDS) + "\n".join(lines) + "\n")
         print(f"{out}: {len(lines)} points")

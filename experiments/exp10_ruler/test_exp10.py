@@ -265,9 +265,18 @@ def test_exp10_left_queue_drops_committed_complete_points(tmp_path):
                     "agnostic/task=vt,budget=0.5,policy=kvzip"]
     tiers = mk.tiers()
     assert list(tiers) == ["exp10_core.txt", "exp10_current.txt", "exp10_core_agnostic.txt",
-                           "exp10_current_agnostic.txt", "exp10_budgets.txt", "exp10_field.txt"]
+                           "exp10_current_agnostic.txt", "exp10_budgets.txt", "exp10_field.txt",
+                           "exp10_methods.txt"]
     every = [ln.split()[0] for _, ls in tiers.values() for ln in ls]
-    assert len(every) == len(set(every)) == 55 + 44 + 55 + 44 + 264 + 704  # no point in two tiers
+    assert len(every) == len(set(every)) == 55 + 44 + 55 + 44 + 264 + 704 + 198  # no point in two tiers
+    queues = Path(mk.__file__).parent / "queues"
+    for name in ("exp10_core.txt", "exp10_core_agnostic.txt"):  # committed: what the script writes
+        what, lines = tiers[name]
+        head = mk.HEADER.format(what=what, records=mk.RECORDS)
+        assert (queues / name).read_text() == head + "\n".join(lines) + "\n"
+    composed = mk.line("agnostic", "vt", "snapkv+criticalkv+adakv", 0.5).split()
+    assert composed[0].endswith("/agnostic/task=vt,budget=0.5,policy=snapkv+criticalkv+adakv")
+    assert "policy=snapkv" in composed and "policy.wrap=[criticalkv,adakv]" in composed
 
 
 def test_ruler_prompt_change_pairs_the_same_records(tmp_path: Path, capsys) -> None:
