@@ -299,7 +299,6 @@ class EvictingLayer(CacheLayerMixin):
             return
         policy = cache.policy
         cut = scheduler.cut(policy, cache.step_of(self), prompt=L == 0)  # the one question asked here
-        hook = policy.on_evict  # None unless a wrapper rewrites or narrows what a cut keeps (merge-on-evict)
         if cut == scheduler.KEEP:
             if self.window is not None:  # no cut, but the tokens leaving the model's window still go
                 self._trim_window()
@@ -309,6 +308,7 @@ class EvictingLayer(CacheLayerMixin):
                 self.dense = False
             self.length = S
             return
+        hook = policy.on_evict  # None unless a wrapper rewrites or narrows what a cut keeps (merge-on-evict)
         one = cut == scheduler.ONE and q == 1 and hook is None  # a decode step that evicts one token
         if one and self.steady:
             self._evict_steady()  # every sample is at its budget: the common decode step
