@@ -107,7 +107,7 @@ class CaM(Wrapper):
         pos = ctx.pos[..., :c]
         a = probs.sum(3).mean(2)  # [B, Hkv, c]: summed over query rows, averaged over the group
         buf = st.get("cam_attention")
-        need = int(pos.max()) + 1
+        need = int(ctx.pos.max()) + 1  # every slot of the forward (a prompt's blocks: one allocation)
         if buf is None:
             buf = st["cam_attention"] = a.new_zeros(*a.shape[:2], need + max(ctx.horizon, 1))
         elif need > buf.shape[-1]:
