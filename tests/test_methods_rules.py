@@ -766,7 +766,7 @@ def merging_reference(r: Run, p) -> Held:
     return out
 
 
-MERGERS = {"cam": (cam_reference, CAM), "merging": (merging_reference, {"similarity_threshold": 0.1})}
+MERGERS = {"cam": (cam_reference, CAM), "merging": (merging_reference, {"similarity_threshold": 0.45})}
 
 
 def check_merge(wrapper: str) -> int:

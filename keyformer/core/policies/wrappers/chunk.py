@@ -78,6 +78,6 @@ class Chunk(Wrapper):
         n = (pos[:, 0] >= 0).sum(-1)  # [B] prompt tokens
         k = self.budget_tokens(n)  # type: ignore[attr-defined]
         inside = chunk_shares(prio, pos, self.chunk_tokens, torch.minimum(k, n), n)
-        S = prio.shape[-1]
-        rank = _rank(torch.where(pos >= 0, prio.double(), -torch.inf), pos)
-        return inside.double() * S + (S - rank).double()  # the shares first, each group by priority
+        rank = _rank(torch.where(pos >= 0, prio.double(), -torch.inf), pos)  # the prompt's tokens: [0, n)
+        m = n.view(-1, 1, 1).double()  # values in [1, 2n] whatever the padding: the shares first, by priority
+        return inside.double() * m + (m - rank.double())
