@@ -893,6 +893,8 @@ def _knobs(name: str, wrap: tuple[str, ...] = ()) -> dict[str, Any]:
         kw["lag_size"] = 4
     if "dms" in wrap:  # a window below the prompt, so that the threshold judges tokens
         kw["dms_window"] = 8
+    if "chunk" in wrap:  # chunks below the prompt, so that the shares decide
+        kw["chunk_tokens"] = 8
     if "sketch_dimension" in fields:  # below head_dim: with m held keys <= rank + 1, every leverage ties
         kw["sketch_dimension"] = 8
     return kw
@@ -970,7 +972,7 @@ def test_config_wrap_is_checked_and_recorded():
 @pytest.mark.parametrize(("wrap", "knobs"), [("cam", {"merge_budget": 32, "cam_seed": 0}),
                                              ("merging", {"similarity_threshold": 0.0}),
                                              ("dms", {"dms_threshold": 0.0, "dms_window": 128}),
-                                             ("chunk", {"chunk_tokens": 20})])
+                                             ("chunk", {"chunk_tokens": 1024})])
 def test_merge_threshold_and_chunk_wrappers_are_recorded(wrap, knobs):
     """A run over ``h2o`` with one of these wrappers records the composition's name and the wrapper's knobs in
     ``policy_spec``; a bad knob is one line naming it."""

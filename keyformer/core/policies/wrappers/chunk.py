@@ -58,7 +58,7 @@ def chunk_shares(prio: torch.Tensor, pos: torch.Tensor, length: int, k: torch.Te
 
 @dataclass
 class Chunk(Wrapper):
-    chunk_tokens: int = 20
+    chunk_tokens: int = 1024  # kvpress 0.5.5's chunk_length
 
     wrap_name: ClassVar[str] = "chunk"
     paper: ClassVar[str] = "Corallo & Papotti 2024, TACL (FINCH); kvpress ChunkPress"
