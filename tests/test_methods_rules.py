@@ -49,6 +49,8 @@ class Run:
     values: list[torch.Tensor]
     kept: Kept
     model: Any
+    queries: list[torch.Tensor] | None = None  # per layer [Hq, T, D] (post-RoPE)
+    held: list | None = None  # [step][layer][KV head] -> {position: held value [Dv]} (float64)
 
     @property
     def layers(self) -> int:
@@ -74,7 +76,8 @@ def _capture(rec: dict[int, list[tuple[torch.Tensor, torch.Tensor]]]):
 
     def attend(module, layer, query, key, value, **kw):
         q = query.shape[2]
-        rec.setdefault(layer.layer_idx, []).append((key[0, :, -q:].double(), value[0, :, -q:].double()))
+        rec.setdefault(layer.layer_idx, []).append((key[0, :, -q:].double(), value[0, :, -q:].double(),
+                                                    query[0].double()))
         return orig(module, layer, query, key, value, **kw)
 
     core_attention.attend = attend
@@ -98,8 +101,13 @@ def run(policy, prompt_seed: int = 4) -> Run:
     ids = torch.randint(3, 256, (1, N), generator=torch.Generator().manual_seed(prompt_seed))
     cache = make_cache(model, policy, torch.ones_like(ids), max_new_tokens=NEW, seed=11)
     kept: Kept = []
-    snap = _Snap(lambda: kept.append([[set(h) for h in cache.kept_positions(li)[0]]
-                                      for li in range(len(cache.layers))]))
+    held: list = []
+
+    def snapshot() -> None:
+        kept.append([[set(h) for h in cache.kept_positions(li)[0]] for li in range(len(cache.layers))])
+        held.append([_held_values(lay) for lay in cache.layers])
+
+    snap = _Snap(snapshot)
     rec: dict[int, list] = {}
     with torch.inference_mode(), _capture(rec):
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, max_new_tokens=NEW,
@@ -107,7 +115,18 @@ def run(policy, prompt_seed: int = 4) -> Run:
                        logits_processor=LogitsProcessorList([snap]))
     keys = [torch.cat([r[0] for r in rec[li]], dim=1) for li in range(len(cache.layers))]
     values = [torch.cat([r[1] for r in rec[li]], dim=1) for li in range(len(cache.layers))]
-    return Run(keys, values, kept, model)
+    queries = [torch.cat([r[2] for r in rec[li]], dim=1) for li in range(len(cache.layers))]
+    return Run(keys, values, kept, model, queries, held)
+
+
+def _held_values(layer) -> list[dict[int, torch.Tensor]]:
+    """Sample 0's held values per KV head, by position (what the cache stores now)."""
+    S = layer.length
+    pos, vals = layer.pos[0, :, :S], layer.values[0, :, :S].double()
+    live = pos >= 0
+    if layer.cache.mode == "mask":
+        live &= layer.alive[0, :, :S]
+    return [{int(pos[h, s]): vals[h, s].clone() for s in range(S) if live[h, s]} for h in range(pos.shape[0])]
 
 
 # -- the shared selection: prompt cut, then one eviction per step (or every n steps) -------------------------
@@ -119,15 +138,16 @@ def top(prio: dict[int, float], m: int) -> set[int]:
     return set(sorted(prio, key=lambda j: (-prio[j], -j))[: max(m, 0)])
 
 
-def select(r: Run, prio: Prio, k_of: Callable[[int], list[int]], cut_every: int = 1) -> Kept:
+def select(r: Run, prio: Prio, k_of: Callable[[int], list[int]], cut_every: int = 1,
+           prompt: Callable[[int, int, int], set[int]] | None = None) -> Kept:
     """No recent window (every new scorer's default): the prompt keeps the top ``k`` (per layer and head,
-    ``k_of(layer)``); each decode step adds its token and, at a cut (every ``cut_every`` steps), evicts the
-    lowest priorities (ties: the oldest) down to the budget."""
+    ``k_of(layer)``; ``prompt(layer, head, k)``: another prompt cut); each decode step adds its token and, at
+    a cut (every ``cut_every`` steps), evicts the lowest priorities (ties: the oldest) down to the budget."""
     per_layer = []
     for li in range(r.layers):
         ks = k_of(li)
-        held = [top(prio(li, h, list(range(N))), ks[h]) if ks[h] < N else set(range(N))
-                for h in range(r.hkv)]
+        held = [(prompt(li, h, ks[h]) if prompt else top(prio(li, h, list(range(N))), ks[h]))
+                if ks[h] < N else set(range(N)) for h in range(r.hkv)]
         steps = [[set(s) for s in held]]
         for t in range(1, NEW):
             i = N + t - 1
@@ -330,6 +350,51 @@ def rule_knorm_adakv(r: Run, p) -> Kept:
     return select(r, base, k_of)
 
 
+def rule_knorm_chunk(r: Run, p) -> Kept:
+    """Independent chunks over KnormPress: at the prompt, chunk c (positions [c L, (c + 1) L), m_c tokens)
+    keeps its top ``max(1, floor(m_c k / n))`` first, the rest of ``k`` goes by priority; decode cuts are
+    KnormPress's."""
+    L = p.chunk_tokens
+    base = knorm_prio(r)
+
+    def prompt(li: int, h: int, k: int) -> set[int]:
+        pr = base(li, h, list(range(N)))
+        first: set[int] = set()
+        for c0 in range(0, N, L):
+            js = range(c0, min(c0 + L, N))
+            first |= top({j: pr[j] for j in js}, max(1, len(js) * k // N))
+        return set(sorted(pr, key=lambda j: (j not in first, -pr[j], -j))[:k])
+
+    return select(r, base, uniform_k(r, p), prompt=prompt)
+
+
+def rule_random_dms(r: Run, p) -> Kept:
+    """DMS over Random: every cut first keeps Random's top ``k`` (the cap), then every held token older than
+    the ``dms_window`` newest positions whose draw is below ``dms_threshold`` leaves."""
+    base = random_prio(p)
+    k, W, T = k_budget(p), p.dms_window, p.dms_threshold
+
+    def judge(li: int, h: int, held: set[int], newest: int) -> set[int]:
+        pr = base(li, h, sorted(held))
+        return {j for j in held if j > newest - W or pr[j] >= T}
+
+    per_layer = []
+    for li in range(r.layers):
+        held = [judge(li, h, top(base(li, h, list(range(N))), k), N - 1) for h in range(r.hkv)]
+        steps = [[set(s) for s in held]]
+        for t in range(1, NEW):
+            i = N + t - 1
+            for h in range(r.hkv):
+                held[h] = held[h] | {i}
+                if len(held[h]) > k:
+                    pr = base(li, h, sorted(held[h]))
+                    held[h].discard(min(held[h], key=lambda j: (pr[j], j)))  # noqa: B023
+                held[h] = judge(li, h, held[h], i)
+            steps.append([set(s) for s in held])
+        per_layer.append(steps)
+    return [[per_layer[li][t] for li in range(r.layers)] for t in range(NEW)]
+
+
 RULES: dict[str, tuple[Callable[[Run, Any], Kept], dict[str, Any]]] = {
     "knorm": (rule_knorm, {}),
     "random": (rule_random, {"seed": 5}),
@@ -341,6 +406,8 @@ RULES: dict[str, tuple[Callable[[Run, Any], Kept], dict[str, Any]]] = {
     "knorm+chunkkv": (rule_knorm_chunkkv, {"chunk_length": 5}),
     "random+criticalkv": (rule_random_criticalkv, {"seed": 6}),  # a seed where both stages decide
     "knorm+adakv": (rule_knorm_adakv, {}),
+    "knorm+chunk": (rule_knorm_chunk, {"chunk_tokens": 8}),
+    "random+dms": (rule_random_dms, {"seed": 5, "dms_threshold": 0.7, "dms_window": 6}),
 }
 
 
@@ -385,6 +452,8 @@ def test_rules_act():
     for name in ("knorm+every", "knorm+layers", "knorm+chunkkv", "knorm+adakv"):
         assert sets[name] != sets["knorm"], name
     assert sets["random+criticalkv"] != sets["random"]
+    assert sets["knorm+chunk"][0] != sets["knorm"][0]  # the shares change the prompt cut
+    assert sets["random+dms"] != sets["random"]
     assert run(make_policy("random", budget=0.5, seed=6)).kept != sets["random"]
 
 
@@ -515,6 +584,31 @@ def _mut_uniform_heads(mp, name):  # Ada-KV's sharing off
     mp.setattr(AdaKV, "head_budgets", lambda self, prio, keep_n, ctx: keep_n)
 
 
+def _mut_no_shares(mp, name):  # independent chunks off: the scorer's own prompt cut
+    from keyformer.core.policies.wrappers.chunk import Chunk
+
+    mp.setattr(Chunk, "priority", lambda self, state, ctx: super(Chunk, self).priority(state, ctx))
+
+
+def _mut_long_chunks(mp, name):  # chunks twice as long
+    from keyformer.core.policies.wrappers import chunk
+
+    orig = chunk.chunk_shares
+    mp.setattr(chunk, "chunk_shares", lambda prio, pos, length, k, n: orig(prio, pos, 2 * length, k, n))
+
+
+def _mut_no_delay(mp, name):  # DMS judges the window's tokens too
+    from keyformer.core.policies.wrappers.dms import DMS
+
+    mp.setattr(DMS, "on_evict", lambda self, keep, prio, ctx: keep & ~(prio < self.dms_threshold))
+
+
+def _mut_no_threshold(mp, name):  # DMS's threshold never evicts
+    from keyformer.core.policies.wrappers.dms import DMS
+
+    mp.setattr(DMS, "on_evict", lambda self, keep, prio, ctx: keep)
+
+
 MUTATIONS: list[tuple[str, str, Callable[[pytest.MonkeyPatch, str], None]]] = [
     ("knorm", "ranking reversed", _mut_reversed),
     ("random", "ranking reversed", _mut_reversed),
@@ -535,6 +629,10 @@ MUTATIONS: list[tuple[str, str, Callable[[pytest.MonkeyPatch, str], None]]] = [
     ("random+criticalkv", "no first stage", _mut_no_first_stage),
     ("random+criticalkv", "W_o ignored", _mut_no_projection),
     ("knorm+adakv", "uniform head budgets", _mut_uniform_heads),
+    ("knorm+chunk", "shares ignored", _mut_no_shares),
+    ("knorm+chunk", "chunks twice as long", _mut_long_chunks),
+    ("random+dms", "no delayed window", _mut_no_delay),
+    ("random+dms", "threshold ignored", _mut_no_threshold),
 ]
 
 
@@ -547,6 +645,203 @@ def test_rule_check_catches_mutation(name, label, mutate, monkeypatch):
 
 def test_every_rule_has_a_mutation():
     assert set(RULES) <= {n for n, _, _ in MUTATIONS}
+
+
+# -- merge-on-evict: CaM's merged values against a naive computation from the captured tensors ---------------
+CAM = {"merge_budget": 3, "cam_seed": 1}
+Held = list[list[list[dict[int, torch.Tensor]]]]  # [step][layer][KV head] -> {position: value}
+
+
+def cam_reference(r: Run, p) -> Held:
+    """CaM over KnormPress (whose kept sets are ``rule_knorm``'s: merging never changes a key). Per layer and
+    KV head: ``A_j`` sums, over the scored query rows (the prompt's last one: KnormPress reads no attention;
+    then each decode query over the tokens held), the softmax attention ``q . k / sqrt(D)`` of the group's
+    query heads, averaged over them. At each cut every evicted token ``e`` with kept tokens after it is
+    spread over the next ``merge_budget`` of them (``W``): each gets ``v_e / |W|`` when the draw ``u_e`` (the
+    given hash of (cam_seed ^ SALT, layer, head, e)) is below ``clamp(A_e / mean_W A, 0, 1)``; the merges of
+    a cut read the values from before it."""
+    from keyformer.core.policies.wrappers.cam import SALT
+
+    kept = rule_knorm(r, p)
+    hq = r.queries[0].shape[0]
+    G, D, M = hq // r.hkv, r.queries[0].shape[-1], p.merge_budget
+    out: Held = [[[{} for _ in range(r.hkv)] for _ in range(r.layers)] for _ in range(NEW)]
+    for li in range(r.layers):
+        for h in range(r.hkv):
+            A: dict[int, float] = {}
+
+            def attend(row: int, cols: list[int]) -> None:
+                for g in range(G):
+                    q = r.queries[li][h * G + g, row]  # noqa: B023
+                    logits = torch.stack([q @ r.keys[li][h, j] for j in cols]) / math.sqrt(D)  # noqa: B023
+                    for j, a in zip(cols, torch.softmax(logits, 0).tolist(), strict=True):
+                        A[j] = A.get(j, 0.0) + a / G  # noqa: B023
+
+            vals = {j: r.values[li][h, j].clone() for j in range(N)}
+            held = set(range(N))
+            attend(N - 1, list(range(N)))
+            for t in range(NEW):
+                if t > 0:
+                    i = N + t - 1
+                    held = held | {i}
+                    vals[i] = r.values[li][h, i].clone()
+                    attend(i, sorted(held))
+                keep = kept[t][li][h]
+                new = {j: vals[j].clone() for j in keep}
+                for e in sorted(held - keep):
+                    win = sorted(j for j in keep if j > e)[:M]
+                    if not win:
+                        continue
+                    mean = sum(A[j] for j in win) / len(win)
+                    prob = (1.0 if A[e] > 0 else 0.0) if mean == 0 else min(max(A[e] / mean, 0.0), 1.0)
+                    u = float(uniform_hash(p.cam_seed ^ SALT, li, torch.tensor(h), torch.tensor(e)))
+                    if u < prob:
+                        for j in win:
+                            new[j] = new[j] + vals[e] / len(win)
+                vals, held = new, set(keep)
+                out[t][li][h] = {j: v.clone() for j, v in vals.items()}
+    return out
+
+
+def _mut_cam_no_merge(mp):
+    from keyformer.core.policies.wrappers import cam
+
+    mp.setattr(cam, "cam_merge", lambda *a, **k: None)
+
+
+def _mut_cam_always(mp):  # the Bernoulli draw ignored: every evicted token with p > 0 merges
+    from keyformer.core.policies.wrappers import cam
+
+    mp.setattr(cam, "uniform_hash", lambda seed, layer, heads, pos: torch.zeros(pos.shape).double())
+
+
+def _mut_cam_one_survivor(mp):  # the whole value to the next survivor only
+    from keyformer.core.policies.wrappers import cam
+
+    orig = cam.merge_windows
+
+    def first_only(keep, live, pos, m):
+        slots, valid = orig(keep, live, pos, m)
+        valid = valid.clone()
+        valid[..., 1:] = False
+        return slots, valid
+    mp.setattr(cam, "merge_windows", first_only)
+
+
+def merging_reference(r: Run, p) -> Held:
+    """kvpress's merging over KnormPress (kept sets: ``rule_knorm``'s): at each cut every evicted token ``e``
+    goes to the kept token ``t`` of highest key cosine similarity ``s`` (norms clamped at 1e-6), when ``s >=``
+    the threshold, with weight ``max(s, 0) |v_e| / (|v_e| + |v_t| + 1e-6)``; ``t`` then holds ``(v_t + sum w_e
+    v_e) / (1 + sum w_e)``, all from the values before the cut."""
+    kept = rule_knorm(r, p)
+    out: Held = [[[{} for _ in range(r.hkv)] for _ in range(r.layers)] for _ in range(NEW)]
+    for li in range(r.layers):
+        for h in range(r.hkv):
+            def unit(j: int) -> torch.Tensor:
+                k = r.keys[li][h, j]  # noqa: B023
+                return k / max(float(k.norm()), 1e-6)
+
+            vals = {j: r.values[li][h, j].clone() for j in range(N)}
+            held = set(range(N))
+            for t in range(NEW):
+                if t > 0:
+                    i = N + t - 1
+                    held = held | {i}
+                    vals[i] = r.values[li][h, i].clone()
+                keep = kept[t][li][h]
+                sums: dict[int, tuple[torch.Tensor, float]] = {}
+                for e in sorted(held - keep):
+                    sim = {j: float(unit(e) @ unit(j)) for j in keep}
+                    tgt = max(sorted(keep), key=lambda j: sim[j])  # noqa: B023
+                    if sim[tgt] < p.similarity_threshold:
+                        continue
+                    ne, nt = float(vals[e].norm()), float(vals[tgt].norm())
+                    w = max(sim[tgt], 0.0) * ne / (ne + nt + 1e-6)
+                    acc, ws = sums.get(tgt, (torch.zeros_like(vals[e]), 0.0))
+                    sums[tgt] = (acc + w * vals[e], ws + w)
+                vals = {j: ((vals[j] + sums[j][0]) / (1 + sums[j][1]) if j in sums and sums[j][1] > 0
+                            else vals[j]) for j in keep}
+                held = set(keep)
+                out[t][li][h] = {j: v.clone() for j, v in vals.items()}
+    return out
+
+
+MERGERS = {"cam": (cam_reference, CAM), "merging": (merging_reference, {"similarity_threshold": 0.45})}
+
+
+def check_merge(wrapper: str) -> int:
+    """AssertionError unless ``knorm+<wrapper>`` keeps KnormPress's sets and holds the reference's merged
+    values at every step, layer and KV head; returns how many held values are merged ones."""
+    reference, knobs = MERGERS[wrapper]
+    policy = make_policy(f"knorm+{wrapper}", budget=0.5, **knobs)
+    r = run(policy)
+    want = reference(r, policy)
+    merged = 0
+    for t in range(NEW):
+        for li in range(r.layers):
+            for h in range(r.hkv):
+                got, ref = r.held[t][li][h], want[t][li][h]
+                assert set(got) == set(ref), f"step {t} layer {li} head {h}: {sorted(got)} != {sorted(ref)}"
+                for j in ref:
+                    assert torch.allclose(got[j], ref[j], rtol=1e-5, atol=1e-5), (
+                        f"{wrapper}: step {t} layer {li} head {h} position {j}: the held value differs "
+                        f"from the reference's by {float((got[j] - ref[j]).abs().max()):.2e}")
+                    merged += not torch.allclose(ref[j], r.values[li][h, j], rtol=1e-5, atol=1e-5)
+    return merged
+
+
+@pytest.mark.parametrize("wrapper", sorted(MERGERS))
+def test_merge_on_evict_follows_its_rule(wrapper):
+    assert check_merge(wrapper) > 0  # positive control: some survivors hold merged values
+
+
+def _mut_merging_unnormalised(mp):  # the sum without the (1 + sum w) normalisation
+    from keyformer.core.policies.wrappers import merging
+
+    orig = merging.merge_nearest
+
+    def plain(values, keys, keep, live, threshold):
+        before = values.clone()
+        orig(values, keys, keep, live, threshold)
+        target, sim = merging.nearest_kept(keys, keep)
+        ok = live & ~keep & (sim >= threshold)
+        w = torch.where(ok, sim.clamp(min=0) * before.norm(dim=-1) / (before.norm(dim=-1)
+                        + before.norm(dim=-1).gather(-1, target) + 1e-6), 0.0)
+        wsum = torch.zeros_like(w).scatter_add_(-1, target, w)
+        values.mul_((1.0 + wsum).unsqueeze(-1))  # undo the normalisation
+    mp.setattr(merging, "merge_nearest", plain)
+
+
+def _mut_merging_threshold(mp):  # the threshold ignored
+    from keyformer.core.policies.wrappers import merging
+
+    orig = merging.merge_nearest
+    mp.setattr(merging, "merge_nearest", lambda values, keys, keep, live, threshold:
+               orig(values, keys, keep, live, -1.0))
+
+
+MERGE_MUTATIONS = [("cam", "no merge", _mut_cam_no_merge), ("cam", "draw ignored", _mut_cam_always),
+                   ("cam", "one survivor", _mut_cam_one_survivor),
+                   ("merging", "not normalised", _mut_merging_unnormalised),
+                   ("merging", "threshold ignored", _mut_merging_threshold)]
+
+
+@pytest.mark.parametrize(("wrapper", "mutate"), [(w, m) for w, _, m in MERGE_MUTATIONS],
+                         ids=[f"{w}:{n}" for w, n, _ in MERGE_MUTATIONS])
+def test_merge_check_catches_mutation(wrapper, mutate, monkeypatch):
+    mutate(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_merge(wrapper)
+
+
+def test_an_eviction_hook_that_changes_nothing_keeps_the_scorer_outputs():
+    """The engine's hook path (every decode cut through the general path) keeps what the steady path keeps:
+    DMS with no threshold that can bite over KnormPress is KnormPress: tokens, kept sets and logits (the slots
+    are laid out in another order, so the sums of the attention differ in the last bits)."""
+    a = _outcome(make_policy("knorm", budget=0.5))
+    b = _outcome(make_policy("knorm+dms", budget=0.5, dms_threshold=-math.inf, dms_window=4))
+    assert torch.equal(a[0], b[0]) and a[2] == b[2]
+    assert float((a[1] - b[1]).abs().max()) < 1e-4
 
 
 # -- composition ---------------------------------------------------------------------------------------------
@@ -596,6 +891,10 @@ def _knobs(name: str, wrap: tuple[str, ...] = ()) -> dict[str, Any]:
         kw["buffer"] = 8
     if "lag_size" in fields:
         kw["lag_size"] = 4
+    if "dms" in wrap:  # a window below the prompt, so that the threshold judges tokens
+        kw["dms_window"] = 8
+    if "chunk" in wrap:  # chunks below the prompt, so that the shares decide
+        kw["chunk_tokens"] = 8
     if "sketch_dimension" in fields:  # below head_dim: with m held keys <= rank + 1, every leverage ties
         kw["sketch_dimension"] = 8
     return kw
@@ -668,3 +967,20 @@ def test_config_wrap_is_checked_and_recorded():
     with pytest.raises(ConfigError, match=r"adakvv.*valid: adakv") as e:
         _check_policy_kwargs(bad)
     assert e.value.key == "policy.wrap"
+
+
+@pytest.mark.parametrize(("wrap", "knobs"), [("cam", {"merge_budget": 32, "cam_seed": 0}),
+                                             ("merging", {"similarity_threshold": 0.0}),
+                                             ("dms", {"dms_threshold": 0.0, "dms_window": 128}),
+                                             ("chunk", {"chunk_tokens": 1024})])
+def test_merge_threshold_and_chunk_wrappers_are_recorded(wrap, knobs):
+    """A run over ``h2o`` with one of these wrappers records the composition's name and the wrapper's knobs in
+    ``policy_spec``; a bad knob is one line naming it."""
+    from keyformer.run.scaffold import policy_fields
+
+    rec = policy_fields(make_policy("h2o", wrap=[wrap]))
+    assert rec["policy"] == rec["policy_spec"]["name"] == f"h2o+{wrap}"
+    assert {k: rec["policy_spec"][k] for k in knobs} == knobs
+    bad = next(iter(knobs))
+    with pytest.raises(ValueError, match=rf"^{bad}="):
+        make_policy("h2o", wrap=[wrap], **{bad: "x"})

@@ -32,13 +32,18 @@ checks it regenerates).
 
 """
 OUTRO = """
-Not here yet: the attention readers Finch (prompt-guided SnapKV), Compactor's non-causal chunked attention,
-SimLayerKV and CaM (merging into survivors), which wait for the chunked attention-score path; Merging-on-evict
-in general (it rewrites held values, an engine change); kvpress's `BlockPress`/`ChunkPress` (block-wise prompt
-processing: chunked prefill, which the scoring path refuses); KeyRerotation (kept tokens keep their original
-positions here); DMS, KVzap, Q-Filters, DuoAttention and the other trained presses (weights from a hub;
-see [add-a-policy.md](add-a-policy.md#trained-parameters)); ThinK and KVCompose (they change what a slot
-holds; see add-a-policy.md).
+Merge-on-evict (`wrap=[cam]`, `wrap=[merging]`) and threshold eviction (`wrap=[dms]`, the training-free
+DMS of kvpress) act through the cache's one eviction hook
+([add-a-policy.md](add-a-policy.md#the-eviction-hook)); each wrapper's module docstring says which survivor
+receives which evicted value, with what weight.
+
+Not here yet: the attention readers Finch (prompt-guided SnapKV), Compactor's non-causal chunked attention and
+SimLayerKV, which wait for the chunked attention-score path; kvpress's `BlockPress` (block-wise prompt
+processing: a chunked prefill over an evicting cache, which the scoring path refuses; see add-a-policy.md);
+KeyRerotation (kept tokens keep their original positions here); DMS's trained evictors, KVzap, Q-Filters,
+DuoAttention and the other trained presses (weights from a hub; see
+[add-a-policy.md](add-a-policy.md#trained-parameters)); ThinK and KVCompose (they change what a slot holds;
+see add-a-policy.md).
 """
 
 

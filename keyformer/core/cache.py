@@ -285,7 +285,10 @@ class EvictingLayer(CacheLayerMixin):
     def evict(self) -> None:
         """Cut the cache back to the budget after this forward's attention (see module docstring). With
         ``cache.defer_prompt_cut`` the prompt's cut waits (the layer stays pending) for
-        :meth:`KVCache.cut_prompt`, after the whole prompt forward."""
+        :meth:`KVCache.cut_prompt`, after the whole prompt forward. A policy with an eviction hook
+        (``on_evict``: merge-on-evict, threshold eviction) cuts every decode step through the general path
+        below, so that the hook sees each cut's kept set before the evicted slots go; without one, nothing
+        changes (one attribute read)."""
         cache, q, L = self.cache, self.q_len, self.length
         if L == 0 and cache.defer_prompt_cut:
             return
@@ -305,7 +308,8 @@ class EvictingLayer(CacheLayerMixin):
                 self.dense = False
             self.length = S
             return
-        one = cut == scheduler.ONE and q == 1  # a decode step that evicts one token
+        hook = policy.on_evict  # None unless a wrapper rewrites or narrows what a cut keeps (merge-on-evict)
+        one = cut == scheduler.ONE and q == 1 and hook is None  # a decode step that evicts one token
         if one and self.steady:
             self._evict_steady()  # every sample is at its budget: the common decode step
             return
@@ -333,6 +337,9 @@ class EvictingLayer(CacheLayerMixin):
         rank = (torch.empty_like(order).scatter_(-1, order,
                                                  torch.arange(S, device=self.device).expand_as(order)))
         keep = rank < keep_n.unsqueeze(-1)
+        if hook is not None:
+            keep = self._on_evict(hook, keep, prio, S)
+            keep_n = keep.sum(-1)
         if cache.mode == "mask":
             self.alive[:, :, :S] = keep
             self.length = S
@@ -341,6 +348,16 @@ class EvictingLayer(CacheLayerMixin):
         key = torch.where(keep, pos, LONG_MAX)
         idx = key.argsort(dim=-1, stable=True)[..., :new_len]  # survivors in position order, then junk
         self._compact(idx, new_len, keep_n)
+
+    def _on_evict(self, hook: Callable[..., torch.Tensor], keep: torch.Tensor, prio: torch.Tensor,
+                  S: int) -> torch.Tensor:
+        """The policy's eviction hook at a cut (``keep`` [B, H, S]: the slots the cut keeps, ``prio``: the
+        keep-priorities it ranked): the hook may write the kept slots of ``ctx.values`` in place (merged
+        values) and returns the slots to keep, a subset of ``keep``."""
+        if self.slots is not KV:
+            raise ValueError(f"policy {self.cache.policy.name!r} rewrites the kept values at a cut, which a "
+                             "quantized cache cannot hold exactly; valid: kv_quant=null")
+        return keep & hook(keep, prio, self.context_at(S, values=self.values[:, :, :S]))
 
     def _evict_window(self) -> None:
         """A sliding layer the policy leaves alone keeps the model's own window: after a forward whose newest

@@ -371,6 +371,8 @@ def _naive_skip(policy: Policy) -> str | None:
         return "reads no attention probabilities (the naive reference replays score hooks)"
     if "tensors" in policy.reads:
         return "reads keys/queries: its rule needs a reference of its own"
+    if policy.on_evict is not None:
+        return "has an eviction hook (on_evict): its rule needs a reference of its own"
     if adaptive(policy) and not hasattr(policy, "alpha_safeguard"):
         return "shares budgets among heads with its own rule (only Ada-KV's is replayed)"
     return None

@@ -65,4 +65,6 @@ def graph_refusal(policy: Policy) -> str | None:
                 "grows between cuts")
     if reads_tensors(policy):
         return f"policy {policy.name!r} keeps per-step state (reads tensors): not captured"
+    if policy.on_evict is not None:
+        return f"policy {policy.name!r} has an eviction hook (on_evict): a cut's shapes depend on it"
     return None

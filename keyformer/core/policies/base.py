@@ -187,6 +187,10 @@ class Policy:
     # a composition (keyformer.core.policies.compose): its wrappers, scorer outwards, and its scorer's class
     wrapped: ClassVar[tuple[str, ...]] = ()
     scorer: ClassVar[type[Policy] | None] = None
+    # the eviction hook, None unless a wrapper writes it (merge-on-evict, threshold eviction):
+    # ``on_evict(keep, prio, ctx) -> keep`` at every cut, after the kept set is known and before the evicted
+    # slots are dropped; see :meth:`keyformer.core.cache.EvictingLayer.evict` and docs/add-a-policy.md
+    on_evict: ClassVar[Callable[..., torch.Tensor] | None] = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
