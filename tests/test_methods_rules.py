@@ -516,7 +516,7 @@ def _mut_seed_ignored(mp, name):  # Random's seed ignored
 def _mut_no_leverage(mp, name):  # Compactor's attention alone
     from keyformer.core.policies.compactor import CompactorPolicy
 
-    mp.setattr(CompactorPolicy, "blend", lambda self, n: 0.0)
+    mp.setattr(CompactorPolicy, "blend", lambda self, n: torch.zeros(n.shape, dtype=torch.float64))
 
 
 def _mut_causal_chunks(mp, name):  # Compactor's chunk attention made causal

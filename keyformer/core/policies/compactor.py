@@ -103,23 +103,30 @@ class CompactorPolicy(Policy):
         """The causal probabilities are not used (the prompt's scores are written by ``after_prompt``)."""
         return probs.zero_()
 
-    def blend(self, n: int) -> float:
-        """The leverage's weight for a prompt of ``n`` tokens: ``blending``, else the compression ratio."""
+    def blend(self, n: torch.Tensor) -> torch.Tensor:
+        """[B] the leverage's weight for prompts of ``n`` [B] tokens: ``blending``, else the compression ratio
+        (for an int budget, ``1 - k / n``)."""
         if self.blending is not None:
-            return float(self.blending)
-        return 1.0 - self.budget if isinstance(self.budget, float) else max(0.0, 1.0 - self.budget / n)
+            return torch.full(n.shape, float(self.blending), dtype=torch.float64, device=n.device)
+        if isinstance(self.budget, float):
+            return torch.full(n.shape, 1.0 - self.budget, dtype=torch.float64, device=n.device)
+        return (1.0 - self.budget / n.clamp(min=1).double()).clamp(min=0.0)
 
     def after_prompt(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
-        """The blended scores of the prompt's slots; the first ``sink_size_start`` real tokens above all."""
+        """The state: the attention z-scores of the prompt's slots, the first ``sink_size_start`` real tokens
+        above all; the leverage z-scores go to the layer state by position (the blend depends on the budget,
+        which a prompt shared between budgets does not fix: ``priority`` blends them at the cut)."""
         B, H, n = state.shape
         pos = ctx.pos[..., :n]
         keys = unrotate_keys(ctx.keys[..., :n, :].double(), pos, ctx.prepared or {"kind": "none"})
         phi = sketch(self.seed, ctx.layer, H, keys.shape[-1], self.sketch_dimension)
-        out = torch.zeros(B, H, n, dtype=torch.float64, device=state.device)
+        att_z = torch.zeros(B, H, n, dtype=torch.float64, device=state.device)
+        lev_z = torch.zeros(B, H, n, dtype=torch.float64, device=state.device)  # by position
+        lengths = (pos[:, 0] >= 0).sum(-1)
         for b in range(B):
-            m = int((pos[b, 0] >= 0).sum())
+            m = int(lengths[b])
             slots = torch.arange(n - m, n, device=state.device)  # left-padded: the real tokens, in order
-            out[b, :, slots[: self.sink_size_start]] = SINK
+            att_z[b, :, slots[: self.sink_size_start]] = SINK
             seg = slots[self.sink_size_start : max(self.sink_size_start, m - self.sink_size_end)]
             if len(seg) == 0:
                 continue
@@ -128,5 +135,15 @@ class CompactorPolicy(Policy):
             att = chunk_attention(q, k, self.chunk_size)
             att = att * torch.linalg.vector_norm(ctx.values[b, :, seg].double(), dim=-1)
             att = F.avg_pool1d(att.unsqueeze(1), 3, stride=1, padding=1).squeeze(1)
-            out[b, :, seg] = self.blend(m) * zscore(lev) + zscore(att)
-        return out.to(state.dtype)
+            att_z[b, :, seg] = zscore(att)
+            lev_z[b, :, seg - (n - m)] = zscore(lev)
+        ctx.layer_state["leverage_z"], ctx.layer_state["prompt_len"] = lev_z, lengths
+        return att_z.to(state.dtype)
+
+    def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """``blend * leverage z + attention z`` of the prompt's tokens (a generated token: its state)."""
+        lev, n = ctx.layer_state["leverage_z"], ctx.layer_state["prompt_len"]
+        pos = ctx.pos
+        held = (pos >= 0) & (pos < n.view(-1, 1, 1))
+        g = lev.gather(-1, pos.clamp(min=0, max=lev.shape[-1] - 1))
+        return state.double() + self.blend(n).view(-1, 1, 1) * torch.where(held, g, 0.0)
