@@ -32,13 +32,14 @@ checks it regenerates).
 
 """
 OUTRO = """
-Not here yet: the attention readers Finch (prompt-guided SnapKV), Compactor's non-causal chunked attention,
-SimLayerKV and CaM (merging into survivors), which wait for the chunked attention-score path; Merging-on-evict
-in general (it rewrites held values, an engine change); kvpress's `BlockPress`/`ChunkPress` (block-wise prompt
-processing: chunked prefill, which the scoring path refuses); KeyRerotation (kept tokens keep their original
-positions here); DMS, KVzap, Q-Filters, DuoAttention and the other trained presses (weights from a hub;
-see [add-a-policy.md](add-a-policy.md#trained-parameters)); ThinK and KVCompose (they change what a slot
-holds; see add-a-policy.md).
+Not here yet: CaM (merging into survivors) and Merging-on-evict in general (it rewrites held values, an
+engine change); kvpress's `BlockPress`/`ChunkPress` (block-wise prompt processing: chunked prefill, which the
+scoring path refuses); KeyRerotation (kept tokens keep their original positions here); DMS, KVzap, Q-Filters,
+DuoAttention and the other trained presses (weights from a hub; see
+[add-a-policy.md](add-a-policy.md#trained-parameters)); ThinK and KVCompose (they change what a slot holds;
+see add-a-policy.md). Finch takes a fixed question window (`window_size`), not kvpress's delimiter token, and
+SimLayerKV's budget bounds every layer (its effective ratio is the run's `kv_ratio`): see their modules'
+docstrings.
 """
 
 
