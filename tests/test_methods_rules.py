@@ -1,6 +1,6 @@
-"""The tensor-reading scorers (KnormPress, Random, LagKV, CurDKV, LeverageScore) and the wrappers (Ada-KV,
-ChunkKV, CriticalKV, cut every n steps, per-layer budgets), each against a reference written from its paper's
-rule, independently of its class.
+"""The tensor-reading scorers (KnormPress, Random, LagKV, CurDKV, LeverageScore, Compactor) and the wrappers
+(Ada-KV, ChunkKV, CriticalKV, cut every n steps, per-layer budgets), each against a reference written from its
+paper's rule, independently of its class.
 
 A tiny Llama (2 layers, 4 query / 2 KV heads) generates under the policy with the physical cache; the keys and
 values of every layer are captured as the model computes them (post-RoPE, as cached), and after every forward
@@ -43,7 +43,8 @@ Kept = list[list[list[set[int]]]]  # [step][layer][KV head] -> positions held af
 
 @dataclasses.dataclass
 class Run:
-    """Per layer: keys and values [Hkv, T, D] (float64, T = N + NEW - 1 fed tokens) and the kept sets."""
+    """Per layer: keys and values [Hkv, T, D] and queries [Hq, T, D] (float64, T = N + NEW - 1 fed tokens,
+    as the model computed them) and the kept sets."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
@@ -250,14 +251,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x[..., d:], x[..., :d]], dim=-1)
 
 
-def rule_leverage(r: Run, p) -> Kept:
-    """LeverageScore: RoPE undone (the model's own cos/sin), keys centred over the held tokens, sketched by
-    the given Gaussian ``Phi``, leverage ``x^T (X^T X + 0.01 I)^-1 x`` by an explicit inverse."""
+def _prerope(r: Run) -> list[torch.Tensor]:
+    """The keys with RoPE undone by the model's own cos/sin: ``R_p^T k`` (rotate-half RoPE), per layer."""
     rot = r.model.model.rotary_emb
     T = r.keys[0].shape[1]
     c, s = rot(torch.zeros(1), torch.arange(T).view(1, -1))
     c, s = c[0].double(), s[0].double()  # [T, D]
-    pre = [k * c - _rotate_half(k) * s for k in r.keys]  # R_p^T k for rotate-half RoPE
+    return [k * c - _rotate_half(k) * s for k in r.keys]
+
+
+def rule_leverage(r: Run, p) -> Kept:
+    """LeverageScore: RoPE undone (the model's own cos/sin), keys centred over the held tokens, sketched by
+    the given Gaussian ``Phi``, leverage ``x^T (X^T X + 0.01 I)^-1 x`` by an explicit inverse."""
+    pre = _prerope(r)
 
     def prio(li, h, held):
         x = pre[li][h, held]
@@ -266,6 +272,51 @@ def rule_leverage(r: Run, p) -> Kept:
         return {j: float(X[a] @ inv @ X[a]) for a, j in enumerate(held)}
 
     return select(r, prio, uniform_k(r, p))
+
+
+def _zscores(rows: list[list[float]]) -> list[list[float]]:
+    flat = [v for row in rows for v in row]
+    mean = sum(flat) / len(flat)
+    std = math.sqrt(sum((v - mean) ** 2 for v in flat) / (len(flat) - 1))
+    return [[(v - mean) / std for v in row] for row in rows]
+
+
+def rule_compactor(r: Run, p) -> Kept:
+    """Compactor, prompt only: the first ``sink_size_start`` and last ``sink_size_end`` prompt tokens kept;
+    the segment between scored per KV head by ``blend * z(leverage) + z(attention)``: leverage as
+    LeverageScore's over the segment; attention: within chunks of ``chunk_size`` segment tokens, every query
+    against every key of its chunk, ``softmax(q . k)`` (no scale), summed over the chunk's queries and the
+    group's query heads, times ``||v||``, averaged over 3 neighbours (zeros outside); z over the layer's
+    heads and segment; ``blend = 1 - budget``; the top ``k - sinks`` kept; every generated token kept."""
+    s0, s1, C = p.sink_size_start, p.sink_size_end, p.chunk_size
+    seg = list(range(s0, N - s1))
+    L = len(seg)
+    pre = _prerope(r)
+    G = r.queries[0].shape[0] // r.hkv
+    blend = 1 - p.budget
+    k = k_budget(p)
+    cuts = []
+    for li in range(r.layers):
+        levs, atts = [], []
+        for h in range(r.hkv):
+            x = pre[li][h, seg]
+            X = (x - x.mean(0)) @ sketch(p.seed, li, r.hkv, x.shape[-1], p.sketch_dimension)[h]
+            inv = torch.linalg.inv(X.T @ X + 1e-2 * torch.eye(X.shape[1], dtype=torch.float64))
+            levs.append([float(X[a] @ inv @ X[a]) for a in range(L)])
+            A = [0.0] * L
+            for c0 in range(0, L, C):
+                idx = seg[c0: c0 + C]
+                for g in range(G):
+                    probs = torch.softmax(r.queries[li][h * G + g, idx] @ r.keys[li][h, idx].T, dim=-1)
+                    for a in range(len(idx)):
+                        A[c0 + a] += float(probs[:, a].sum())
+            A = [A[a] * float(r.values[li][h, seg[a]].norm()) for a in range(L)]
+            atts.append([sum(A[b] for b in (a - 1, a, a + 1) if 0 <= b < L) / 3 for a in range(L)])
+        levz, attz = _zscores(levs), _zscores(atts)
+        sinks = set(range(s0)) | set(range(N - s1, N))
+        cuts.append([sinks | top({seg[a]: blend * levz[h][a] + attz[h][a] for a in range(L)}, k - len(sinks))
+                     for h in range(r.hkv)])
+    return [[[s | set(range(N, N + t)) for s in cuts[li]] for li in range(r.layers)] for t in range(NEW)]
 
 
 # -- the wrappers' rules (over KnormPress or Random: their priorities are plain to write) --------------------
@@ -401,6 +452,8 @@ RULES: dict[str, tuple[Callable[[Run, Any], Kept], dict[str, Any]]] = {
     "curdkv": (rule_curdkv, {"local_window_size": 8}),
     "lagkv": (rule_lagkv, {"lag_size": 4}),
     "leverage": (rule_leverage, {"sketch_dimension": 8}),
+    "compactor": (rule_compactor, {"sink_size_start": 2, "sink_size_end": 2, "chunk_size": 8,
+                                   "sketch_dimension": 8}),
     "knorm+every": (rule_knorm_every, {"cut_every": 3}),
     "knorm+layers": (rule_knorm_layers, {"layer_curve": [1.5, 0.5]}),
     "knorm+chunkkv": (rule_knorm_chunkkv, {"chunk_length": 5}),
@@ -435,8 +488,9 @@ def test_method_follows_its_rule(name):
 
 def test_every_tensor_scorer_of_the_registry_has_a_rule_here_or_elsewhere():
     """A registered policy that reads tensors and no attention weights needs a rule reference (here, or in
-    tests/test_new_policies.py for KeyDiff; KVzip in tests/test_kvzip*.py)."""
-    elsewhere = {"keydiff", "kvzip", "expected_attention", "rkv"}
+    tests/test_new_policies.py for KeyDiff; KVzip in tests/test_kvzip*.py; SimLayerKV, whose tensors are its
+    layer state, in tests/test_policy_rules.py with the attention readers)."""
+    elsewhere = {"keydiff", "kvzip", "expected_attention", "rkv", "simlayerkv"}
     mine = {n for n in POLICIES if "tensors" in POLICIES[n].reads or not POLICIES[n].reads}
     assert mine - set(RULES) - elsewhere - {"full", "window", "streaming"} == set()
 
@@ -455,6 +509,7 @@ def test_rules_act():
     assert sets["knorm+chunk"][0] != sets["knorm"][0]  # the shares change the prompt cut
     assert sets["random+dms"] != sets["random"]
     assert run(make_policy("random", budget=0.5, seed=6)).kept != sets["random"]
+    assert sets["compactor"][0] != win and sets["compactor"][0] != sets["leverage"][0]
 
 
 # -- planted mutations ---------------------------------------------------------------------------------------
@@ -522,6 +577,42 @@ def _mut_seed_ignored(mp, name):  # Random's seed ignored
 
     orig = random_scores.uniform_hash
     mp.setattr(random_scores, "uniform_hash", lambda seed, layer, heads, pos: orig(0, layer, heads, pos))
+
+
+def _mut_no_leverage(mp, name):  # Compactor's attention alone
+    from keyformer.core.policies.compactor import CompactorPolicy
+
+    mp.setattr(CompactorPolicy, "blend", lambda self, n: torch.zeros(n.shape, dtype=torch.float64))
+
+
+def _mut_causal_chunks(mp, name):  # Compactor's chunk attention made causal
+    from keyformer.core.policies import compactor
+
+    def causal(q, k, chunk):
+        Hq, L, _ = q.shape
+        G = Hq // k.shape[0]
+        out = q.new_zeros(k.shape[0], L)
+        for c0 in range(0, L, chunk):
+            qc, kc = q[:, c0: c0 + chunk], k[:, c0: c0 + chunk].repeat_interleave(G, dim=0)
+            x = qc @ kc.transpose(-1, -2)
+            c = x.shape[-1]
+            x = x.masked_fill(torch.ones(c, c, dtype=torch.bool).triu(1), float("-inf"))
+            out[:, c0: c0 + chunk] = torch.softmax(x, -1).sum(-2).view(k.shape[0], G, -1).sum(1)
+        return out
+    mp.setattr(compactor, "chunk_attention", causal)
+
+
+def _mut_one_chunk(mp, name):  # Compactor's chunks ignored: one chunk over the whole segment
+    from keyformer.core.policies import compactor
+
+    orig = compactor.chunk_attention
+    mp.setattr(compactor, "chunk_attention", lambda q, k, chunk: orig(q, k, q.shape[1]))
+
+
+def _mut_compactor_rope_kept(mp, name):  # Compactor's leverage of the post-RoPE keys
+    from keyformer.core.policies import compactor
+
+    mp.setattr(compactor, "unrotate_keys", lambda keys, pos, info: keys)
 
 
 def _mut_every_step(mp, name):  # the schedule wrapper ignored: a cut at every step
@@ -622,6 +713,10 @@ MUTATIONS: list[tuple[str, str, Callable[[pytest.MonkeyPatch, str], None]]] = [
     ("leverage", "ranking reversed", _mut_reversed),
     ("leverage", "RoPE not undone", _mut_rope_kept),
     ("leverage", "keys not centred", _mut_no_centring),
+    ("compactor", "no leverage", _mut_no_leverage),
+    ("compactor", "causal chunks", _mut_causal_chunks),
+    ("compactor", "one chunk", _mut_one_chunk),
+    ("compactor", "RoPE not undone", _mut_compactor_rope_kept),
     ("knorm+every", "cut at every step", _mut_every_step),
     ("knorm+layers", "uniform layers", _mut_uniform_layers),
     ("knorm+chunkkv", "chunks per head", _mut_chunk_per_head),
@@ -920,14 +1015,16 @@ def test_any_two_wrappers_compose(first, second):
                  archs=("llama",), checks=("physical == mask", "budget", "padded batch"))
 
 
-@pytest.mark.parametrize("name", ["knorm", "random", "curdkv", "lagkv", "leverage"])
+@pytest.mark.parametrize("name", ["knorm", "random", "curdkv", "lagkv", "leverage", "compactor"])
 @pytest.mark.parametrize("arch", ["llama", "gptj", "gpt2", "mpt", "gemma3_text", "qwen3"])
 def test_new_scorers_padded_and_mask_on_every_tiny_arch(name, arch):
     """The contract of the new scorers on the tiny architectures (``tests/test_policy_contract.py`` runs them
     too, through the registry; this adds MPT's and Qwen3's here at little cost)."""
     checks = ("physical == mask", "budget", "padded batch")
-    if name == "leverage" and arch in ("mpt", "qwen3"):  # their padded keys differ from the unpadded ones in
-        checks = checks[:2]  # the last bits, and the leverage (a linear solve) amplifies that past near-ties
+    # their padded keys differ from the unpadded ones in the last bits, and the leverage (a linear solve)
+    # amplifies that past near-ties
+    if name in ("leverage", "compactor") and arch in ("mpt", "qwen3"):
+        checks = checks[:2]
     check_policy(lambda budget: make_policy(name, budget=budget, **_knobs(name)), archs=(arch,),
                  checks=checks)
 

@@ -278,15 +278,36 @@ def _window_scores(tr: Trace, p, li: int) -> list[dict[int, float]]:
     return out
 
 
+def _finch_scores(tr: Trace, p, li: int) -> list[dict[int, float]]:
+    """Finch's scores per KV head: the attention of the last ``window_size`` prompt queries to the keys before
+    the window, each row times its count of non-zero weights (the model's float32 softmax over the keys it
+    sees), summed over those rows and the group's query heads; no pooling."""
+    W, G = p.window_size, tr.group
+    out = []
+    for h in range(tr.hkv):
+        a = dict.fromkeys(range(N - W), 0.0)
+        for i in range(N - W, N):
+            for g in range(G):
+                row = tr.x[li][h * G + g, i]
+                probs = softmax_at(row, list(range(i + 1)))
+                nonzero = int((torch.softmax(row[: i + 1].float(), -1) > 0).sum())
+                for j in range(N - W):
+                    a[j] += nonzero * probs[j]
+        out.append(a)
+    return out
+
+
 def _prompt_compressor(tr: Trace, p, layer_k: Callable[[int, int, int], int],
-                       heads_k: Budgets | None = None) -> Kept:
-    """SnapKV's cut: the observation window (``w = min(window_size, k)``) + the top pooled scores, once
-    after the prompt; every generated token is then kept."""
+                       heads_k: Budgets | None = None,
+                       scores_of: Callable[[Trace, Any, int], list[dict[int, float]]] = _window_scores,
+                       ) -> Kept:
+    """SnapKV's cut: the observation window (``w = min(window_size, k)``) + the top pooled scores (or
+    ``scores_of``'s), once after the prompt; every generated token is then kept."""
     k = budget_k(p.budget, N)
     w = min(p.window_size, k)
     cut = []
     for li in range(tr.layers):
-        scores = _window_scores(tr, p, li)
+        scores = scores_of(tr, p, li)
         kl = layer_k(li, k, w)
         quota = heads_k(li, scores, kl, w) if heads_k else [kl] * tr.hkv
         recent = set(range(N - w, N))
@@ -297,6 +318,44 @@ def _prompt_compressor(tr: Trace, p, layer_k: Callable[[int, int, int], int],
 
 def rule_snapkv(tr: Trace, p) -> Kept:
     return _prompt_compressor(tr, p, lambda li, k, w: k)
+
+
+def rule_finch(tr: Trace, p) -> Kept:
+    return _prompt_compressor(tr, p, lambda li, k, w: k, scores_of=_finch_scores)
+
+
+def lazy_masses(tr: Trace, p) -> list[float]:
+    """SimLayerKV's statistic per layer: the last ``n_last`` prompt rows' attention, averaged over those rows
+    and every query head, summed over the first ``n_initial`` and the last ``n_recent`` prompt tokens."""
+    Hq = tr.x[0].shape[0]
+    near = set(range(p.n_initial)) | set(range(N - p.n_recent, N))
+    rows = range(N - p.n_last, N)
+    out = []
+    for li in range(tr.layers):
+        total = 0.0
+        for hq in range(Hq):
+            for i in rows:
+                probs = softmax_at(tr.x[li][hq, i], list(range(i + 1)))
+                total += sum(probs[j] for j in near if j <= i)
+        out.append(total / (Hq * len(rows)))
+    return out
+
+
+def rule_simlayerkv(tr: Trace, p) -> Kept:
+    """SimLayerKV: a layer whose statistic (:func:`lazy_masses`) is above ``lazy_threshold`` is lazy and keeps
+    ``min(k, n_initial + n_recent)`` tokens, any other layer ``k``; each keeps the first ``n_initial`` tokens
+    and then the most recent, after the prompt and at every decode step (StreamingLLM within that budget)."""
+    k = budget_k(p.budget, N)
+    per_layer = []
+    for mass in lazy_masses(tr, p):
+        kl = min(k, p.n_initial + p.n_recent) if mass > p.lazy_threshold else k
+        assert kl > p.n_initial, "the reference covers budgets above the initial tokens"
+        steps = []
+        for t in range(NEW):
+            T = fed(t)
+            steps.append(set(range(p.n_initial)) | set(range(T - (kl - p.n_initial), T)))
+        per_layer.append(steps)
+    return [[[per_layer[li][t]] * tr.hkv for li in range(tr.layers)] for t in range(NEW)]
 
 
 def pyramid_budgets(k: int, w: int, n: int, beta: float, layers: int) -> list[int]:
@@ -373,18 +432,27 @@ def rule_adakv_keyformer(tr: Trace, p) -> Kept:
 RULES: dict[str, Callable[[Trace, Any], Kept]] = {
     "full": rule_full, "window": rule_window, "streaming": rule_window, "h2o": rule_h2o,
     "keyformer": rule_keyformer, "snapkv": rule_snapkv, "pyramidkv": rule_pyramidkv, "tova": rule_tova,
-    "adakv_snapkv": rule_adakv_snapkv, "adakv_keyformer": rule_adakv_keyformer,
+    "adakv_snapkv": rule_adakv_snapkv, "adakv_keyformer": rule_adakv_keyformer, "finch": rule_finch,
+    "simlayerkv": rule_simlayerkv,
+}
+# other knobs: Finch's window long enough that its rows' key counts differ (25 to 40) and below the budget;
+# SimLayerKV's windows shrunk to this prompt, its threshold between its two layers' statistics on it
+# (test_rules_act checks that one layer is lazy and the other not)
+RULE_KNOBS: dict[str, dict[str, Any]] = {
+    "finch": {"budget": 0.75, "window_size": 16},
+    "simlayerkv": {"n_initial": 2, "n_recent": 6, "n_last": 2, "lazy_threshold": 0.3},
 }
 
 
 def rule_policy(name: str):
-    """The policy under test: budget 0.5; observation windows shrunk to 8 so that the scores decide."""
+    """The policy under test: budget 0.5; observation windows shrunk to 8 so that the scores decide;
+    ``RULE_KNOBS``."""
     if not POLICIES[name].evicts:
         return make_policy(name)
     kw: dict[str, Any] = {"budget": 0.5}
     if "window_size" in POLICIES[name].__dataclass_fields__:
         kw["window_size"] = 8
-    return make_policy(name, **kw)
+    return make_policy(name, **{**kw, **RULE_KNOBS.get(name, {})})
 
 
 def check_rule(name: str, policy=None) -> None:
@@ -420,8 +488,14 @@ def test_rules_act():
     """Positive controls: on this prompt the scoring rules keep different sets than a plain window, the
     pyramid's layers differ, and Ada-KV's heads hold different numbers of tokens."""
     win = run_policy(rule_policy("window")).kept
-    for name in ("h2o", "keyformer", "snapkv", "tova"):
+    for name in ("h2o", "keyformer", "snapkv", "tova", "finch"):
         assert run_policy(rule_policy(name)).kept[0] != win[0], name
+    assert run_policy(rule_policy("finch")).kept[0] != run_policy(rule_policy("snapkv")).kept[0]
+    sim = rule_policy("simlayerkv")
+    tr = run_policy(sim)
+    lazy = [m > sim.lazy_threshold for m in lazy_masses(tr, sim)]
+    assert lazy.count(True) == 1, lazy_masses(tr, sim)  # one lazy layer, one not
+    assert len(tr.kept[0][0][0]) != len(tr.kept[0][1][0])
     pyr = run_policy(rule_policy("pyramidkv")).kept[0]
     assert len(pyr[0][0]) != len(pyr[-1][0])
     ada = run_policy(rule_policy("adakv_snapkv")).kept[0]
@@ -513,6 +587,39 @@ def _mut_no_sinks(mp, name):  # StreamingLLM's sinks dropped
     mp.setattr(_cls(name), "priority", priority)
 
 
+def _mut_no_row_counts(mp, name):  # Finch without its row normalisation (SnapKV's rows, no pooling)
+    mp.setattr(_cls(name), "score", lambda self, probs, ctx: probs)
+
+
+def _mut_row_index(mp, name):  # Finch's rows weighed by their index in the window (not their key count)
+    def score(self, probs, ctx):
+        r = probs.shape[-2]
+        return probs * torch.arange(1, r + 1, dtype=probs.dtype).view(-1, 1)
+    mp.setattr(_cls(name), "score", score)
+
+
+def _mut_never_lazy(mp, name):  # SimLayerKV: lazy layers keep their budget
+    mp.setattr(_cls(name), "head_budgets", lambda self, prio, keep_n, ctx: keep_n)
+
+
+def _mut_always_lazy(mp, name):  # SimLayerKV: every layer lazy
+    base = _cls(name).after_prompt
+
+    def after_prompt(self, state, ctx):
+        out = base(self, state, ctx)
+        ctx.layer_state["lazy"] = torch.ones_like(ctx.layer_state["lazy"])
+        return out
+    mp.setattr(_cls(name), "after_prompt", after_prompt)
+
+
+def _mut_no_initial(mp, name):  # SimLayerKV's initial tokens dropped (a plain window)
+    mp.setattr(_cls(name), "priority", lambda self, state, ctx: ctx.pos.to(torch.float64))
+
+
+def _mut_last_row_only(mp, name):  # SimLayerKV's statistic from the last row alone (n_last ignored)
+    mp.setattr(_cls(name), "observe_rows", property(lambda self: 1))
+
+
 def _mut_evicts_one(mp, name):  # the full cache drops its oldest token
     mp.setattr(_cls(name), "cuts", STEP)
     mp.setattr(_cls(name), "evicts", True)
@@ -544,6 +651,14 @@ MUTATIONS: list[tuple[str, str, Callable[[pytest.MonkeyPatch, str], None]]] = [
     ("adakv_snapkv", "observation window ignored", _mut_all_rows),
     ("adakv_keyformer", "uniform head budgets", _mut_uniform_heads),
     ("adakv_keyformer", "noise removed", _mut_no_noise),
+    ("finch", "row counts removed", _mut_no_row_counts),
+    ("finch", "rows weighed by index", _mut_row_index),
+    ("finch", "observation window ignored", _mut_all_rows),
+    ("finch", "ranking reversed", _mut_reversed),
+    ("simlayerkv", "no layer lazy", _mut_never_lazy),
+    ("simlayerkv", "every layer lazy", _mut_always_lazy),
+    ("simlayerkv", "initial tokens dropped", _mut_no_initial),
+    ("simlayerkv", "last row only", _mut_last_row_only),
 ]
 
 

@@ -57,6 +57,9 @@ EA = {"n_future_positions": 512, "n_sink": 4, "use_covariance": True, "use_vnorm
 PREFILL = {"recent": 0.0, "prefill_only": True}
 LAG = {"n_sink": 4, "lag_size": 128}
 CRIT = {"epsilon": 1e-4, "first_stage_ratio": 0.5}
+FINCH = {"window_size": 32}
+SIMLAYER = {"lazy_threshold": 0.8, "n_last": 1, "n_recent": 128, "n_initial": 4}
+COMPACT = {"sink_size_start": 8, "sink_size_end": 4, "chunk_size": 256, "sketch_dimension": 48}
 
 # name, kvpress press spec ({"cls", "kw", optional "inner"}), our policy name and options.
 METHODS: list[dict[str, Any]] = [
@@ -94,6 +97,15 @@ METHODS: list[dict[str, Any]] = [
                                             "inner": {"cls": "SnapKVPress", "kw": SNAP}},
      "policy": "snapkv+criticalkv",
      "policy_kw": {**SNAP, "critical_epsilon": 1e-4, "first_stage_ratio": 0.5}},
+    # the attention readers: Finch with a fixed question window (kvpress's delimiter token never occurs), and
+    # SimLayerKV, which takes no ratio (its lazy layers decide; ours at budget 1.0, cut once: "our_budget")
+    {"name": "Finch", "press": {"cls": "FinchFixedWindow", "kw": FINCH}, "policy": "finch",
+     "policy_kw": FINCH},
+    {"name": "SimLayerKV", "press": {"cls": "SimLayerKVPress", "kw": SIMLAYER, "no_ratio": True},
+     "policy": "simlayerkv", "policy_kw": {**SIMLAYER, **PREFILL}, "our_budget": 1.0},
+    # kvpress draws its sketch unseeded (as LeverageScore) and pads its last chunk with zero queries and keys
+    {"name": "Compactor", "press": {"cls": "CompactorPress", "kw": COMPACT}, "policy": "compactor",
+     "policy_kw": COMPACT},
 ]
 
 # kvpress presses changed in one respect each (see side_kvpress): the same comparison with ours, to test a
@@ -111,6 +123,12 @@ DIAGNOSTICS: list[dict[str, Any]] = [
      "press": {"cls": "CriticalKVWindowApart", "kw": CRIT, "inner": {"cls": "SnapKVPress", "kw": SNAP}},
      "policy": "snapkv+criticalkv",
      "policy_kw": {**SNAP, "critical_epsilon": 1e-4, "first_stage_ratio": 0.5}},
+    {"name": "Finch [kv: floor count, rows times their key count]",
+     "press": {"cls": "FinchKeyCount", "kw": FINCH, "exact_count": True}, "policy": "finch",
+     "policy_kw": FINCH},
+    {"name": "SimLayerKV [kv: recent tokens up to the last]",
+     "press": {"cls": "SimLayerKVWithLast", "kw": SIMLAYER, "no_ratio": True},
+     "policy": "simlayerkv", "policy_kw": {**SIMLAYER, **PREFILL}, "our_budget": 1.0},
 ]
 
 
@@ -349,9 +367,61 @@ def _variant_presses() -> dict[str, Any]:
             out[..., n - w:] = big
             return out
 
+    from kvpress import FinchPress, SimLayerKVPress
+
+    class FinchFixedWindow(FinchPress):
+        """Finch with a fixed question window of ``window_size`` tokens (ours), set directly: kvpress sizes it
+        from a delimiter token added to the tokenizer and the embeddings, and here no token is the delimiter
+        (id -1). Kept keys are not re-rotated (ours keep their positions; the recorder matches keys)."""
+
+        def __init__(self, compression_ratio: float = 0.0, window_size: int = 64):
+            super().__init__(compression_ratio=compression_ratio, rerotate_keys=False)
+            self.window_size, self.delimiter_token_id = window_size, -1
+
+    class FinchKeyCount(FinchFixedWindow):
+        """Finch whose window row at position i is multiplied by its count of keys, i + 1 (ours: its non-zero
+        weights), instead of by i."""
+
+        def score(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                  kwargs):
+            bsz, hkv, n, _ = keys.shape
+            w, g = self.window_size, module.config.num_attention_heads // hkv
+            a = SnapKVPress.compute_window_attention(module, hidden_states, keys, w,
+                                                     kwargs["position_embeddings"])
+            a = a * torch.arange(n - w + 1, n + 1, device=a.device, dtype=a.dtype).view(1, 1, -1, 1)
+            s = a.mean(dim=-2).view(bsz, hkv, g, n - w).mean(2)
+            return F.pad(s, (0, w), value=s.max().item() + 1)
+
+    class SimLayerKVWithLast(SimLayerKVPress):
+        """SimLayerKV whose recent tokens are the last ``n_recent`` up to and including the last query's own,
+        in its statistic and in what a lazy layer keeps (ours), instead of the ``n_recent`` before the last
+        ``n_last`` in the statistic and the last ``n_recent - n_last`` kept."""
+
+        def is_lazy(self, module, hidden_states, keys,  # type: ignore[no-untyped-def]
+                    position_embeddings):
+            a = window_attention_all_keys(module, hidden_states, keys, self.n_last, position_embeddings)
+            a = a.mean((0, 1, 2))
+            return (a[: self.n_initial].sum() + a[-self.n_recent:].sum()).item() > self.lazy_threshold
+
+        def compress(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                     kwargs):
+            n = keys.shape[2]
+            if module.layer_idx == 0:
+                self.compression_ratios = []
+            if (self.lazy_threshold == 1.0 or n <= self.n_initial + self.n_recent
+                    or not self.is_lazy(module, hidden_states, keys, kwargs["position_embeddings"])):
+                self.compression_ratios.append(0.0)
+                return keys, values
+            idx = torch.cat([torch.arange(self.n_initial), torch.arange(n - self.n_recent, n)])
+            idx = idx.to(keys.device)
+            self.compression_ratios.append(1 - len(idx) / n)
+            return keys[:, :, idx], values[:, :, idx]
+
     return {"SnapKVPoolAll": SnapKVPoolAll, "TOVAPerKVHead": TOVAPerKVHead,
             "LagKVRecentTies": LagKVRecentTies, "CriticalKVWindowApart": CriticalKVWindowApart,
-            "PyramidKVAligned": PyramidKVAligned, **kvpress_kvzip.variant_presses()}
+            "PyramidKVAligned": PyramidKVAligned, "FinchFixedWindow": FinchFixedWindow,
+            "FinchKeyCount": FinchKeyCount, "SimLayerKVWithLast": SimLayerKVWithLast,
+            **kvpress_kvzip.variant_presses()}
 
 
 def _build_press(spec: dict[str, Any], budget: float, registry: dict[str, Any]) -> Any:
@@ -363,6 +433,8 @@ def _build_press(spec: dict[str, Any], budget: float, registry: dict[str, Any]) 
     cls = registry.get(spec["cls"]) or getattr(kvpress, spec["cls"])
     if "inner" in spec:
         return cls(press=_build_press(spec["inner"], budget, registry), **spec["kw"])
+    if spec.get("no_ratio"):  # a press whose own rule sets how much it keeps (SimLayerKV)
+        return cls(**spec["kw"])
     ratio = 1 - budget - (1e-9 if spec.get("exact_count") else 0.0)
     return cls(compression_ratio=ratio, **spec["kw"])
 
@@ -503,8 +575,8 @@ def side_ours(args: argparse.Namespace) -> None:
             except ValueError:
                 entry["skipped"] = f"policy {m['policy']!r} not registered"
             else:
-                try:
-                    policy = make_policy(m["policy"], budget=float(b), **m["policy_kw"])
+                try:  # our_budget: a method whose kvpress press takes no ratio (SimLayerKV)
+                    policy = make_policy(m["policy"], budget=float(m.get("our_budget", b)), **m["policy_kw"])
                 except ValueError as e:
                     entry["skipped"] = str(e).split(";")[0]
                 else:

@@ -35,15 +35,16 @@ OUTRO = """
 Merge-on-evict (`wrap=[cam]`, `wrap=[merging]`) and threshold eviction (`wrap=[dms]`, the training-free
 DMS of kvpress) act through the cache's one eviction hook
 ([add-a-policy.md](add-a-policy.md#the-eviction-hook)); each wrapper's module docstring says which survivor
-receives which evicted value, with what weight.
+receives which evicted value, with what weight. Finch takes a fixed question window (`window_size`), not
+kvpress's delimiter token, and SimLayerKV's budget bounds every layer (its effective ratio is the run's
+`kv_ratio`): see their modules' docstrings. Compactor computes its non-causal chunk attention from the
+forward's queries and keys (not the model's causal attention, so not the shared prompt-score path).
 
-Not here yet: the attention readers Finch (prompt-guided SnapKV), Compactor's non-causal chunked attention and
-SimLayerKV, which wait for the chunked attention-score path; kvpress's `BlockPress` (block-wise prompt
-processing: a chunked prefill over an evicting cache, which the scoring path refuses; see add-a-policy.md);
-KeyRerotation (kept tokens keep their original positions here); DMS's trained evictors, KVzap, Q-Filters,
-DuoAttention and the other trained presses (weights from a hub; see
-[add-a-policy.md](add-a-policy.md#trained-parameters)); ThinK and KVCompose (they change what a slot holds;
-see add-a-policy.md).
+Not here yet: kvpress's `BlockPress` (block-wise prompt processing: a chunked prefill over an evicting
+cache, which the scoring path refuses; see add-a-policy.md); KeyRerotation (kept tokens keep their original
+positions here); DMS's trained evictors, KVzap, Q-Filters, DuoAttention and the other trained presses
+(weights from a hub; see [add-a-policy.md](add-a-policy.md#trained-parameters)); ThinK and KVCompose (they
+change what a slot holds; see add-a-policy.md).
 """
 
 
