@@ -310,9 +310,10 @@ def test_queue_points_compose_into_their_sweep_folders(queue: Path):
             assert folder.startswith(cfg.hydra.sweep.dir + "/"), (folder, cfg.hydra.sweep.dir)
         name = dict(kv.split("=", 1) for kv in Path(folder).name.split(",") if "=" in kv)
         assert float(name.get("budget", cfg.budget)) == float(cfg.budget)
-        if "policy" in name:
-            assert (cfg.policy["_target_"]
-                    == OmegaConf.load(CONF / "policy" / f"{name['policy']}.yaml")["_target_"])
+        if "policy" in name:  # a name or a composition scorer+wrapper[+wrapper...] (policy.wrap)
+            base, *wrap = name["policy"].split("+")
+            assert cfg.policy["_target_"] == OmegaConf.load(CONF / "policy" / f"{base}.yaml")["_target_"]
+            assert list(cfg.policy.get("wrap") or []) == wrap, (folder, cfg.policy.get("wrap"))
         if "kv_quant" in name:
             assert cfg.kv_quant.bits == int(name["kv_quant"].removeprefix("int"))
         if "generation" in name:

@@ -16,7 +16,7 @@ multirun/exp10_ruler_gemma/...) go to multirun/exp10_ruler_gemma/queues.
 ``left.txt`` (one per model) lists every tier's points in tier order, less those already complete in
 ``results/exp10_ruler{,_gemma}/<setting>/points.csv``: how a session on a fresh machine continues.
 
-Tiers 1b, 2b, 3, 4 and 5 (44 + 44 + 264 + 704 + 198 points) are not committed as queue files:
+Tiers 1b, 2b, 3, 4 and 5 (44 + 44 + 264 + 704 + 286 points) are not committed as queue files:
 tests/test_configs.py composes every line of experiments/queues/*.txt, which would take half an hour on
 the 2-core machine. Points are listed policy-major (every task of a policy, then the next policy), so a
 policy's RULER average is complete as early as possible; in tiers 3-4 a point's budgets follow each other with
@@ -36,9 +36,9 @@ CURRENT = ["expected_attention", "keydiff", "kvzip", "rkv"]  # the field's 2025 
 # tier 4 runs the 2025 methods first: where Keyformer ranks among the current methods at every ratio
 FIELD = [*CURRENT, "tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer", "streaming"]
 # issue 68's methods at ratio 0.5, both settings: the floor and the cheap scorers first, then the compositions
-# (a wrapper over two scorers each: CriticalKV over SnapKV and Keyformer, Ada-KV over H2O and key norm)
+# (CriticalKV over SnapKV and Keyformer, Ada-KV over H2O and key norm, CaM's merge-on-evict over H2O)
 METHODS = ["random", "knorm", "snapkv+criticalkv", "keyformer+criticalkv", "h2o+adakv", "knorm+adakv",
-           "lagkv", "curdkv", "leverage"]
+           "lagkv", "curdkv", "leverage", "finch", "simlayerkv", "compactor", "h2o+cam"]
 RECORDS = 5
 OTHER = (0.75, 0.25, 0.125)  # budgets of ratios 0.25, 0.75, 0.875 (tiers 3-4; ratio 0.5 is tiers 1-2)
 HEADER = """# Experiment 10 (experiments/exp10_ruler/README.md), {what}.
