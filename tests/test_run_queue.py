@@ -68,3 +68,32 @@ def test_malformed_or_missing_queue_is_a_one_line_error(tmp_path: Path) -> None:
         rq.read_queue(bad)
     with pytest.raises(SystemExit, match="no such queue file"):
         rq.read_queue(tmp_path / "nope.txt")
+
+
+def test_run_points_runs_its_own_checkout_whatever_the_callers_folder(tmp_path: Path) -> None:
+    """scripts/run_points.sh called from another folder with relative paths: its workers start in the
+    script's checkout (so `python -m` imports that checkout's code), with the queue, ROOT and data paths made
+    absolute."""
+    import os
+    import subprocess
+
+    here = Path(__file__).resolve().parents[1]
+    caller = tmp_path / "caller"
+    (caller / "q").mkdir(parents=True)
+    (caller / "q" / "points.txt").write_text("m/a 1 policy=h2o\n")
+    (caller / "root").mkdir()
+    (caller / "data").mkdir()
+    log = tmp_path / "calls.txt"
+    fake = caller / "py.sh"  # a stand-in interpreter: records its folder and arguments
+    fake.write_text(f'#!/bin/sh\necho "$(pwd) $KEYFORMER_DATA_DIR $*" >> {log}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PY": "./py.sh", "ROOT": "root", "KEYFORMER_DATA_DIR": "data", "WORKERS": "1"}
+    subprocess.run(["bash", str(here / "scripts" / "run_points.sh"), "q/points.txt"], cwd=caller, env=env,
+                   check=True, capture_output=True, timeout=60)
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2  # the stale-lock pass, then one worker
+    for call in calls:
+        cwd, data, *args = call.split()
+        assert (cwd, data) == (str(here), str(caller / "data"))
+        assert args[:4] == ["-m", "keyformer.lab.queue", str(caller / "q" / "points.txt"), "--root"]
+        assert args[4] == str(caller / "root")
