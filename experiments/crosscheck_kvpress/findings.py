@@ -24,6 +24,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     'kvpress_kvzip': lambda res: kvpress(res, "crosscheck_kvpress/kvzip"),
     'kvpress_kvzip_long': lambda res: kvpress(res, "crosscheck_kvpress/kvzip_long"),
     'kvpress_methods': lambda res: kvpress(res, "crosscheck_kvpress/methods"),
+    'kvpress_attention': lambda res: kvpress(res, "crosscheck_kvpress/attention"),
 }
 
 
@@ -41,21 +42,35 @@ def _rows(res: Path, folder: str) -> list[dict[str, str]]:
     return [dict(zip(head, (c.strip() for c in ln.strip("|").split("|")), strict=False)) for ln in lines[2:]]
 
 
-def agreement(res: Path, doc: dict | None) -> str:
-    """Per committed run: how many (method, budget) rows keep identical sets everywhere, and the lowest
-    mean Jaccard of the others, read from each run's table.md."""
+def folders(res: Path) -> list[str]:
+    """Every committed run of the cross-check: the folders under ``crosscheck_kvpress`` holding a table.md,
+    the top one first."""
+    top = res / "crosscheck_kvpress"
+    return sorted((p.parent.relative_to(res).as_posix() for p in top.rglob("table.md")),
+                  key=lambda f: (f != "crosscheck_kvpress", f))
+
+
+def agreement_counts(res: Path) -> list[tuple[str, int, int, dict[str, str] | None]]:
+    """Per committed run: (folder, rows whose sets are identical in every layer and head, rows, the other
+    row with the lowest mean Jaccard or None), read from each run's table.md."""
     out = []
-    for folder in ("crosscheck_kvpress", "crosscheck_kvpress/new_policies", "crosscheck_kvpress/kvzip",
-                   "crosscheck_kvpress/kvzip_long", "crosscheck_kvpress/methods"):
+    for folder in folders(res):
         rows = _rows(res, folder)
         if not rows:
             continue
-        same = [r for r in rows if r.get("ident.") == "1.000"]
         rest = [r for r in rows if r.get("ident.") != "1.000"]
         low = min(rest, key=lambda r: float(r["Jaccard"])) if rest else None
+        out.append((folder, len(rows) - len(rest), len(rows), low))
+    return out
+
+
+def agreement(res: Path, doc: dict | None) -> str:
+    """The agreement lines of the page: :func:`agreement_counts`, one line per committed run."""
+    out = []
+    for folder, same, n, low in agreement_counts(res):
         lowest = (f"; the lowest mean Jaccard: {low['method']} at budget {low['budget']} ({low['Jaccard']})"
                   if low else "")
-        out.append(f"- `{folder}`: {len(same)} of {len(rows)} rows (method, budget; the `[kv: ...]` variants "
+        out.append(f"- `{folder}`: {same} of {n} rows (method, budget; the `[kv: ...]` variants "
                    f"included) keep identical sets in every layer and head{lowest}.")
     return "\n".join(out)
 

@@ -129,6 +129,15 @@ DIAGNOSTICS: list[dict[str, Any]] = [
     {"name": "SimLayerKV [kv: recent tokens up to the last]",
      "press": {"cls": "SimLayerKVWithLast", "kw": SIMLAYER, "no_ratio": True},
      "policy": "simlayerkv", "policy_kw": {**SIMLAYER, **PREFILL}, "our_budget": 1.0},
+    {"name": "LeverageScore [kv: our seeded sketch, floor count]",
+     "press": {"cls": "LeverageSeeded", "kw": {"sketch_dimension": 48}, "exact_count": True},
+     "policy": "leverage", "policy_kw": {"sketch_dimension": 48, **PREFILL}},
+    {"name": "Compactor [kv: our seeded sketch, floor count]",
+     "press": {"cls": "CompactorSeeded", "kw": COMPACT, "exact_count": True}, "policy": "compactor",
+     "policy_kw": COMPACT},
+    {"name": "Compactor [kv: our seeded sketch, no padding in the last chunk, floor count]",
+     "press": {"cls": "CompactorSeededReal", "kw": COMPACT, "exact_count": True}, "policy": "compactor",
+     "policy_kw": COMPACT},
 ]
 
 
@@ -417,10 +426,67 @@ def _variant_presses() -> dict[str, Any]:
             self.compression_ratios.append(1 - len(idx) / n)
             return keys[:, :, idx], values[:, :, idx]
 
+    from kvpress import CompactorPress, LeverageScorePress
+
+    class LeverageSeeded(LeverageScorePress):
+        """LeverageScore whose Gaussian sketch is ours: one [head_dim, k] per KV head drawn from (seed 0, the
+        layer) in float64, shared by the batch, instead of kvpress's unseeded draw per sample and call. The
+        rest of kvpress's arithmetic (key dtype, Cholesky with jitter) is unchanged."""
+
+        def score(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                  kwargs):
+            self.layer = module.layer_idx
+            return super().score(module, hidden_states, keys, values, attentions, kwargs)
+
+        def compute_leverage_scores(self, key_states, sketch_dimension):  # type: ignore[no-untyped-def]
+            b, h, _, d = key_states.shape
+            k = sketch_dimension
+            g = torch.Generator().manual_seed(self.layer)  # ours: seed * 1_000_003 + layer, seed 0
+            phi = torch.randn(h, d, k, generator=g, dtype=torch.float64) / k**0.5
+            phi = phi.to(key_states.device, key_states.dtype).expand(b, h, d, k)
+            x = torch.matmul(key_states - key_states.mean(dim=-2, keepdim=True), phi).to(torch.float32)
+            xt = x.transpose(-2, -1)
+            gram = xt @ x
+            chol = self.chol_with_jitter(0.5 * (gram + gram.transpose(-2, -1)), jitter=1e-2, max_tries=5)
+            return (x * torch.cholesky_solve(xt, chol, upper=False).transpose(-2, -1)).sum(-1).clamp_min(0)
+
+    class CompactorSeeded(CompactorPress):
+        """Compactor whose leverage part draws our sketch (:class:`LeverageSeeded`); its chunked non-causal
+        attention (last chunk padded) is kvpress's."""
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            self._leverage_press = LeverageSeeded(compression_ratio=self.compression_ratio,
+                                                  sketch_dimension=self.sketch_dimension)
+
+    from kvpress.presses.non_causal_attention_press import NonCausalAttnPress
+
+    class NonCausalRealChunks(NonCausalAttnPress):
+        """Non-causal chunked attention whose last chunk holds only the real tokens (ours), instead of being
+        padded with zero queries and keys that take part in its softmax and its column sums."""
+
+        @staticmethod
+        def non_causal_chunked_attn(q, k, chunk_size):  # type: ignore[no-untyped-def]
+            sums = []
+            for a in range(0, q.shape[-2], chunk_size):
+                dots = q[..., a:a + chunk_size, :] @ k[..., a:a + chunk_size, :].transpose(-2, -1)
+                sums.append(torch.softmax(dots.to(torch.float32), dim=-1).sum(dim=-2))
+            return torch.cat(sums, dim=-1)
+
+    class CompactorSeededReal(CompactorSeeded):
+        """:class:`CompactorSeeded` whose chunked attention is :class:`NonCausalRealChunks`."""
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            self._non_causal_press = NonCausalRealChunks(compression_ratio=self.compression_ratio,
+                                                         chunk_size=self.chunk_size)
+
     return {"SnapKVPoolAll": SnapKVPoolAll, "TOVAPerKVHead": TOVAPerKVHead,
             "LagKVRecentTies": LagKVRecentTies, "CriticalKVWindowApart": CriticalKVWindowApart,
             "PyramidKVAligned": PyramidKVAligned, "FinchFixedWindow": FinchFixedWindow,
             "FinchKeyCount": FinchKeyCount, "SimLayerKVWithLast": SimLayerKVWithLast,
+            "LeverageSeeded": LeverageSeeded, "CompactorSeeded": CompactorSeeded,
+            "CompactorSeededReal": CompactorSeededReal,
             **kvpress_kvzip.variant_presses()}
 
 

@@ -108,3 +108,25 @@ def test_method_options_are_valid_for_registered_policies() -> None:
             make_policy(m["policy"], budget=0.5, **m["policy_kw"])
     diag = {m["name"].split(" [")[0] for m in xc.DIAGNOSTICS}
     assert diag <= {m["name"] for m in xc.METHODS}  # every diagnostic changes a compared method
+
+
+def test_agreement_section_reads_every_committed_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The page's agreement covers every folder holding a table (top run first), counts the rows whose sets
+    are identical everywhere and picks the lowest mean Jaccard of the others."""
+    from experiments.crosscheck_kvpress import findings
+
+    head = "| method | budget | Jaccard | ident. |\n|---|---|---|---|\n"
+    tables = {"crosscheck_kvpress": "| A | 0.5 | 1.000 | 1.000 |\n",
+              "crosscheck_kvpress/zeta": "| B | 0.5 | 0.900 | 0.100 |\n| B | 0.2 | 0.700 | 0.000 |\n",
+              "crosscheck_kvpress/alpha": "| C | 0.5 | 1.000 | 1.000 |\n| D | 0.2 | 0.990 | 0.500 |\n"}
+    for folder, rows in tables.items():
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "table.md").write_text("caption\n\n" + head + rows)
+    (tmp_path / "crosscheck_kvpress" / "empty").mkdir()
+    assert findings.folders(tmp_path) == ["crosscheck_kvpress", "crosscheck_kvpress/alpha",
+                                          "crosscheck_kvpress/zeta"]
+    counts = [(f, same, n, low and (low["method"], low["budget"])) for f, same, n, low
+              in findings.agreement_counts(tmp_path)]
+    assert counts == [("crosscheck_kvpress", 1, 1, None), ("crosscheck_kvpress/alpha", 1, 2, ("D", "0.2")),
+                      ("crosscheck_kvpress/zeta", 0, 2, ("B", "0.2"))]
+    assert len(findings.agreement(tmp_path, None).splitlines()) == 3
