@@ -109,6 +109,27 @@ def mean_rotation(cur: torch.Tensor, F: int, D: int, info: dict[str, Any]) -> to
     return R
 
 
+def fold_queries(ctx: Context, n_sink: int, second_moment: bool) -> None:
+    """Fold the forward's real queries at positions ``>= n_sink``, RoPE undone (:func:`unrotate`), into
+    ``ctx.layer_state``: their count ``n`` [B, 1, 1], sum ``s1`` [B, Hq, D] and, with ``second_moment``,
+    ``s2 = sum x x^T`` [B, Hq, D, D] (float64); the sums restart at the prompt."""
+    q = ctx.query
+    B, Hq, r, D = q.shape
+    qpos = ctx.pos[:, 0, -r:] if ctx.step == 0 else ctx.newest.view(-1, 1).expand(B, r)  # [B, r]
+    x = unrotate(q.double(), qpos, ctx.prepared)
+    use = (qpos >= n_sink).double().view(B, 1, r, 1)
+    memo = ctx.layer_state
+    if ctx.step == 0 or "n" not in memo:
+        memo["n"] = torch.zeros(B, 1, 1, dtype=torch.float64, device=q.device)
+        memo["s1"] = torch.zeros(B, Hq, D, dtype=torch.float64, device=q.device)
+        if second_moment:
+            memo["s2"] = torch.zeros(B, Hq, D, D, dtype=torch.float64, device=q.device)
+    memo["n"] = memo["n"] + use.sum(2).view(B, 1, 1)
+    memo["s1"] = memo["s1"] + (x * use).sum(2)
+    if second_moment:
+        memo["s2"] = memo["s2"] + torch.einsum("bhri,bhrj->bhij", x * use, x)
+
+
 @dataclass
 class ExpectedAttentionPolicy(Policy):
     recent: float = 0.0
@@ -143,20 +164,7 @@ class ExpectedAttentionPolicy(Policy):
 
     def observe(self, ctx: Context) -> None:
         """Fold this forward's real, non-sink queries into the running sums of ``ctx.layer_state``."""
-        q = ctx.query
-        B, Hq, r, D = q.shape
-        qpos = ctx.pos[:, 0, -r:] if ctx.step == 0 else ctx.newest.view(-1, 1).expand(B, r)  # [B, r]
-        x = unrotate(q.double(), qpos, ctx.prepared)
-        use = (qpos >= self.n_sink).double().view(B, 1, r, 1)
-        memo = ctx.layer_state
-        if ctx.step == 0 or "n" not in memo:
-            memo["n"] = torch.zeros(B, 1, 1, dtype=torch.float64, device=q.device)
-            memo["s1"] = torch.zeros(B, Hq, D, dtype=torch.float64, device=q.device)
-            memo["s2"] = torch.zeros(B, Hq, D, D, dtype=torch.float64, device=q.device)
-        memo["n"] = memo["n"] + use.sum(2).view(B, 1, 1)
-        memo["s1"] = memo["s1"] + (x * use).sum(2)
-        if self.use_covariance:
-            memo["s2"] = memo["s2"] + torch.einsum("bhri,bhrj->bhij", x * use, x)
+        fold_queries(ctx, self.n_sink, self.use_covariance)
 
     def expected_scores(self, ctx: Context) -> torch.Tensor:
         """[B, Hkv, S] the rule's score of every slot (non-held and sink slots: 0) from the layer state."""
