@@ -695,10 +695,12 @@ def _mut_capkv_max_heads(mp, name):  # CapKV's mean over a group's query heads r
 
 
 def _mut_capkv_no_rope_mean(mp, name):  # CapKV's anchor not rotated by the averaged future RoPE
-    from keyformer.core.policies import capkv
+    base = _cls(name).future_mean
 
-    mp.setattr(capkv, "mean_rotation", lambda cur, F_, D, info: torch.eye(D, dtype=torch.float64).repeat(
-        cur.shape[0], 1, 1))
+    def unrotated(self, ctx):
+        R, mu = base(self, ctx)
+        return torch.eye(R.shape[-1], dtype=R.dtype).expand_as(R), mu
+    mp.setattr(_cls(name), "future_mean", unrotated)
 
 
 def _mut_every_step(mp, name):  # the schedule wrapper ignored: a cut at every step

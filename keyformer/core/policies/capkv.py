@@ -17,25 +17,28 @@ eps) v)^T``, the same matrix.
 
 **Prompt and decode.** At the prompt the anchor is the mean of the prompt's queries (kvpress's rule) and the
 prompt is cut by the score. At every decode step the new query joins the mean, ``R`` moves with the newest
-position, every held token is re-scored (``A`` over the held candidates) and the lowest-scored one is evicted
-(kvpress scores the prompt only; this is the one-eviction-per-step form that ``expected_attention`` takes).
-``prefill_only`` gives kvpress's prompt-only rule.
+position, every held token is re-scored (``w`` and ``A`` over the held candidates) and the lowest-scored one
+is evicted (kvpress's press scores the prompt; at decode it compresses only through ``DecodingPress``, every
+``compression_interval`` steps from a buffer of recent hidden states; here the rule runs at every step on all
+queries seen, as ``expected_attention`` does). ``prefill_only`` gives kvpress's prompt-only use. Each forward
+costs one ``Dv x Dv`` solve per (sample, layer, query head) over the held tokens (float64).
 
-**Positions.** RoPE is undone and averaged as in :mod:`.expected_attention` (its GPT-2, GPT-J and RoPE-scaling
-rules); ALiBi (MPT) adds no bias here: the cosine compares directions, and the keys carry no position. The
-attention weights are computed by the scoring path but not used (the rule needs the queries and values)."""
+**Positions.** The running query sums, the averaged RoPE and the sinks are :class:`.QueryStatsPolicy`'s
+(:mod:`.expected_attention`: its GPT-2, GPT-J and RoPE-scaling rules); ALiBi (MPT) adds no bias here: the
+cosine compares directions, and the keys carry no position. The attention weights are computed by the scoring
+path but not used (the rule needs the queries and values)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from .base import Context, Policy, Prompt
-from .expected_attention import fold_queries, mean_rotation, position_info
+from .base import Context
+from .expected_attention import QueryStatsPolicy
 
 
 def alignment_weights(keys: torch.Tensor, anchor: torch.Tensor, cand: torch.Tensor,
@@ -60,58 +63,27 @@ def capacity_scores(values: torch.Tensor, w: torch.Tensor, cand: torch.Tensor,
 
 
 @dataclass
-class CapKVPolicy(Policy):
-    recent: float = 0.0
+class CapKVPolicy(QueryStatsPolicy):
     tau: float = 5.0
-    n_future_positions: int = 512
-    n_sink: int = 4
     epsilon: float = 1e-6
 
     name: ClassVar[str] = "capkv"
     paper: ClassVar[str] = "arXiv 2604.25975 (kvpress CapPress)"
-    family: ClassVar[str] = "query statistics"
-    nonnegative: ClassVar[bool] = True  # w v^T A^-1 v >= 0; the sinks +inf
-    # the scoring path is the one that passes the queries and values; the attention weights are not used
-    reads: ClassVar[frozenset[str]] = frozenset({"attention", "tensors"})
-    observe_rows: ClassVar[int | None] = 1  # one score call at the prompt (the rule reads every query itself)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key, lo in (("n_future_positions", 1), ("n_sink", 0)):
+        for key, lo in (("tau", "> 0"), ("epsilon", ">= 0")):
             v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{key}={v!r} must be an int >= {lo}")
-        for key in ("tau", "epsilon"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (
-                    key == "tau" and v == 0):
-                raise ValueError(f"{key}={v!r} must be a finite number {'> 0' if key == 'tau' else '>= 0'}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not (
+                    v > 0 if key == "tau" else v >= 0):
+                raise ValueError(f"{key}={v!r} must be a finite number {lo}")
 
-    def prepare(self, model: Any, prompt: Prompt | None = None) -> dict[str, Any]:
-        return position_info(model)
-
-    def capkv_scores(self, ctx: Context) -> torch.Tensor:
-        """[B, Hkv, S] the rule's score of every slot (non-held and sink slots: 0) from the layer state."""
-        memo, keys = ctx.layer_state, ctx.keys.double()
+    def slot_scores(self, ctx: Context) -> torch.Tensor:
+        keys = ctx.keys.double()
         B, Hkv, S, D = keys.shape
-        mu = memo["s1"] / memo["n"].clamp(min=1.0)  # [B, Hq, D]
-        R = mean_rotation(ctx.newest, self.n_future_positions, D, ctx.prepared)  # [B, D, D]
+        R, mu = self.future_mean(ctx)  # [B, D, D], [B, Hq, D]
         anchor = torch.einsum("bij,bhj->bhi", R, mu).view(B, Hkv, -1, D)
         cand = ctx.live & (ctx.pos >= self.n_sink)
         w = alignment_weights(keys, anchor, cand, self.tau)
         s = capacity_scores(ctx.values.double(), w, cand, self.epsilon).mean(2)
         return s.masked_fill(~cand, 0.0).float()
-
-    def score(self, probs: torch.Tensor, ctx: Context) -> torch.Tensor:
-        """The attention weights are ignored: fold in the queries, score every slot, spread the score over the
-        group and row axes of ``probs`` [B, Hkv, G, r, S] so that the path's sum gives it back."""
-        fold_queries(ctx, self.n_sink, second_moment=False)
-        s = self.capkv_scores(ctx)
-        B, Hkv, G, r, S = probs.shape
-        return (s / (G * r)).view(B, Hkv, 1, 1, S).expand(B, Hkv, G, r, S)
-
-    def accumulate(self, state: torch.Tensor, s: torch.Tensor, ctx: Context) -> None:
-        state.copy_(s)  # the score of now, not a sum over steps
-
-    def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
-        return state.masked_fill(ctx.pos < self.n_sink, torch.inf)  # sinks are always kept
