@@ -24,6 +24,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     'kvpress_kvzip': lambda res: kvpress(res, "crosscheck_kvpress/kvzip"),
     'kvpress_kvzip_long': lambda res: kvpress(res, "crosscheck_kvpress/kvzip_long"),
     'kvpress_methods': lambda res: kvpress(res, "crosscheck_kvpress/methods"),
+    'kvpress_capkv': lambda res: kvpress(res, "crosscheck_kvpress/capkv"),
 }
 
 
@@ -46,7 +47,7 @@ def agreement(res: Path, doc: dict | None) -> str:
     mean Jaccard of the others, read from each run's table.md."""
     out = []
     for folder in ("crosscheck_kvpress", "crosscheck_kvpress/new_policies", "crosscheck_kvpress/kvzip",
-                   "crosscheck_kvpress/kvzip_long", "crosscheck_kvpress/methods"):
+                   "crosscheck_kvpress/kvzip_long", "crosscheck_kvpress/methods", "crosscheck_kvpress/capkv"):
         rows = _rows(res, folder)
         if not rows:
             continue
