@@ -1,6 +1,6 @@
-"""The tensor-reading scorers (KnormPress, Random, LagKV, CurDKV, LeverageScore, Compactor) and the wrappers
-(Ada-KV, ChunkKV, CriticalKV, cut every n steps, per-layer budgets), each against a reference written from its
-paper's rule, independently of its class.
+"""The tensor-reading scorers (KnormPress, Random, LagKV, CurDKV, LeverageScore, Compactor, CapKV) and the
+wrappers (Ada-KV, ChunkKV, CriticalKV, cut every n steps, per-layer budgets), each against a reference written
+from its paper's rule, independently of its class.
 
 A tiny Llama (2 layers, 4 query / 2 KV heads) generates under the policy with the physical cache; the keys and
 values of every layer are captured as the model computes them (post-RoPE, as cached), and after every forward
@@ -661,12 +661,13 @@ def _mut_compactor_rope_kept(mp, name):  # Compactor's leverage of the post-RoPE
     mp.setattr(compactor, "unrotate_keys", lambda keys, pos, info: keys)
 
 
-def _mut_capkv_no_sqrt(mp, name):  # CapKV's capacity matrix from w v (not sqrt(w + eps) v): w^2 v v^T
+def _mut_capkv_no_sqrt(mp, name):  # CapKV's capacity matrix from (w + eps) v, not sqrt(w + eps) v
     from keyformer.core.policies import capkv
 
     def squared(values, w, cand, epsilon):
         v = values * cand.unsqueeze(-1)
-        A = torch.eye(v.shape[-1], dtype=v.dtype) + torch.einsum("bhgs,bhsd,bhse->bhgde", w * w, v, v)
+        A = torch.eye(v.shape[-1], dtype=v.dtype) + torch.einsum("bhgs,bhsd,bhse->bhgde", (w + epsilon) ** 2,
+                                                                 v, v)
         sol = torch.linalg.solve(A, v.transpose(-1, -2).unsqueeze(2))
         return w * (v.transpose(-1, -2).unsqueeze(2) * sol).sum(-2)
     mp.setattr(capkv, "capacity_scores", squared)
