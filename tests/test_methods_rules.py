@@ -1,6 +1,6 @@
-"""The tensor-reading scorers (KnormPress, Random, LagKV, CurDKV, LeverageScore, Compactor) and the wrappers
-(Ada-KV, ChunkKV, CriticalKV, cut every n steps, per-layer budgets), each against a reference written from its
-paper's rule, independently of its class.
+"""The tensor-reading scorers (KnormPress, Random, LagKV, CurDKV, LeverageScore, Compactor, CapKV) and the
+wrappers (Ada-KV, ChunkKV, CriticalKV, cut every n steps, per-layer budgets), each against a reference written
+from its paper's rule, independently of its class.
 
 A tiny Llama (2 layers, 4 query / 2 KV heads) generates under the policy with the physical cache; the keys and
 values of every layer are captured as the model computes them (post-RoPE, as cached), and after every forward
@@ -274,6 +274,51 @@ def rule_leverage(r: Run, p) -> Kept:
     return select(r, prio, uniform_k(r, p))
 
 
+def rule_capkv(r: Run, p) -> Kept:
+    """CapKV: per query head, the anchor is the mean of the queries at positions ``n_sink`` .. newest with
+    RoPE undone (the model's own cos/sin), times the mean of the RoPE matrices ``cos_t I + sin_t P`` of
+    positions newest + 1 .. newest + F; over the held tokens from ``n_sink`` on, ``w_j = exp(tau cos(anchor,
+    k_j) - max)``, ``A = I + sum (w + epsilon) v v^T``, ``s_j = w_j v_j^T A^-1 v_j`` by an explicit inverse,
+    averaged over the group's query heads; the first ``n_sink`` positions first."""
+    rot = r.model.model.rotary_emb
+    G = r.queries[0].shape[0] // r.hkv
+    D = r.queries[0].shape[-1]
+    T = r.keys[0].shape[1]
+    c, s = rot(torch.zeros(1), torch.arange(T + p.n_future_positions).view(1, -1))
+    c, s = c[0].double(), s[0].double()  # [positions, D]
+    P = torch.zeros(D, D, dtype=torch.float64)
+    P[D // 2:, : D // 2], P[: D // 2, D // 2:] = torch.eye(D // 2), -torch.eye(D // 2)
+    pre_q = [q * c[:T] - _rotate_half(q) * s[:T] for q in r.queries]
+
+    def mean_rope(newest: int) -> torch.Tensor:
+        if newest not in memo:
+            ts = range(newest + 1, newest + 1 + p.n_future_positions)
+            memo[newest] = sum(torch.diag(c[t]) + s[t].view(-1, 1) * P for t in ts) / p.n_future_positions
+        return memo[newest]
+
+    memo: dict[int, torch.Tensor] = {}
+
+    def prio(li, h, held):
+        newest = max(held)
+        R = mean_rope(newest)
+        cand = [j for j in held if j >= p.n_sink]
+        score = {j: 0.0 for j in cand}
+        for g in range(G):
+            a = R @ pre_q[li][h * G + g, p.n_sink: newest + 1].mean(0)
+            cos = {j: float(r.keys[li][h, j] @ a) / float(r.keys[li][h, j].norm() * a.norm()) for j in cand}
+            top_cos = max(cos.values())
+            w = {j: math.exp(p.tau * (cos[j] - top_cos)) for j in cand}
+            A = torch.eye(D, dtype=torch.float64)
+            for j in cand:
+                A = A + (w[j] + p.epsilon) * torch.outer(r.values[li][h, j], r.values[li][h, j])
+            inv = torch.linalg.inv(A)
+            for j in cand:
+                score[j] += w[j] * float(r.values[li][h, j] @ inv @ r.values[li][h, j]) / G
+        return {j: (math.inf if j < p.n_sink else score[j]) for j in held}
+
+    return select(r, prio, uniform_k(r, p))
+
+
 def _zscores(rows: list[list[float]]) -> list[list[float]]:
     flat = [v for row in rows for v in row]
     mean = sum(flat) / len(flat)
@@ -454,6 +499,7 @@ RULES: dict[str, tuple[Callable[[Run, Any], Kept], dict[str, Any]]] = {
     "leverage": (rule_leverage, {"sketch_dimension": 8}),
     "compactor": (rule_compactor, {"sink_size_start": 2, "sink_size_end": 2, "chunk_size": 8,
                                    "sketch_dimension": 8}),
+    "capkv": (rule_capkv, {}),
     "knorm+every": (rule_knorm_every, {"cut_every": 3}),
     "knorm+layers": (rule_knorm_layers, {"layer_curve": [1.5, 0.5]}),
     "knorm+chunkkv": (rule_knorm_chunkkv, {"chunk_length": 5}),
@@ -615,6 +661,49 @@ def _mut_compactor_rope_kept(mp, name):  # Compactor's leverage of the post-RoPE
     mp.setattr(compactor, "unrotate_keys", lambda keys, pos, info: keys)
 
 
+def _mut_capkv_no_sqrt(mp, name):  # CapKV's capacity matrix from (w + eps) v, not sqrt(w + eps) v
+    from keyformer.core.policies import capkv
+
+    def squared(values, w, cand, epsilon):
+        v = values * cand.unsqueeze(-1)
+        A = torch.eye(v.shape[-1], dtype=v.dtype) + torch.einsum("bhgs,bhsd,bhse->bhgde", (w + epsilon) ** 2,
+                                                                 v, v)
+        sol = torch.linalg.solve(A, v.transpose(-1, -2).unsqueeze(2))
+        return w * (v.transpose(-1, -2).unsqueeze(2) * sol).sum(-2)
+    mp.setattr(capkv, "capacity_scores", squared)
+
+
+def _mut_capkv_raw_keys(mp, name):  # CapKV's keys not normalised (the anchor still is)
+    from keyformer.core.policies import capkv
+
+    def raw(keys, anchor, cand, tau):
+        x = torch.einsum("bhsd,bhgd->bhgs", keys, torch.nn.functional.normalize(anchor, dim=-1))
+        x = (tau * x).masked_fill(~cand.unsqueeze(2), -math.inf)
+        return torch.exp(x - x.amax(-1, keepdim=True))
+    mp.setattr(capkv, "alignment_weights", raw)
+
+
+def _mut_capkv_sinks_unprotected(mp, name):  # CapKV's sinks ranked by their score (0), not kept
+    mp.setattr(_cls(name), "priority", lambda self, state, ctx: state)
+
+
+def _mut_capkv_max_heads(mp, name):  # CapKV's mean over a group's query heads replaced by the max
+    from keyformer.core.policies import capkv
+
+    orig = capkv.capacity_scores
+    mp.setattr(capkv, "capacity_scores", lambda values, w, cand, epsilon:
+               orig(values, w, cand, epsilon).amax(2, keepdim=True).expand_as(w))
+
+
+def _mut_capkv_no_rope_mean(mp, name):  # CapKV's anchor not rotated by the averaged future RoPE
+    base = _cls(name).future_mean
+
+    def unrotated(self, ctx):
+        R, mu = base(self, ctx)
+        return torch.eye(R.shape[-1], dtype=R.dtype).expand_as(R), mu
+    mp.setattr(_cls(name), "future_mean", unrotated)
+
+
 def _mut_every_step(mp, name):  # the schedule wrapper ignored: a cut at every step
     from keyformer.core.policies.base import STEP
     from keyformer.core.policies.wrappers.schedule import Every
@@ -717,6 +806,13 @@ MUTATIONS: list[tuple[str, str, Callable[[pytest.MonkeyPatch, str], None]]] = [
     ("compactor", "causal chunks", _mut_causal_chunks),
     ("compactor", "one chunk", _mut_one_chunk),
     ("compactor", "RoPE not undone", _mut_compactor_rope_kept),
+    ("capkv", "ranking reversed", _mut_state_reversed),
+    ("capkv", "no sqrt in the capacity matrix", _mut_capkv_no_sqrt),
+    ("capkv", "keys not normalised", _mut_capkv_raw_keys),
+    ("capkv", "sinks not protected", _mut_capkv_sinks_unprotected),
+    ("capkv", "sinks scored", _mut_no_sinks),
+    ("capkv", "max over the group's heads", _mut_capkv_max_heads),
+    ("capkv", "anchor not rotated", _mut_capkv_no_rope_mean),
     ("knorm+every", "cut at every step", _mut_every_step),
     ("knorm+layers", "uniform layers", _mut_uniform_layers),
     ("knorm+chunkkv", "chunks per head", _mut_chunk_per_head),

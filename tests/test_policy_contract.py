@@ -387,7 +387,8 @@ def test_shared_prompt_equals_its_own(model, name):
         assert (memo.misses, memo.hits, len(memo.entries)) == (1, 3, 1)
 
 
-@pytest.mark.parametrize("name", ("h2o", "keyformer", "snapkv", "kvzip", "rkv", "expected_attention"))
+@pytest.mark.parametrize("name", ("h2o", "keyformer", "snapkv", "kvzip", "rkv", "expected_attention",
+                                  "capkv"))
 def test_shared_context_equals_its_own(model, name):
     """Query-agnostic runs (a context compressed once, then questions): the same with a shared context
     forward as with its own."""

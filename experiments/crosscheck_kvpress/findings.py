@@ -25,6 +25,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     'kvpress_kvzip_long': lambda res: kvpress(res, "crosscheck_kvpress/kvzip_long"),
     'kvpress_methods': lambda res: kvpress(res, "crosscheck_kvpress/methods"),
     'kvpress_attention': lambda res: kvpress(res, "crosscheck_kvpress/attention"),
+    'kvpress_capkv': lambda res: kvpress(res, "crosscheck_kvpress/capkv"),
 }
 
 

@@ -60,6 +60,7 @@ CRIT = {"epsilon": 1e-4, "first_stage_ratio": 0.5}
 FINCH = {"window_size": 32}
 SIMLAYER = {"lazy_threshold": 0.8, "n_last": 1, "n_recent": 128, "n_initial": 4}
 COMPACT = {"sink_size_start": 8, "sink_size_end": 4, "chunk_size": 256, "sketch_dimension": 48}
+CAP = {"tau": 5.0, "n_future_positions": 512, "n_sink": 4, "epsilon": 1e-6}
 
 # name, kvpress press spec ({"cls", "kw", optional "inner"}), our policy name and options.
 METHODS: list[dict[str, Any]] = [
@@ -106,6 +107,8 @@ METHODS: list[dict[str, Any]] = [
     # kvpress draws its sketch unseeded (as LeverageScore) and pads its last chunk with zero queries and keys
     {"name": "Compactor", "press": {"cls": "CompactorPress", "kw": COMPACT}, "policy": "compactor",
      "policy_kw": COMPACT},
+    {"name": "CapKV", "press": {"cls": "CapPress", "kw": CAP}, "policy": "capkv",
+     "policy_kw": {**CAP, **PREFILL}},
 ]
 
 # kvpress presses changed in one respect each (see side_kvpress): the same comparison with ours, to test a

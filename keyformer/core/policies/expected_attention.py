@@ -109,20 +109,40 @@ def mean_rotation(cur: torch.Tensor, F: int, D: int, info: dict[str, Any]) -> to
     return R
 
 
+def fold_queries(ctx: Context, n_sink: int, second_moment: bool) -> None:
+    """Fold the forward's real queries at positions ``>= n_sink``, RoPE undone (:func:`unrotate`), into
+    ``ctx.layer_state``: their count ``n`` [B, 1, 1], sum ``s1`` [B, Hq, D] and, with ``second_moment``,
+    ``s2 = sum x x^T`` [B, Hq, D, D] (float64); the sums restart at the prompt."""
+    q = ctx.query
+    B, Hq, r, D = q.shape
+    qpos = ctx.pos[:, 0, -r:] if ctx.step == 0 else ctx.newest.view(-1, 1).expand(B, r)  # [B, r]
+    x = unrotate(q.double(), qpos, ctx.prepared)
+    use = (qpos >= n_sink).double().view(B, 1, r, 1)
+    memo = ctx.layer_state
+    if ctx.step == 0 or "n" not in memo:
+        memo["n"] = torch.zeros(B, 1, 1, dtype=torch.float64, device=q.device)
+        memo["s1"] = torch.zeros(B, Hq, D, dtype=torch.float64, device=q.device)
+        if second_moment:
+            memo["s2"] = torch.zeros(B, Hq, D, D, dtype=torch.float64, device=q.device)
+    memo["n"] = memo["n"] + use.sum(2).view(B, 1, 1)
+    memo["s1"] = memo["s1"] + (x * use).sum(2)
+    if second_moment:
+        memo["s2"] = memo["s2"] + torch.einsum("bhri,bhrj->bhij", x * use, x)
+
+
 @dataclass
-class ExpectedAttentionPolicy(Policy):
+class QueryStatsPolicy(Policy):
+    """A scorer of the queries seen so far: at every forward the real queries at positions ``>= n_sink`` join
+    the running sums (:func:`fold_queries`), every slot is re-scored by :meth:`slot_scores` (the rule) and the
+    first ``n_sink`` positions are always kept. Subclasses set ``name`` and write ``slot_scores``."""
+
     recent: float = 0.0
     n_future_positions: int = 512
     n_sink: int = 4
-    use_covariance: bool = True
-    use_vnorm: bool = True
-    epsilon: float = 0.0
 
-    name: ClassVar[str] = "expected_attention"
-    paper: ClassVar[str] = "Devoto et al. 2025 (kvpress ExpectedAttentionPress)"
     family: ClassVar[str] = "query statistics"
-    nonnegative: ClassVar[bool] = True  # expected attention (times ||v||); the sinks +inf
-    # the scoring path is the one that passes the queries; the rule reads them and the held keys
+    nonnegative: ClassVar[bool] = True  # the scores are; the sinks +inf
+    # the scoring path is the one that passes the queries; the rule reads them and the held keys and values
     reads: ClassVar[frozenset[str]] = frozenset({"attention", "tensors"})
     observe_rows: ClassVar[int | None] = 1  # one score call at the prompt (the rule reads every query itself)
 
@@ -132,46 +152,72 @@ class ExpectedAttentionPolicy(Policy):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{key}={v!r} must be an int >= {lo}")
+
+    def prepare(self, model: Any, prompt: Prompt | None = None) -> dict[str, Any]:
+        return position_info(model)
+
+    @property
+    def second_moment(self) -> bool:
+        """Whether the running sums keep ``sum x x^T`` too."""
+        return False
+
+    def future_mean(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``R`` [B, D, D], the mean position-free query ``mu`` [B, Hq, D]) from the layer state: ``R`` the
+        RoPE matrices averaged over the ``n_future_positions`` positions after the newest."""
+        memo = ctx.layer_state
+        mu = memo["s1"] / memo["n"].clamp(min=1.0)
+        return mean_rotation(ctx.newest, self.n_future_positions, mu.shape[-1], ctx.prepared), mu
+
+    def slot_scores(self, ctx: Context) -> torch.Tensor:
+        """[B, Hkv, S] the rule's score of every slot (non-held and sink slots: 0) from the layer state."""
+        raise NotImplementedError(f"{type(self).__name__} must define slot_scores(ctx)")
+
+    def score(self, probs: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """The attention weights are ignored: fold in the queries, score every slot, spread the score over the
+        group and row axes of ``probs`` [B, Hkv, G, r, S] so that the path's sum gives it back."""
+        fold_queries(ctx, self.n_sink, self.second_moment)
+        s = self.slot_scores(ctx)
+        B, Hkv, G, r, S = probs.shape
+        return (s / (G * r)).view(B, Hkv, 1, 1, S).expand(B, Hkv, G, r, S)
+
+    def accumulate(self, state: torch.Tensor, s: torch.Tensor, ctx: Context) -> None:
+        state.copy_(s)  # the score of now, not a sum over steps
+
+    def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
+        return state.masked_fill(ctx.pos < self.n_sink, torch.inf)  # sinks are always kept
+
+
+@dataclass
+class ExpectedAttentionPolicy(QueryStatsPolicy):
+    use_covariance: bool = True
+    use_vnorm: bool = True
+    epsilon: float = 0.0
+
+    name: ClassVar[str] = "expected_attention"
+    paper: ClassVar[str] = "Devoto et al. 2025 (kvpress ExpectedAttentionPress)"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         for key in ("use_covariance", "use_vnorm"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}={getattr(self, key)!r} must be true or false")
         if not self.epsilon >= 0:
             raise ValueError(f"epsilon={self.epsilon!r} must be >= 0")
 
-    def prepare(self, model: Any, prompt: Prompt | None = None) -> dict[str, Any]:
-        return position_info(model)
+    @property
+    def second_moment(self) -> bool:
+        return self.use_covariance
 
-    def observe(self, ctx: Context) -> None:
-        """Fold this forward's real, non-sink queries into the running sums of ``ctx.layer_state``."""
-        q = ctx.query
-        B, Hq, r, D = q.shape
-        qpos = ctx.pos[:, 0, -r:] if ctx.step == 0 else ctx.newest.view(-1, 1).expand(B, r)  # [B, r]
-        x = unrotate(q.double(), qpos, ctx.prepared)
-        use = (qpos >= self.n_sink).double().view(B, 1, r, 1)
-        memo = ctx.layer_state
-        if ctx.step == 0 or "n" not in memo:
-            memo["n"] = torch.zeros(B, 1, 1, dtype=torch.float64, device=q.device)
-            memo["s1"] = torch.zeros(B, Hq, D, dtype=torch.float64, device=q.device)
-            memo["s2"] = torch.zeros(B, Hq, D, D, dtype=torch.float64, device=q.device)
-        memo["n"] = memo["n"] + use.sum(2).view(B, 1, 1)
-        memo["s1"] = memo["s1"] + (x * use).sum(2)
-        if self.use_covariance:
-            memo["s2"] = memo["s2"] + torch.einsum("bhri,bhrj->bhij", x * use, x)
-
-    def expected_scores(self, ctx: Context) -> torch.Tensor:
-        """[B, Hkv, S] the rule's score of every slot (non-held and sink slots: 0) from the layer state."""
+    def slot_scores(self, ctx: Context) -> torch.Tensor:
         memo, keys, values = ctx.layer_state, ctx.keys, ctx.values
         B, Hkv, S, D = keys.shape
-        n = memo["n"].clamp(min=1.0)
-        mu = memo["s1"] / n  # [B, Hq, D]
-        Hq = mu.shape[1]
-        G = Hq // Hkv
-        R = mean_rotation(ctx.newest, self.n_future_positions, D, ctx.prepared)  # [B, D, D]
-        mu = torch.einsum("bij,bhj->bhi", R, mu).view(B, Hkv, G, D)
+        R, m = self.future_mean(ctx)  # [B, D, D], [B, Hq, D]
+        G = m.shape[1] // Hkv
+        mu = torch.einsum("bij,bhj->bhi", R, m).view(B, Hkv, G, D)
         k = keys.double()
         z = torch.einsum("bhsd,bhgd->bhgs", k, mu) / math.sqrt(D)
         if self.use_covariance:
-            m = memo["s1"] / n
+            n = memo["n"].clamp(min=1.0)
             cov = memo["s2"] / n.unsqueeze(-1) - torch.einsum("bhi,bhj->bhij", m, m)  # E[x x^T] - mu mu^T
             cov = R.unsqueeze(1) @ cov @ R.transpose(-1, -2).unsqueeze(1)  # [B, Hq, D, D]
             kc = torch.einsum("bhsd,bhgde->bhgse", k, cov.view(B, Hkv, G, D, D))
@@ -184,17 +230,3 @@ class ExpectedAttentionPolicy(Policy):
         if self.use_vnorm:
             a = (a + self.epsilon) * values.double().norm(dim=-1)
         return a.masked_fill(~cand, 0.0).float()
-
-    def score(self, probs: torch.Tensor, ctx: Context) -> torch.Tensor:
-        """The attention weights are ignored: fold in the queries, score every slot, spread the score over the
-        group and row axes of ``probs`` [B, Hkv, G, r, S] so that the path's sum gives it back."""
-        self.observe(ctx)
-        s = self.expected_scores(ctx)
-        B, Hkv, G, r, S = probs.shape
-        return (s / (G * r)).view(B, Hkv, 1, 1, S).expand(B, Hkv, G, r, S)
-
-    def accumulate(self, state: torch.Tensor, s: torch.Tensor, ctx: Context) -> None:
-        state.copy_(s)  # the score of now, not a sum over steps
-
-    def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
-        return state.masked_fill(ctx.pos < self.n_sink, torch.inf)  # sinks are always kept
