@@ -212,9 +212,9 @@ def compare_runs(ours: list[dict[str, Any]], kv: list[dict[str, Any]], ours_full
 
 def compare_values(ours: list[dict[str, Any]], kv: list[dict[str, Any]]) -> dict[str, float]:
     """The kept values of a merging press, on the (prompt, layer, head) whose kept sets are identical: the
-    largest and mean absolute difference of each kept position's value sum between the sides (``diff_*``),
-    and, for scale, kvpress's own change by its merges (after minus before, ``merge_*``); ``compared``: the
-    share of (prompt, layer, head) compared."""
+    largest and mean absolute difference of the sum of the head's kept values between the sides
+    (``diff_*``), and, for scale, kvpress's own change of it by its merges (after minus before,
+    ``merge_*``); ``compared``: the share of (prompt, layer, head) compared."""
     diff: list[float] = []
     moved: list[float] = []
     total = compared = 0
@@ -224,8 +224,8 @@ def compare_values(ours: list[dict[str, Any]], kv: list[dict[str, Any]]) -> dict
                 total += 1
                 if ho == hk:
                     compared += 1
-                    diff += [abs(x - y) for x, y in zip(a, b, strict=True)]
-                    moved += [abs(y - z) for y, z in zip(b, c, strict=True)]
+                    diff.append(abs(a - b))
+                    moved.append(abs(b - c))
     if not diff:
         return {"compared": 0.0}
     mean = statistics.fmean
@@ -239,9 +239,9 @@ def format_values(rows: list[dict[str, Any]]) -> str:
     if not vals:
         return ""
     lines = ["", "Merged values, on the (prompt, layer, KV head) whose kept sets are identical (compared: "
-             "their share): |ours - kvpress| of each kept position's value summed over its dimensions, max / "
-             "mean; "
-             "merge: kvpress's own change of that sum by its merges, max / mean (for scale).", "",
+             "their share): |ours - kvpress| of the sum of the head's kept values (over positions and "
+             "dimensions), max / mean; merge: kvpress's own change of that sum by its merges, max / mean "
+             "(for scale).", "",
              "| method | budget | compared | diff max | diff mean | merge max | merge mean |",
              "|---|---|---|---|---|---|---|"]
     for r, v in vals:
@@ -486,17 +486,17 @@ def _build_press(spec: dict[str, Any], budget: float, registry: dict[str, Any]) 
     return cls(compression_ratio=ratio, **spec["kw"])
 
 
-def value_sums(values: Any, order: Any) -> list[float]:
-    """Each listed slot's value summed over its dimensions (``values`` [S, D], ``order`` the slots by
-    position), to 7 significant digits: a fingerprint of merged values, compared position by position."""
-    return [float(f"{x:.7g}") for x in values[order].double().sum(-1).tolist()]
+def value_sum(values: Any, slots: Any) -> float:
+    """The sum of the listed slots' values over the slots and dimensions (``values`` [S, D]), in float64 to
+    10 significant digits: a fingerprint of one head's kept values (a merge changes it)."""
+    return float(f"{values[slots].double().sum().item():.10g}")
 
 
 def _record_kept(press: Any, kept: dict[int, list[list[int]]],
-                 vsums: dict[int, tuple[list[list[float]], list[list[float]]]] | None = None) -> None:
+                 vsums: dict[int, tuple[list[float], list[float]]] | None = None) -> None:
     """Wrap ``press.compress`` so that ``kept[layer]`` gets the kept prompt positions per KV head (batch
-    1), and, with ``vsums``, ``vsums[layer]`` their :func:`value_sums` after and before the press (a merging
-    press changes the kept values)."""
+    1), and, with ``vsums``, ``vsums[layer]`` the :func:`value_sum` of each head's kept values after and
+    before the press (a merging press changes them)."""
     orig = press.compress
 
     def compress(module, hidden_states, keys, values, attentions, kwargs):  # type: ignore[no-untyped-def]
@@ -505,8 +505,8 @@ def _record_kept(press: Any, kept: dict[int, list[list[int]]],
         n, heads = keys.shape[2], keys.shape[1]
         masked = getattr(module, "masked_key_indices", None)
         rows: list[list[int]] = []
-        post: list[list[float]] = []
-        pre: list[list[float]] = []
+        post: list[float] = []
+        pre: list[float] = []
         for h in range(heads):
             if k_out.shape[2] != n:  # physically cut: find each surviving key among the inputs
                 eq = (k_out[0, h].unsqueeze(1) == keys[0, h].unsqueeze(0)).all(-1)  # [kept, n]
@@ -516,8 +516,8 @@ def _record_kept(press: Any, kept: dict[int, list[list[int]]],
                 where = eq.float().argmax(1)
                 rows.append(sorted(where.tolist()))
                 if v_in is not None:
-                    post.append(value_sums(v_out[0, h], where.argsort()))
-                    pre.append(value_sums(v_in[0, h], where.sort().values))
+                    post.append(value_sum(v_out[0, h], slice(None)))
+                    pre.append(value_sum(v_in[0, h], where))
             elif masked is not None:  # AdaKV: masked, not cut
                 b_idx, h_idx, s_idx = masked
                 gone = set(s_idx[(b_idx == 0) & (h_idx == h)].tolist())
@@ -552,7 +552,7 @@ def side_kvpress(args: argparse.Namespace) -> None:
             return {"tokens": r["tokens"], "kept": [[encode_kept(h) for h in layer] for layer in r["kept"]]}
         x = torch.tensor([ids])
         kept: dict[int, list[list[int]]] = {}
-        vsums: dict[int, tuple[list[list[float]], list[list[float]]]] | None = {} if values else None
+        vsums: dict[int, tuple[list[float], list[float]]] | None = {} if values else None
         kw = dict(input_ids=x, attention_mask=torch.ones_like(x), past_key_values=DynamicCache(),
                   max_new_tokens=n_new,
                   min_new_tokens=n_new, do_sample=False, pad_token_id=model.generation_config.eos_token_id)
@@ -608,22 +608,16 @@ def _git_state() -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD"), "dirty": git("status", "--porcelain", *paths).splitlines()}
 
 
-def _our_value_sums(cache: Any, li: int, n: int) -> list[list[float]]:
-    """Per KV head of layer ``li`` (batch row 0), :func:`value_sums` of the held prompt positions (< ``n``)
-    in position order."""
-    import torch
-
+def _our_value_sums(cache: Any, li: int, n: int) -> list[float]:
+    """Per KV head of layer ``li`` (batch row 0), the :func:`value_sum` of the held prompt positions (<
+    ``n``)."""
     layer = cache.layers[li]
     S = layer.length
     pos = layer.pos[0, :, :S]
     live = (pos >= 0) & (pos < n)
     if cache.mode == "mask":
         live &= layer.alive[0, :, :S]
-    out = []
-    for h in range(pos.shape[0]):
-        slots = live[h].nonzero().view(-1)
-        out.append(value_sums(layer.values[0, h], slots[torch.argsort(pos[h, slots])]))
-    return out
+    return [value_sum(layer.values[0, h], live[h].nonzero().view(-1)) for h in range(pos.shape[0])]
 
 
 def side_ours(args: argparse.Namespace) -> None:

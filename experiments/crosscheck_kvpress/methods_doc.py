@@ -57,8 +57,8 @@ def jaccards(root: Path = TABLES) -> dict[str, dict[float, float]]:
         head: list[str] | None = None
         for line in table.read_text(encoding="utf-8").splitlines():
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if line.startswith("| method |"):
-                head = cells
+            if line.startswith("| method |"):  # a cross-check table (not the merged-values one)
+                head = cells if "Jaccard" in cells else None
             elif head and line.startswith("| ") and not line.startswith("|---") and len(cells) == len(head):
                 row = dict(zip(head, cells, strict=True))
                 by_row.setdefault(row["method"], {})[float(row["budget"])] = float(row["Jaccard"])
