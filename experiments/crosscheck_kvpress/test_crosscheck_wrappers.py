@@ -52,14 +52,15 @@ def test_wrapper_rows_pair_the_same_knobs() -> None:
             assert m["our_budget"] == 1.0 and m["press"]["no_ratio"]  # kvpress's threshold alone decides
 
 
-def test_value_sums_follow_position_order() -> None:
+def test_value_sum_of_the_listed_slots() -> None:
     v = torch.tensor([[1.0, 2.0], [10.0, 0.5], [-3.0, 1.0]])
-    assert xc.value_sums(v, torch.tensor([2, 0])) == [-2.0, 3.0]
-    assert xc.value_sums(torch.tensor([[1 / 3, 0.0]]), torch.tensor([0])) == [0.3333333]
+    assert xc.value_sum(v, torch.tensor([2, 0])) == 1.0
+    assert xc.value_sum(v, slice(None)) == 11.5
+    assert xc.value_sum(torch.tensor([[1 / 3, 0.0]], dtype=torch.float64), torch.tensor([0])) == 0.3333333333
 
 
-def _run(kept: list[list[list[int]]], vsum: list[list[list[float]]],
-         pre: list[list[list[float]]] | None = None) -> dict[str, Any]:
+def _run(kept: list[list[list[int]]], vsum: list[list[float]],
+         pre: list[list[float]] | None = None) -> dict[str, Any]:
     r: dict[str, Any] = {"id": "a", "n": 10, "tokens": [1], "vsum": vsum,
                          "kept": [[xc.encode_kept(h) for h in layer] for layer in kept]}
     if pre is not None:
@@ -68,17 +69,17 @@ def _run(kept: list[list[list[int]]], vsum: list[list[list[float]]],
 
 
 def test_compare_values_only_on_identical_sets() -> None:
-    # one layer, two heads: head 0 identical sets (values differ by 0.5 at one position), head 1 differs
-    kept_o, kept_k = [[[1, 4], [0, 2]]], [[[1, 4], [0, 3]]]
-    ours = [_run(kept_o, [[[1.0, 2.0], [9.0, 9.0]]])]
-    kv = [_run(kept_k, [[[1.5, 2.0], [0.0, 0.0]]], pre=[[[1.0, -2.0], [5.0, 5.0]]])]
+    # two layers, two heads: in layer 0 head 0 has identical sets, head 1 not; layer 1 identical sets
+    kept_o, kept_k = [[[1, 4], [0, 2]], [[0], [1]]], [[[1, 4], [0, 3]], [[0], [1]]]
+    ours = [_run(kept_o, [[3.0, 9.0], [1.0, 2.0]])]
+    kv = [_run(kept_k, [[3.5, 0.0], [1.0, 1.0]], pre=[[-1.0, 5.0], [1.0, 3.0]])]
     v = xc.compare_values(ours, kv)
-    assert v == pytest.approx({"compared": 0.5, "diff_max": 0.5, "diff_mean": 0.25, "merge_max": 4.0,
-                               "merge_mean": 2.25})
+    assert v == pytest.approx({"compared": 0.75, "diff_max": 1.0, "diff_mean": 0.5, "merge_max": 4.5,
+                               "merge_mean": 6.5 / 3})
     m = xc.compare_runs(ours, kv, ours, kv)
     assert m["values"] == v
     # no identical set: nothing compared, and rows without value sums carry no "values" field
-    other = [_run([[[0], [1]]], [[[0.0], [0.0]]], [[[0.0], [0.0]]])]
+    other = [_run([[[2], [3]], [[5], [6]]], [[0.0, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]])]
     assert xc.compare_values(ours, other) == {"compared": 0.0}
     plain = [{k: x for k, x in r.items() if k != "vsum"} for r in ours]
     assert "values" not in xc.compare_runs(plain, kv, ours, kv)
