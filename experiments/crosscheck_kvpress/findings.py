@@ -6,15 +6,33 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def _tables(text: str) -> list[tuple[str, list[str]]]:
+    """The Markdown tables of a ``table.md``: (the text line before each, its lines)."""
+    out: list[tuple[str, list[str]]] = []
+    before, prev = "", ""
+    for line in text.splitlines():
+        if line.startswith("|"):
+            if not prev.startswith("|"):
+                out.append((before, []))
+            out[-1][1].append(line)
+        elif line.strip():
+            before = line
+        prev = line
+    return out
+
+
 def kvpress(res: Path, name: str = "crosscheck_kvpress") -> None:
-    """The kvpress cross-check's table as committed by ``kvpress_crosscheck.py``
-    (``table.md``)."""
+    """The kvpress cross-check's table as committed by ``kvpress_crosscheck.py`` (``table.md``), and the
+    merged-value table that follows it where a row compares merged values."""
     f = res / name / "table.md"
     if not f.exists():
         return
-    rows = [line for line in f.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+    (_, rows), *more = _tables(f.read_text(encoding="utf-8"))
     print(f"\n### {name}: ours vs kvpress, kept sets after the prompt and greedy outputs ({name}/table.md)\n")
     print("\n".join(rows))
+    for caption, table in more:
+        print(f"\n{caption}\n")
+        print("\n".join(table))
 
 
 # name -> section; a page quotes a section between <!-- keyformer-report:NAME --> markers
@@ -26,6 +44,7 @@ SECTIONS: dict[str, Callable[[Path], None]] = {
     'kvpress_methods': lambda res: kvpress(res, "crosscheck_kvpress/methods"),
     'kvpress_attention': lambda res: kvpress(res, "crosscheck_kvpress/attention"),
     'kvpress_capkv': lambda res: kvpress(res, "crosscheck_kvpress/capkv"),
+    'kvpress_wrappers': lambda res: kvpress(res, "crosscheck_kvpress/wrappers"),
 }
 
 
@@ -38,7 +57,7 @@ def _rows(res: Path, folder: str) -> list[dict[str, str]]:
     f = res / folder / "table.md"
     if not f.is_file():
         return []
-    lines = [ln for ln in f.read_text(encoding="utf-8").splitlines() if ln.startswith("|")]
+    lines = _tables(f.read_text(encoding="utf-8"))[0][1]  # the cross-check's table, not the values one
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     return [dict(zip(head, (c.strip() for c in ln.strip("|").split("|")), strict=False)) for ln in lines[2:]]
 
@@ -66,13 +85,16 @@ def agreement_counts(res: Path) -> list[tuple[str, int, int, dict[str, str] | No
 
 
 def agreement(res: Path, doc: dict | None) -> str:
-    """The agreement lines of the page: :func:`agreement_counts`, one line per committed run."""
+    """The agreement lines of the page: :func:`agreement_counts`, one line per committed run, linked to its
+    table (relative to the rendered page, ``results/crosscheck_kvpress/README.md``)."""
     out = []
     for folder, same, n, low in agreement_counts(res):
         lowest = (f"; the lowest mean Jaccard: {low['method']} at budget {low['budget']} ({low['Jaccard']})"
                   if low else "")
-        out.append(f"- `{folder}`: {same} of {n} rows (method, budget; the `[kv: ...]` variants "
-                   f"included) keep identical sets in every layer and head{lowest}.")
+        table = folder.removeprefix("crosscheck_kvpress").lstrip("/")
+        out.append(f"- [`{folder}`]({table + '/' if table else ''}table.md): {same} of {n} rows (method, "
+                   f"budget; the `[kv: ...]` variants included) keep identical sets in every layer and "
+                   f"head{lowest}.")
     return "\n".join(out)
 
 

@@ -43,7 +43,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from experiments.crosscheck_kvpress import kvpress_kvzip
+from experiments.crosscheck_kvpress import kvpress_kvzip, kvpress_wrappers
 from experiments.crosscheck_kvpress.kvpress_compare import (
     default_model_dir,
     our_model,
@@ -109,6 +109,7 @@ METHODS: list[dict[str, Any]] = [
      "policy_kw": COMPACT},
     {"name": "CapKV", "press": {"cls": "CapPress", "kw": CAP}, "policy": "capkv",
      "policy_kw": {**CAP, **PREFILL}},
+    *kvpress_wrappers.METHODS,  # chunk, merging, cam and dms over Knorm (their module's docstring)
 ]
 
 # kvpress presses changed in one respect each (see side_kvpress): the same comparison with ours, to test a
@@ -141,6 +142,7 @@ DIAGNOSTICS: list[dict[str, Any]] = [
     {"name": "Compactor [kv: our seeded sketch, no padding in the last chunk, floor count]",
      "press": {"cls": "CompactorSeededReal", "kw": COMPACT, "exact_count": True}, "policy": "compactor",
      "policy_kw": COMPACT},
+    *kvpress_wrappers.DIAGNOSTICS,
 ]
 
 
@@ -207,7 +209,7 @@ def compare_runs(ours: list[dict[str, Any]], kv: list[dict[str, Any]], ours_full
         return statistics.fmean(float(e) for e, _ in r), statistics.fmean(float(p) for _, p in r)
 
     mean = statistics.fmean
-    return {
+    out = {
         "jaccard": mean(jac), "jaccard_min": min(jac), "identical": mean(float(s) for s in same),
         "kept_ours": mean(n_ours), "kept_kvpress": mean(n_kv),
             "count_differs": mean(float(c) for c in count_diff),
@@ -215,6 +217,50 @@ def compare_runs(ours: list[dict[str, Any]], kv: list[dict[str, Any]], ours_full
         "cross": agree(ours, kv), "ours_vs_full": agree(ours, ours_full),
             "kvpress_vs_full": agree(kv, kv_full),
     }
+    if all("vsum" in r for r in ours) and all("vsum" in r and "vsum_pre" in r for r in kv):
+        out["values"] = compare_values(ours, kv)
+    return out
+
+
+def compare_values(ours: list[dict[str, Any]], kv: list[dict[str, Any]]) -> dict[str, float]:
+    """The kept values of a merging press, on the (prompt, layer, head) whose kept sets are identical: the
+    largest and mean absolute difference of the sum of the head's kept values between the sides
+    (``diff_*``), and, for scale, kvpress's own change of it by its merges (after minus before,
+    ``merge_*``); ``compared``: the share of (prompt, layer, head) compared."""
+    diff: list[float] = []
+    moved: list[float] = []
+    total = compared = 0
+    for o, k in zip(ours, kv, strict=True):
+        for lo, lk, vo, vk, pk in zip(o["kept"], k["kept"], o["vsum"], k["vsum"], k["vsum_pre"], strict=True):
+            for ho, hk, a, b, c in zip(lo, lk, vo, vk, pk, strict=True):
+                total += 1
+                if ho == hk:
+                    compared += 1
+                    diff.append(abs(a - b))
+                    moved.append(abs(b - c))
+    if not diff:
+        return {"compared": 0.0}
+    mean = statistics.fmean
+    return {"compared": compared / total, "diff_max": max(diff), "diff_mean": mean(diff),
+            "merge_max": max(moved), "merge_mean": mean(moved)}
+
+
+def format_values(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of the rows that compare merged values (empty when none does)."""
+    vals = [(r, r["metrics"]["values"]) for r in rows if "values" in r.get("metrics", {})]
+    if not vals:
+        return ""
+    lines = ["", "Merged values, on the (prompt, layer, KV head) whose kept sets are identical (compared: "
+             "their share): |ours - kvpress| of the sum of the head's kept values (over positions and "
+             "dimensions), max / mean; merge: kvpress's own change of that sum by its merges, max / mean "
+             "(for scale).", "",
+             "| method | budget | compared | diff max | diff mean | merge max | merge mean |",
+             "|---|---|---|---|---|---|---|"]
+    for r, v in vals:
+        cells = [f"{v[c]:.2e}" if c in v else "—"
+                 for c in ("diff_max", "diff_mean", "merge_max", "merge_mean")]
+        lines.append(f"| {r['method']} | {r['budget']:g} | {v['compared']:.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 COLUMNS = [("method", "{}"), ("budget", "{:g}"), ("ratio", "{:g}"), ("Jaccard", "{:.3f}"),
@@ -490,7 +536,7 @@ def _variant_presses() -> dict[str, Any]:
             "FinchKeyCount": FinchKeyCount, "SimLayerKVWithLast": SimLayerKVWithLast,
             "LeverageSeeded": LeverageSeeded, "CompactorSeeded": CompactorSeeded,
             "CompactorSeededReal": CompactorSeededReal,
-            **kvpress_kvzip.variant_presses()}
+            **kvpress_kvzip.variant_presses(), **kvpress_wrappers.variant_presses()}
 
 
 def _build_press(spec: dict[str, Any], budget: float, registry: dict[str, Any]) -> Any:
@@ -500,31 +546,47 @@ def _build_press(spec: dict[str, Any], budget: float, registry: dict[str, Any]) 
     import kvpress
 
     cls = registry.get(spec["cls"]) or getattr(kvpress, spec["cls"])
-    if "inner" in spec:
-        return cls(press=_build_press(spec["inner"], budget, registry), **spec["kw"])
+    if "inner" in spec:  # a wrapper press: its scorer under ``press`` (``base_press``: CAMPress)
+        return cls(**{spec.get("inner_arg", "press"): _build_press(spec["inner"], budget, registry)},
+                   **spec["kw"])
     if spec.get("no_ratio"):  # a press whose own rule sets how much it keeps (SimLayerKV)
         return cls(**spec["kw"])
     ratio = 1 - budget - (1e-9 if spec.get("exact_count") else 0.0)
     return cls(compression_ratio=ratio, **spec["kw"])
 
 
-def _record_kept(press: Any, kept: dict[int, list[list[int]]]) -> None:
+def value_sum(values: Any, slots: Any) -> float:
+    """The sum of the listed slots' values over the slots and dimensions (``values`` [S, D]), in float64 to
+    10 significant digits: a fingerprint of one head's kept values (a merge changes it)."""
+    return float(f"{values[slots].double().sum().item():.10g}")
+
+
+def _record_kept(press: Any, kept: dict[int, list[list[int]]],
+                 vsums: dict[int, tuple[list[float], list[float]]] | None = None) -> None:
     """Wrap ``press.compress`` so that ``kept[layer]`` gets the kept prompt positions per KV head (batch
-    1)."""
+    1), and, with ``vsums``, ``vsums[layer]`` the :func:`value_sum` of each head's kept values after and
+    before the press (a merging press changes them)."""
     orig = press.compress
 
     def compress(module, hidden_states, keys, values, attentions, kwargs):  # type: ignore[no-untyped-def]
+        v_in = values.clone() if vsums is not None else None  # CAMPress merges in place
         k_out, v_out = orig(module, hidden_states, keys, values, attentions, kwargs)
         n, heads = keys.shape[2], keys.shape[1]
         masked = getattr(module, "masked_key_indices", None)
         rows: list[list[int]] = []
+        post: list[float] = []
+        pre: list[float] = []
         for h in range(heads):
             if k_out.shape[2] != n:  # physically cut: find each surviving key among the inputs
                 eq = (k_out[0, h].unsqueeze(1) == keys[0, h].unsqueeze(0)).all(-1)  # [kept, n]
                 if not bool((eq.sum(1) == 1).all()):
                     raise RuntimeError(f"layer {module.layer_idx} head {h}: a kept key matches no or several "
                                        f"inputs")
-                rows.append(sorted(eq.float().argmax(1).tolist()))
+                where = eq.float().argmax(1)
+                rows.append(sorted(where.tolist()))
+                if v_in is not None:
+                    post.append(value_sum(v_out[0, h], slice(None)))
+                    pre.append(value_sum(v_in[0, h], where))
             elif masked is not None:  # AdaKV: masked, not cut
                 b_idx, h_idx, s_idx = masked
                 gone = set(s_idx[(b_idx == 0) & (h_idx == h)].tolist())
@@ -532,6 +594,8 @@ def _record_kept(press: Any, kept: dict[int, list[list[int]]]) -> None:
             else:
                 rows.append(list(range(n)))
         kept[module.layer_idx] = rows
+        if vsums is not None:
+            vsums[module.layer_idx] = (post, pre)
         return k_out, v_out
 
     press.compress = compress
@@ -551,12 +615,13 @@ def side_kvpress(args: argparse.Namespace) -> None:
                                                   attn_implementation="sdpa").eval())
     registry = _variant_presses()
 
-    def run(press: Any, ids: list[int], kvzip: bool = False) -> dict[str, Any]:
+    def run(press: Any, ids: list[int], kvzip: bool = False, values: bool = False) -> dict[str, Any]:
         if kvzip:  # KVzipPress never calls compress: its own recorder
             r = kvpress_kvzip.run_kvzip(model, press, ids, n_new)
             return {"tokens": r["tokens"], "kept": [[encode_kept(h) for h in layer] for layer in r["kept"]]}
         x = torch.tensor([ids])
         kept: dict[int, list[list[int]]] = {}
+        vsums: dict[int, tuple[list[float], list[float]]] | None = {} if values else None
         kw = dict(input_ids=x, attention_mask=torch.ones_like(x), past_key_values=DynamicCache(),
                   max_new_tokens=n_new,
                   min_new_tokens=n_new, do_sample=False, pad_token_id=model.generation_config.eos_token_id)
@@ -564,12 +629,15 @@ def side_kvpress(args: argparse.Namespace) -> None:
             if press is None:
                 out = model.generate(**kw)
             else:
-                _record_kept(press, kept)
+                _record_kept(press, kept, vsums)
                 with press(model):
                     out = model.generate(**kw)
         r: dict[str, Any] = {"tokens": out[0, len(ids):].tolist()}
         if press is not None:
             r["kept"] = [[encode_kept(h) for h in kept[layer]] for layer in sorted(kept)]
+        if vsums:  # a merging press: the kept values after the prompt (and before its merges)
+            r["vsum"] = [vsums[layer][0] for layer in sorted(vsums)]
+            r["vsum_pre"] = [vsums[layer][1] for layer in sorted(vsums)]
         return r
 
     full = []
@@ -583,7 +651,8 @@ def side_kvpress(args: argparse.Namespace) -> None:
             if key not in done:
                 done[key] = [{"id": p["id"], "n": len(p["input_ids"]),
                               **run(_build_press(m["press"], float(b), registry), p["input_ids"],
-                                    kvzip=bool(m["press"].get("kvzip")))}
+                                    kvzip=bool(m["press"].get("kvzip")),
+                                    values=bool(m["press"].get("values")))}
                              for p in spec["prompts"]]
                 print(f"[kvpress] {m['name']}@{b:g} done", flush=True)
             methods.append({"name": m["name"], "budget": b, "press": m["press"], "runs": done[key]})
@@ -608,6 +677,18 @@ def _git_state() -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD"), "dirty": git("status", "--porcelain", *paths).splitlines()}
 
 
+def _our_value_sums(cache: Any, li: int, n: int) -> list[float]:
+    """Per KV head of layer ``li`` (batch row 0), the :func:`value_sum` of the held prompt positions (<
+    ``n``)."""
+    layer = cache.layers[li]
+    S = layer.length
+    pos = layer.pos[0, :, :S]
+    live = (pos >= 0) & (pos < n)
+    if cache.mode == "mask":
+        live &= layer.alive[0, :, :S]
+    return [value_sum(layer.values[0, h], live[h].nonzero().view(-1)) for h in range(pos.shape[0])]
+
+
 def side_ours(args: argparse.Namespace) -> None:
     import torch
     import transformers
@@ -619,7 +700,7 @@ def side_ours(args: argparse.Namespace) -> None:
     n_new = int(spec["new_tokens"])
     model = our_model(args.model_dir)
 
-    def run(policy: Any, ids: list[int]) -> dict[str, Any]:
+    def run(policy: Any, ids: list[int], values: bool) -> dict[str, Any]:
         x = torch.tensor([ids])
         o = generate(model, x, torch.ones_like(x), policy, max_new_tokens=n_new, min_new_tokens=n_new)
         r: dict[str, Any] = {"id": None, "n": len(ids), "tokens": o.sequences[0].tolist()}
@@ -627,10 +708,12 @@ def side_ours(args: argparse.Namespace) -> None:
             r["kept"] = [[encode_kept(p for p in heads if p < len(ids))
                           for heads in o.cache.kept_positions(li)[0]]
                          for li in range(len(o.cache.layers))]
+        if values:  # the kept prompt values (prefill-only: no later cut merges)
+            r["vsum"] = [_our_value_sums(o.cache, li, len(ids)) for li in range(len(o.cache.layers))]
         return r
 
-    def runs(policy: Any) -> list[dict[str, Any]]:
-        return [{**run(policy, p["input_ids"]), "id": p["id"]} for p in spec["prompts"]]
+    def runs(policy: Any, values: bool = False) -> list[dict[str, Any]]:
+        return [{**run(policy, p["input_ids"], values), "id": p["id"]} for p in spec["prompts"]]
 
     full = runs(make_policy("full"))
     methods = []
@@ -649,9 +732,10 @@ def side_ours(args: argparse.Namespace) -> None:
                 except ValueError as e:
                     entry["skipped"] = str(e).split(";")[0]
                 else:
-                    key = repr(policy)
+                    values = bool(m["press"].get("values"))
+                    key = repr(policy) + str(values)
                     if key not in done:
-                        done[key] = runs(policy)
+                        done[key] = runs(policy, values)
                     entry["runs"] = done[key]
             methods.append(entry)
             print(f"[ours] {m['name']}@{b:g} {entry.get('skipped', 'done')}", flush=True)
@@ -706,7 +790,8 @@ def merge(out_dir: Path) -> tuple[list[dict[str, Any]], str, str]:
         "(docs/policies_2025.md and results/crosscheck_kvpress/README.md explain them).",
     ]
     md, txt = format_tables(rows, notes)
-    return rows, md, txt
+    extra = format_values(rows)
+    return rows, md + extra, txt + extra
 
 
 def side_merge(args: argparse.Namespace) -> None:

@@ -35,10 +35,14 @@ OUTRO = """
 Merge-on-evict (`wrap=[cam]`, `wrap=[merging]`) and threshold eviction (`wrap=[dms]`, the training-free
 DMS of kvpress) act through the cache's one eviction hook
 ([add-a-policy.md](add-a-policy.md#the-eviction-hook)); each wrapper's module docstring says which survivor
-receives which evicted value, with what weight. Finch takes a fixed question window (`window_size`), not
-kvpress's delimiter token, and SimLayerKV's budget bounds every layer (its effective ratio is the run's
-`kv_ratio`): see their modules' docstrings. Compactor computes its non-causal chunk attention from the
-forward's queries and keys (not the model's causal attention, so not the shared prompt-score path).
+receives which evicted value, with what weight. The wrappers' kvpress rows run over KnormPress
+([results/crosscheck_kvpress/README.md](../results/crosscheck_kvpress/README.md)): `wrap=[cam]`'s is low
+because kvpress's CAMPress keeps one set per layer (per KV head it keeps ours), and `wrap=[dms]` runs at
+budget 1.0 on our side (kvpress's DMS has no budget; ours is a cap), so its two columns are one run.
+Finch takes a fixed question window (`window_size`), not kvpress's delimiter token, and SimLayerKV's
+budget bounds every layer (its effective ratio is the run's `kv_ratio`): see their modules' docstrings.
+Compactor computes its non-causal chunk attention from the forward's queries and keys (not the model's
+causal attention, so not the shared prompt-score path).
 
 Not here yet: kvpress's `BlockPress` (block-wise prompt processing: a chunked prefill over an evicting
 cache, which the scoring path refuses; see add-a-policy.md); KeyRerotation (kept tokens keep their original
@@ -57,8 +61,8 @@ def jaccards(root: Path = TABLES) -> dict[str, dict[float, float]]:
         head: list[str] | None = None
         for line in table.read_text(encoding="utf-8").splitlines():
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if line.startswith("| method |"):
-                head = cells
+            if line.startswith("| method |"):  # a cross-check table (not the merged-values one)
+                head = cells if "Jaccard" in cells else None
             elif head and line.startswith("| ") and not line.startswith("|---") and len(cells) == len(head):
                 row = dict(zip(head, cells, strict=True))
                 by_row.setdefault(row["method"], {})[float(row["budget"])] = float(row["Jaccard"])
