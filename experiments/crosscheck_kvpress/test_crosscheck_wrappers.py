@@ -102,7 +102,7 @@ def test_methods_doc_reads_the_wrapper_rows() -> None:
     assert all(set(j[p]) == {0.5, 0.2} for p in wrapped)
     rows = {r[0]: r[-1] for r in methods_rows(j)}
     for name in ("chunk", "merging", "cam", "dms"):
-        assert rows[f"`wrap=[{name}]`"].endswith("(over knorm)")
+        assert rows[f"`wrap=[{name}]`"].endswith(", over knorm")
 
 
 def test_report_section_keeps_the_values_table_apart(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -24,3 +24,23 @@ def test_jaccard_comes_from_the_committed_cross_check():
     j = methods_doc.jaccards()
     assert j["snapkv"][0.5] == 1.0 and 0.0 < j["kvzip"][0.5] < 1.0
     assert "h2o" not in j  # no kvpress row compares it
+
+
+def test_closest_variant_is_the_highest_mean_jaccard_of_a_policys_kv_rows(tmp_path, monkeypatch):
+    """Of two ``[kv: ...]`` rows of one policy, the one with the higher mean Jaccard is shown, beside the
+    plain row's; a variant farther from ours than the plain row is not."""
+    from experiments.crosscheck_kvpress import kvpress_crosscheck as xc
+
+    diags = [{"name": "A [kv: x]", "policy": "p"}, {"name": "A [kv: y]", "policy": "p"},
+             {"name": "B [kv: z]", "policy": "q"}]
+    monkeypatch.setattr(xc, "DIAGNOSTICS", diags)
+    (tmp_path / "run").mkdir()
+    rows_md = ["| A | 0.5 | 0.500 |", "| A [kv: x] | 0.5 | 0.900 |", "| A [kv: x] | 0.2 | 0.700 |",
+               "| A [kv: y] | 0.5 | 0.850 |", "| A [kv: y] | 0.2 | 0.800 |", "| B | 0.5 | 0.990 |",
+               "| B [kv: z] | 0.5 | 0.600 |"]
+    (tmp_path / "run" / "table.md").write_text("caption\n\n| method | budget | Jaccard |\n|---|---|---|\n"
+                                               + "\n".join(rows_md) + "\n")
+    monkeypatch.setattr(xc, "METHODS", [{"name": "A", "policy": "p"}, {"name": "B", "policy": "q"}])
+    assert methods_doc.closest_variants(tmp_path) == {"p": {0.5: 0.85, 0.2: 0.8}}  # q's variant is farther
+    cell = rows({"full": {0.5: 0.5}}, {"full": {0.5: 0.85, 0.2: 0.8}})[sorted(POLICIES).index("full")][-1]
+    assert cell.startswith("0.500 / — (0.850 / 0.800")

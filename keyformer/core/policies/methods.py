@@ -34,34 +34,44 @@ def kind_of(cls: type[Policy]) -> str:
     return "scorer"
 
 
-def _jaccard(name: str, jaccard: Mapping[str, Mapping[float, float]]) -> str:
-    j = jaccard.get(name)
-    if not j:
-        return "—"
+def _pair(j: Mapping[float, float]) -> str:
     return " / ".join(f"{j[b]:.3f}" if b in j else "—" for b in (0.5, 0.2))
 
 
-def rows(jaccard: Mapping[str, Mapping[float, float]] | None = None) -> list[list[str]]:
-    """The table's rows: methods (registry order: by name), then wrappers (by name)."""
+def _jaccard(name: str, jaccard: Mapping[str, Mapping[float, float]],
+             variant: Mapping[str, Mapping[float, float]]) -> str:
+    j = jaccard.get(name)
+    if not j:
+        return "—"
+    v = variant.get(name)
+    return _pair(j) + (f" ({_pair(v)} with kvpress changed)" if v else "")
+
+
+def rows(jaccard: Mapping[str, Mapping[float, float]] | None = None,
+         variant: Mapping[str, Mapping[float, float]] | None = None) -> list[list[str]]:
+    """The table's rows: methods (registry order: by name), then wrappers (by name). ``jaccard``: the
+    cross-check's mean Jaccard per policy and budget; ``variant``: the same for the kvpress variant (a
+    ``[kv: ...]`` row) closest to ours, shown beside it."""
     from . import POLICIES, make_policy  # the package imports this module while it registers
 
-    jaccard = jaccard or {}
+    jaccard, variant = jaccard or {}, variant or {}
     out = []
     for name in sorted(POLICIES):
         cls = POLICIES[name]
         out.append([f"`{name}`", kind_of(cls), cls.paper or "—", cls.family or "—",
-                    cuts_of(make_policy(name)), reads_of(cls), _jaccard(name, jaccard)])
+                    cuts_of(make_policy(name)), reads_of(cls), _jaccard(name, jaccard, variant)])
     for name in sorted(WRAPPERS):
         w: Any = WRAPPERS[name]
         cuts = "sets the schedule" if "schedule" in w.owns else "the scorer's"
         over = sorted(k for k in jaccard if k.endswith(f"+{name}"))  # a composition the cross-check ran
-        xcheck = f"{_jaccard(over[0], jaccard)} (over {over[0].split('+')[0]})" if over else "—"
+        xcheck = f"{_jaccard(over[0], jaccard, variant)}, over {over[0].split('+')[0]}" if over else "—"
         out.append([f"`wrap=[{name}]`", "wrapper", w.paper or "—", w.family or "—", cuts,
                     f"+ {reads_of(w)}" if w.adds_reads else "the scorer's", xcheck])
     return out
 
 
-def render(jaccard: Mapping[str, Mapping[float, float]] | None = None) -> str:
-    """The markdown table."""
-    lines = [HEADER] + ["| " + " | ".join(r) + " |" for r in rows(jaccard)]
+def render(jaccard: Mapping[str, Mapping[float, float]] | None = None,
+           variant: Mapping[str, Mapping[float, float]] | None = None) -> str:
+    """The markdown table (:func:`rows`)."""
+    lines = [HEADER] + ["| " + " | ".join(r) + " |" for r in rows(jaccard, variant)]
     return "\n".join(lines) + "\n"
