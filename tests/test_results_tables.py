@@ -365,3 +365,16 @@ def test_speed_lines_read_the_bench_data(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "Keyformer decodes 2.0-3.0x" in out and "H2O 4.0x" in out and "batch 4-4; evicting: 32-64" in out
     assert "m 0.50x eager, 2.00x captured" in out and "no captured full baseline" in out and "abc1234" in out
+
+
+def test_methods_section_lists_the_registry(capsys) -> None:
+    """The README's methods lines name every registered method and wrapper once, in the registry's order."""
+    import re
+
+    from keyformer.core.policies import POLICIES, WRAPPERS
+
+    report.methods(Path("results"))
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    for line, reg in zip(lines, (POLICIES, WRAPPERS), strict=True):
+        assert re.findall(r"`([a-z0-9_]+)` \(", line) == sorted(reg)

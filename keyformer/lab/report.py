@@ -58,6 +58,19 @@ def demo(res: Path, name: str = "demo") -> None:
         print(f"| `{cmd}`{what} | {r['accuracy']:.1f} | {r['rouge2']:.1f} | {r['rougeL']:.1f} |")
 
 
+def methods(res: Path) -> None:
+    """The registry in two lines for the README: every method and every wrapper by name, each with its
+    family (``docs/methods.md`` has the full table)."""
+    from keyformer.core.policies import POLICIES, WRAPPERS
+
+    def names(reg: dict) -> str:
+        return ", ".join(f"`{n}` ({reg[n].family or 'baseline'})" for n in sorted(reg))
+
+    print(f"- {len(POLICIES)} methods: {names(POLICIES)}.")
+    print(f"- {len(WRAPPERS)} wrappers (`policy.wrap=[...]`, over any method that accepts them): "
+          f"{names(WRAPPERS)}.")
+
+
 def brief(res: Path) -> None:
     """The headline lines the top-level README quotes: each study's one-line answer, rendered from its
     committed ``findings.json``, with a link to its page."""
@@ -346,6 +359,7 @@ def _ci_cell(r: pd.Series, key: str) -> str:
 LIBRARY_SECTIONS: dict[str, Callable[[Path], None]] = {
     "demo": demo,
     "brief": brief,
+    "methods": methods,
     "provenance": provenance,
     "bench_targets": bench_targets,
     "bench_floors": bench_floors,
