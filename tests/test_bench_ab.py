@@ -86,6 +86,49 @@ def test_sides_alternate_and_rows_pair_rounds():
     assert all(r["ratio"] == 1.0 and r["verdict"] == "unresolved" for r in rows)
 
 
+def _runs(values: dict[str, list[float]]) -> list[dict]:
+    """Runs of one side: ``values[config]`` is that configuration's decode_ms per round."""
+    n = len(next(iter(values.values())))
+    return [{"metrics": {c: {"decode_ms": v[i]} for c, v in values.items()}} for i in range(n)]
+
+
+def test_family_wise_intervals_are_simultaneous_over_the_tested_metrics():
+    # 12 configurations, 10 rounds. "all": B slower in all 10 rounds; "nine": in 9 of 10 (one round faster);
+    # "same": identical on both sides (not a test); the other 9 alternate.
+    a = {c: [10.0] * 10 for c in ["all", "nine", "same", *(f"x{i}" for i in range(9))]}
+    b = {"all": [11.0 + 0.1 * i for i in range(10)], "nine": [9.0] + [11.0 + 0.1 * i for i in range(9)],
+         "same": [10.0] * 10, **{f"x{i}": [11.0 if j % 2 else 9.0 for j in range(10)] for i in range(9)}}
+    rows = {r["config"]: r for r in summarize({"A": _runs(a), "B": _runs(b)}, 0.95)}
+    assert {r["family_size"] for r in rows.values()} == {11}  # "same" is not counted
+    # per metric at 95 %, n = 10 uses [d_(2), d_(9)] (coverage 1 - 22/1024): both resolve
+    assert rows["all"]["verdict"] == rows["nine"]["verdict"] == "B slower"
+    # family-wise, each interval needs coverage 1 - 0.05/11 > 1 - 22/1024, so [d_(1), d_(10)] (1 - 2/1024)
+    assert rows["all"]["family_coverage"] == pytest.approx(1 - 2 / 1024)
+    assert rows["all"]["family_verdict"] == "B slower"
+    assert (rows["all"]["family_ci_low"], rows["all"]["family_ci_high"]) == pytest.approx((1.1, 1.19))
+    assert rows["nine"]["family_verdict"] == "unresolved"
+    assert rows["nine"]["family_ci_low"] == pytest.approx(0.9)
+    assert rows["same"]["family_verdict"] == "not a test"
+    assert all(rows[f"x{i}"]["family_verdict"] == "unresolved" for i in range(9))
+
+
+def test_family_wise_error_rate_is_at_most_its_level():
+    # 12 metrics, no difference anywhere: the chance that any is resolved family-wise is at most 5 %
+    # (here 12 x 2/1024, about 2.3 %), while per-metric verdicts resolve one in about 21 % of runs
+    rng = random.Random(3)
+    trials, family_hits, metric_hits = 1000, 0, 0
+    for _ in range(trials):
+        a = {f"c{i}": [math.exp(rng.gauss(0, 0.3)) for _ in range(10)] for i in range(12)}
+        b = {f"c{i}": [math.exp(rng.gauss(0, 0.3)) for _ in range(10)] for i in range(12)}
+        rows = summarize({"A": _runs(a), "B": _runs(b)}, 0.95)
+        family_hits += any(r["family_verdict"] != "unresolved" for r in rows)
+        metric_hits += any(r["verdict"] != "unresolved" for r in rows)
+    expected = 1 - (1 - 2 / 1024) ** 12
+    assert abs(family_hits / trials - expected) < 4 * math.sqrt(expected * (1 - expected) / trials)
+    per_metric = 1 - (1 - 22 / 1024) ** 12
+    assert abs(metric_hits / trials - per_metric) < 4 * math.sqrt(per_metric * (1 - per_metric) / trials)
+
+
 @pytest.mark.parametrize("bad", [["--rounds", "0"], ["--budget", "1.5"], ["--confidence", "1"],
                                  ["--rows", "6", "--batch", "4"], ["--rows", "2", "--batch", "4"],
                                  ["--decode-rounds", "0"]])

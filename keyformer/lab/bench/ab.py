@@ -17,6 +17,13 @@ Method (also written into the outputs):
   ``d`` (order statistics; exact coverage for any continuous distribution, no normality assumed).
   **Resolved** means that interval excludes ``B/A = 1``; with too few rounds for the requested confidence
   (6 for 95%), nothing is resolved.
+* **Family-wise.** One run tests many metrics, so a per-metric verdict at 95 % resolves something by chance
+  alone in most runs. The ``family-wise`` column holds simultaneous intervals: each metric's sign-test
+  interval at confidence ``1 - (1 - confidence) / m`` (Bonferroni), ``m`` the number of metrics in the run
+  whose per-round ratios are not all exactly 1 (a ratio of a configuration to itself is not a test).
+  A family-wise verdict is one that holds for the run as a whole: the chance that any of the ``m`` is
+  resolved when nothing differs is at most ``1 - confidence``. It needs more rounds (10 for up to 19
+  metrics at 95 %).
 * **Load.** The 1-minute load average before and after every process is recorded; a busy machine widens the
   intervals, it does not bias them towards either side.
 """
@@ -89,6 +96,17 @@ class Comparison:
     verdict: str  # "B slower" | "B faster" | "unresolved" | "too few rounds"
 
 
+def _interval(d: Sequence[float], confidence: float) -> tuple[float, float, float, str]:
+    """(low, high, coverage, verdict) of the ratio from the sorted log ratios ``d``."""
+    n = len(d)
+    rank = sign_ci_rank(n, confidence)
+    if rank is None:
+        return float("nan"), float("nan"), float("nan"), "too few rounds"
+    r, cov = rank
+    lo, hi = math.exp(d[r - 1]), math.exp(d[n - r])
+    return lo, hi, cov, "B slower" if lo > 1.0 else "B faster" if hi < 1.0 else "unresolved"
+
+
 def compare(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Comparison:
     """Paired comparison of ``b`` against ``a`` (same rounds, positive values; larger = slower)."""
     if len(a) != len(b) or not a:
@@ -97,14 +115,7 @@ def compare(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) ->
         raise ValueError("values must be > 0 (times or time ratios)")
     d = sorted(math.log(y / x) for x, y in zip(a, b, strict=True))
     n = len(d)
-    rank = sign_ci_rank(n, confidence)
-    if rank is None:
-        lo = hi = cov = float("nan")
-        verdict = "too few rounds"
-    else:
-        r, cov = rank
-        lo, hi = math.exp(d[r - 1]), math.exp(d[n - r])
-        verdict = "B slower" if lo > 1.0 else "B faster" if hi < 1.0 else "unresolved"
+    lo, hi, cov, verdict = _interval(d, confidence)
     return Comparison(n, statistics.median(a), min(a), max(a), statistics.median(b), min(b), max(b),
                       math.exp(statistics.median(d)), lo, hi, cov, verdict)
 
@@ -192,19 +203,34 @@ def summarize(runs: dict[str, list[dict[str, Any]]], confidence: float) -> list[
             if conf == "full" and metric == "prefill_vs_full":
                 continue  # 1 by construction
             c = compare(a, b, confidence)
-            rows.append({"config": conf, "metric": metric, **c.__dict__})
+            d = sorted(math.log(y / x) for x, y in zip(a, b, strict=True))
+            rows.append({"config": conf, "metric": metric, **c.__dict__, "_d": d})
+    tested = {id(r) for r in rows if any(x != 0.0 for x in r["_d"])}
+    family = 1.0 - (1.0 - confidence) / max(len(tested), 1)
+    for r in rows:
+        d = r.pop("_d")
+        if id(r) in tested:
+            lo, hi, cov, verdict = _interval(d, family)
+        else:
+            lo, hi, cov, verdict = float("nan"), float("nan"), float("nan"), "not a test"
+        r.update(family_size=len(tested), family_ci_low=lo, family_ci_high=hi, family_coverage=cov,
+                 family_verdict=verdict)
     return rows
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     head = (f"{'config':<10} {'metric':<17} {'n':>2} {'A median':>9} {'A min-max':>17} {'B median':>9} "
-            f"{'B min-max':>17} {'B/A':>6} {'interval':>15}  verdict")
+            f"{'B min-max':>17} {'B/A':>6} {'interval':>15}  {'verdict':<14} {'family-wise':>15}  "
+            "family verdict")
     lines = [head]
     for r in rows:
         ci = "-" if math.isnan(r["ci_low"]) else f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+        fw = r.get("family_ci_low", float("nan"))
+        fci = "-" if math.isnan(fw) else f"[{fw:.3f}, {r['family_ci_high']:.3f}]"
         lines.append(f"{r['config']:<10} {r['metric']:<17} {r['n']:>2} {r['a_median']:>9.4g} "
                      f"{r['a_min']:>8.4g}-{r['a_max']:<8.4g} {r['b_median']:>9.4g} "
-                     f"{r['b_min']:>8.4g}-{r['b_max']:<8.4g} {r['ratio']:>6.3f} {ci:>15}  {r['verdict']}")
+                     f"{r['b_min']:>8.4g}-{r['b_max']:<8.4g} {r['ratio']:>6.3f} {ci:>15}  {r['verdict']:<14} "
+                     f"{fci:>15}  {r.get('family_verdict', '-')}")
     return "\n".join(lines)
 
 
@@ -314,7 +340,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         "fresh processes); "
         f"{_cpu()}, {os.cpu_count()} cores; 1-min load {min(loads):.2f}-{max(loads):.2f}",
         f"B/A = exp(median per-round log ratio); interval: sign-test {args.confidence:.0%} (exact coverage "
-        f"given); resolved when it excludes 1",
+        f"given); resolved when it excludes 1; family-wise: simultaneous over the "
+        f"{rows[0]['family_size'] if rows else 0} tested metrics (Bonferroni, "
+        f"{1 - (1 - args.confidence) / max(rows[0]['family_size'] if rows else 1, 1):.4f} each)",
         "", format_rows(rows), "", f"elapsed {report['elapsed_s']:.0f} s"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
