@@ -1,6 +1,7 @@
 """Write ``docs/methods.md``: the methods table generated from the registry
 (:func:`keyformer.core.policies.methods.render`) with the committed kvpress cross-check's Jaccard per method
-(``results/crosscheck_kvpress/**/table.md``: the row of the method's first entry in ``METHODS``).
+(``results/crosscheck_kvpress/**/table.md`` of the runs on the shared prompts: the row of the method's first
+entry in ``METHODS``).
 
     python -m experiments.crosscheck_kvpress.methods_doc           # rewrite docs/methods.md
     python -m experiments.crosscheck_kvpress.methods_doc --check   # exit 1 if it would change
@@ -56,9 +57,16 @@ change what a slot holds; see add-a-policy.md).
 
 
 def _table_rows(root: Path) -> dict[str, dict[float, float]]:
-    """{cross-check row name: {budget: mean Jaccard}} from the committed tables under ``root``."""
+    """{cross-check row name: {budget: mean Jaccard}} from the committed tables under ``root`` whose run used
+    the shared prompts (its folder's ``prompts.json`` equal to ``root``'s; a study on other prompts, such as
+    long ones, is not the table's comparison). A row name with two different Jaccards at one budget raises."""
+    shared = (root / "prompts.json").read_bytes() if (root / "prompts.json").is_file() else None
     by_row: dict[str, dict[float, float]] = {}
+    seen: dict[tuple[str, float], tuple[float, Path]] = {}
     for table in sorted(root.rglob("table.md")):
+        prompts = table.parent / "prompts.json"
+        if shared is None or not prompts.is_file() or prompts.read_bytes() != shared:
+            continue
         head: list[str] | None = None
         for line in table.read_text(encoding="utf-8").splitlines():
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -66,7 +74,12 @@ def _table_rows(root: Path) -> dict[str, dict[float, float]]:
                 head = cells if "Jaccard" in cells else None
             elif head and line.startswith("| ") and not line.startswith("|---") and len(cells) == len(head):
                 row = dict(zip(head, cells, strict=True))
-                by_row.setdefault(row["method"], {})[float(row["budget"])] = float(row["Jaccard"])
+                key, j = (row["method"], float(row["budget"])), float(row["Jaccard"])
+                if key in seen and seen[key][0] != j:
+                    raise ValueError(f"cross-check row {key[0]!r} at budget {key[1]} has Jaccard "
+                                     f"{seen[key][0]} in {seen[key][1]} and {j} in {table}: rename one")
+                seen[key] = (j, table)
+                by_row.setdefault(key[0], {})[key[1]] = j
     return by_row
 
 

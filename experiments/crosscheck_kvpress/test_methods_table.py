@@ -4,6 +4,8 @@ wrapper."""
 
 from __future__ import annotations
 
+import pytest
+
 from experiments.crosscheck_kvpress import methods_doc
 from keyformer.core.policies import POLICIES, WRAPPERS
 from keyformer.core.policies.methods import rows
@@ -35,6 +37,8 @@ def test_closest_variant_is_the_highest_mean_jaccard_of_a_policys_kv_rows(tmp_pa
              {"name": "B [kv: z]", "policy": "q"}]
     monkeypatch.setattr(xc, "DIAGNOSTICS", diags)
     (tmp_path / "run").mkdir()
+    for folder in (tmp_path, tmp_path / "run"):
+        (folder / "prompts.json").write_text("[[1, 2, 3]]")
     rows_md = ["| A | 0.5 | 0.500 |", "| A [kv: x] | 0.5 | 0.900 |", "| A [kv: x] | 0.2 | 0.700 |",
                "| A [kv: y] | 0.5 | 0.850 |", "| A [kv: y] | 0.2 | 0.800 |", "| B | 0.5 | 0.990 |",
                "| B [kv: z] | 0.5 | 0.600 |"]
@@ -44,3 +48,25 @@ def test_closest_variant_is_the_highest_mean_jaccard_of_a_policys_kv_rows(tmp_pa
     assert methods_doc.closest_variants(tmp_path) == {"p": {0.5: 0.85, 0.2: 0.8}}  # q's variant is farther
     cell = rows({"full": {0.5: 0.5}}, {"full": {0.5: 0.85, 0.2: 0.8}})[sorted(POLICIES).index("full")][-1]
     assert cell.startswith("0.500 / — (0.850 / 0.800")
+
+
+def _table(folder, rows_md: list[str], prompts: str | None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    if prompts is not None:
+        (folder / "prompts.json").write_text(prompts)
+    head = "| method | budget | Jaccard |\n|---|---|---|\n"
+    (folder / "table.md").write_text(head + "\n".join(rows_md) + "\n")
+
+
+def test_only_runs_on_the_shared_prompts_count_and_a_conflicting_row_raises(tmp_path):
+    """A run on other prompts (or with none recorded) is not the table's comparison; the same row name with
+    two Jaccards at one budget across runs on the shared prompts is an error, not a silent last-wins."""
+    (tmp_path / "prompts.json").write_text("[[1, 2, 3]]")
+    _table(tmp_path / "a", ["| A | 0.5 | 0.700 |"], "[[1, 2, 3]]")
+    _table(tmp_path / "b_long", ["| A | 0.5 | 0.100 |", "| C | 0.5 | 0.300 |"], "[[4, 5, 6, 7]]")
+    _table(tmp_path / "c_none", ["| A | 0.5 | 0.200 |"], None)
+    _table(tmp_path / "d", ["| A | 0.2 | 0.600 |", "| A | 0.5 | 0.700 |"], "[[1, 2, 3]]")  # agrees: fine
+    assert methods_doc._table_rows(tmp_path) == {"A": {0.5: 0.7, 0.2: 0.6}}
+    _table(tmp_path / "e", ["| A | 0.5 | 0.650 |"], "[[1, 2, 3]]")
+    with pytest.raises(ValueError, match=r"'A' at budget 0.5 .*0.7.*0.65"):
+        methods_doc._table_rows(tmp_path)
