@@ -100,6 +100,7 @@ def test_family_wise_intervals_are_simultaneous_over_the_tested_metrics():
          "same": [10.0] * 10, **{f"x{i}": [11.0 if j % 2 else 9.0 for j in range(10)] for i in range(9)}}
     rows = {r["config"]: r for r in summarize({"A": _runs(a), "B": _runs(b)}, 0.95)}
     assert {r["family_size"] for r in rows.values()} == {11}  # "same" is not counted
+    assert all(r["family_confidence"] == pytest.approx(1 - 0.05 / 11) for r in rows.values())
     # per metric at 95 %, n = 10 uses [d_(2), d_(9)] (coverage 1 - 22/1024): both resolve
     assert rows["all"]["verdict"] == rows["nine"]["verdict"] == "B slower"
     # family-wise, each interval needs coverage 1 - 0.05/11 > 1 - 22/1024, so [d_(1), d_(10)] (1 - 2/1024)

@@ -107,13 +107,20 @@ def _interval(d: Sequence[float], confidence: float) -> tuple[float, float, floa
     return lo, hi, cov, "B slower" if lo > 1.0 else "B faster" if hi < 1.0 else "unresolved"
 
 
-def compare(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Comparison:
-    """Paired comparison of ``b`` against ``a`` (same rounds, positive values; larger = slower)."""
+def log_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """The sorted per-round ``log(B / A)`` (same rounds, positive values)."""
     if len(a) != len(b) or not a:
         raise ValueError(f"need the same positive number of rounds on both sides, got {len(a)} and {len(b)}")
     if min(a) <= 0 or min(b) <= 0:
         raise ValueError("values must be > 0 (times or time ratios)")
-    d = sorted(math.log(y / x) for x, y in zip(a, b, strict=True))
+    return sorted(math.log(y / x) for x, y in zip(a, b, strict=True))
+
+
+def compare(a: Sequence[float], b: Sequence[float], confidence: float = 0.95,
+            d: Sequence[float] | None = None) -> Comparison:
+    """Paired comparison of ``b`` against ``a`` (same rounds, positive values; larger = slower); ``d``:
+    their :func:`log_ratios`, when the caller has them."""
+    d = log_ratios(a, b) if d is None else d
     n = len(d)
     lo, hi, cov, verdict = _interval(d, confidence)
     return Comparison(n, statistics.median(a), min(a), max(a), statistics.median(b), min(b), max(b),
@@ -202,9 +209,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]], confidence: float) -> list[
                 continue
             if conf == "full" and metric == "prefill_vs_full":
                 continue  # 1 by construction
-            c = compare(a, b, confidence)
-            d = sorted(math.log(y / x) for x, y in zip(a, b, strict=True))
-            rows.append({"config": conf, "metric": metric, **c.__dict__, "_d": d})
+            d = log_ratios(a, b)
+            rows.append({"config": conf, "metric": metric, **compare(a, b, confidence, d).__dict__, "_d": d})
     tested = {id(r) for r in rows if any(x != 0.0 for x in r["_d"])}
     family = 1.0 - (1.0 - confidence) / max(len(tested), 1)
     for r in rows:
@@ -213,8 +219,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]], confidence: float) -> list[
             lo, hi, cov, verdict = _interval(d, family)
         else:
             lo, hi, cov, verdict = float("nan"), float("nan"), float("nan"), "not a test"
-        r.update(family_size=len(tested), family_ci_low=lo, family_ci_high=hi, family_coverage=cov,
-                 family_verdict=verdict)
+        r.update(family_size=len(tested), family_confidence=family, family_ci_low=lo, family_ci_high=hi,
+                 family_coverage=cov, family_verdict=verdict)
     return rows
 
 
@@ -340,9 +346,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         "fresh processes); "
         f"{_cpu()}, {os.cpu_count()} cores; 1-min load {min(loads):.2f}-{max(loads):.2f}",
         f"B/A = exp(median per-round log ratio); interval: sign-test {args.confidence:.0%} (exact coverage "
-        f"given); resolved when it excludes 1; family-wise: simultaneous over the "
-        f"{rows[0]['family_size'] if rows else 0} tested metrics (Bonferroni, "
-        f"{1 - (1 - args.confidence) / max(rows[0]['family_size'] if rows else 1, 1):.4f} each)",
+        "given); resolved when it excludes 1"
+        + (f"; family-wise: simultaneous over the {rows[0]['family_size']} tested metrics (Bonferroni, "
+           f"{rows[0]['family_confidence']:.4f} each)" if rows else ""),
         "", format_rows(rows), "", f"elapsed {report['elapsed_s']:.0f} s"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
