@@ -36,9 +36,10 @@ CURRENT = ["expected_attention", "keydiff", "kvzip", "rkv"]  # the field's 2025 
 # tier 4 runs the 2025 methods first: where Keyformer ranks among the current methods at every ratio
 FIELD = [*CURRENT, "tova", "pyramidkv", "adakv_snapkv", "adakv_keyformer", "streaming"]
 # issue 68's methods at ratio 0.5, both settings: the floor and the cheap scorers first, then the compositions
-# (CriticalKV over SnapKV and Keyformer, Ada-KV over H2O and key norm, CaM's merge-on-evict over H2O)
+# (CriticalKV over SnapKV and Keyformer, Ada-KV over H2O and key norm, CaM's merge-on-evict over H2O); a
+# test checks that every registered policy is in some tier at ratio 0.5
 METHODS = ["random", "knorm", "snapkv+criticalkv", "keyformer+criticalkv", "h2o+adakv", "knorm+adakv",
-           "lagkv", "curdkv", "leverage", "finch", "simlayerkv", "compactor", "h2o+cam"]
+           "lagkv", "curdkv", "leverage", "finch", "simlayerkv", "compactor", "capkv", "h2o+cam"]
 RECORDS = 5
 OTHER = (0.75, 0.25, 0.125)  # budgets of ratios 0.25, 0.75, 0.875 (tiers 3-4; ratio 0.5 is tiers 1-2)
 HEADER = """# Experiment 10 (experiments/exp10_ruler/README.md), {what}.

@@ -268,7 +268,7 @@ def test_exp10_left_queue_drops_committed_complete_points(tmp_path):
                            "exp10_current_agnostic.txt", "exp10_budgets.txt", "exp10_field.txt",
                            "exp10_methods.txt"]
     every = [ln.split()[0] for _, ls in tiers.values() for ln in ls]
-    assert len(every) == len(set(every)) == 55 + 44 + 55 + 44 + 264 + 704 + 286  # no point in two tiers
+    assert len(every) == len(set(every)) == 55 + 44 + 55 + 44 + 264 + 704 + 308  # no point in two tiers
     queues = Path(mk.__file__).parent / "queues"
     for name in ("exp10_core.txt", "exp10_core_agnostic.txt"):  # committed: what the script writes
         what, lines = tiers[name]
@@ -277,6 +277,21 @@ def test_exp10_left_queue_drops_committed_complete_points(tmp_path):
     composed = mk.line("agnostic", "vt", "snapkv+criticalkv+adakv", 0.5).split()
     assert composed[0].endswith("/agnostic/task=vt,budget=0.5,policy=snapkv+criticalkv+adakv")
     assert "policy=snapkv" in composed and "policy.wrap=[criticalkv,adakv]" in composed
+
+
+def test_exp10_tiers_run_every_registered_policy_at_ratio_one_half() -> None:
+    """Every policy of the registry has its 22 points (11 tasks, both settings) at budget 0.5 in some tier
+    (full at 1.0), read from the queue lines, so a method added to the registry without a tier fails here."""
+    import keyformer
+    from experiments.exp10_ruler import queue as mk
+
+    lines = [ln for _, lines in mk.tiers().values() for ln in lines]
+    for name in keyformer.POLICIES:
+        budget = "1.0" if name == "full" else "0.5"
+        mine = {ln.split()[0] for ln in lines
+                if re.search(rf"(^| )policy={re.escape(name)}( |$)", ln) and "policy.wrap=" not in ln
+                and f" budget={budget}" in ln}
+        assert len(mine) == 2 * len(mk.TASKS), (name, len(mine))
 
 
 def test_ruler_prompt_change_pairs_the_same_records(tmp_path: Path, capsys) -> None:
