@@ -464,6 +464,32 @@ def rule_knorm_chunk(r: Run, p) -> Kept:
     return select(r, base, uniform_k(r, p), prompt=prompt)
 
 
+def keydiff_prio(r: Run) -> Prio:
+    """KeyDiff over the given held tokens: ``-cos(k_j, mean_i k_i / ||k_i||)``."""
+    def prio(li: int, h: int, held: list[int]) -> dict[int, float]:
+        ks = {j: r.keys[li][h, j] for j in held}
+        anchor = sum(k / k.norm() for k in ks.values()) / len(ks)
+        return {j: -float(k @ anchor / (k.norm() * anchor.norm())) for j, k in ks.items()}
+
+    return prio
+
+
+def rule_keydiff_block(r: Run, p) -> Kept:
+    """Block processing over KeyDiff: the prompt keeps its first ``k`` tokens, then for each block of ``b``
+    positions after them the top ``k`` of KeyDiff over the kept and the block's tokens alone; decode cuts are
+    KeyDiff's over the held tokens."""
+    b, base = p.block_tokens, keydiff_prio(r)
+
+    def prompt(li: int, h: int, k: int) -> set[int]:
+        kept = set(range(k))
+        for b0 in range(k, N, b):
+            cand = kept | set(range(b0, min(b0 + b, N)))
+            kept = top(base(li, h, sorted(cand)), k)
+        return kept
+
+    return select(r, base, uniform_k(r, p), prompt=prompt)
+
+
 def rule_random_dms(r: Run, p) -> Kept:
     """DMS over Random: every cut first keeps Random's top ``k`` (the cap), then every held token older than
     the ``dms_window`` newest positions whose draw is below ``dms_threshold`` leaves."""
@@ -507,6 +533,7 @@ RULES: dict[str, tuple[Callable[[Run, Any], Kept], dict[str, Any]]] = {
     "knorm+adakv": (rule_knorm_adakv, {}),
     "knorm+chunk": (rule_knorm_chunk, {"chunk_tokens": 8}),
     "random+dms": (rule_random_dms, {"seed": 5, "dms_threshold": 0.7, "dms_window": 6}),
+    "keydiff+block": (rule_keydiff_block, {"block_tokens": 6}),
 }
 
 
@@ -554,6 +581,7 @@ def test_rules_act():
     assert sets["random+criticalkv"] != sets["random"]
     assert sets["knorm+chunk"][0] != sets["knorm"][0]  # the shares change the prompt cut
     assert sets["random+dms"] != sets["random"]
+    assert sets["keydiff+block"][0] != run(make_policy("keydiff", budget=0.5)).kept[0]  # blocks change it
     assert run(make_policy("random", budget=0.5, seed=6)).kept != sets["random"]
     assert sets["compactor"][0] != win and sets["compactor"][0] != sets["leverage"][0]
 
@@ -789,6 +817,36 @@ def _mut_no_threshold(mp, name):  # DMS's threshold never evicts
     mp.setattr(DMS, "on_evict", lambda self, keep, prio, ctx: keep)
 
 
+def _mut_no_blocks(mp, name):  # block processing off: the scorer's own prompt cut
+    from keyformer.core.policies.wrappers.block import Block
+
+    mp.setattr(Block, "priority", lambda self, state, ctx: super(Block, self).priority(state, ctx))
+
+
+def _mut_long_blocks(mp, name):  # blocks twice as long
+    from keyformer.core.policies.wrappers.block import Block
+
+    orig = Block.priority
+
+    def priority(self, state, ctx):
+        b = self.block_tokens
+        self.block_tokens = 2 * b  # the rule reads the knob: double it only while the cut selects
+        try:
+            return orig(self, state, ctx)
+        finally:
+            self.block_tokens = b
+
+    mp.setattr(Block, "priority", priority)
+
+
+def _mut_whole_prompt_ranks(mp, name):  # each round ranks its candidates by the whole prompt's priorities
+    from keyformer.core.policies.wrappers import block
+
+    orig = block.Block._ranked
+    mp.setattr(block.Block, "_ranked", lambda self, state, ctx, live: torch.where(
+        live, orig(self, state, ctx, torch.ones_like(live)), torch.iinfo(torch.long).max))
+
+
 MUTATIONS: list[tuple[str, str, Callable[[pytest.MonkeyPatch, str], None]]] = [
     ("knorm", "ranking reversed", _mut_reversed),
     ("random", "ranking reversed", _mut_reversed),
@@ -824,6 +882,9 @@ MUTATIONS: list[tuple[str, str, Callable[[pytest.MonkeyPatch, str], None]]] = [
     ("knorm+chunk", "chunks twice as long", _mut_long_chunks),
     ("random+dms", "no delayed window", _mut_no_delay),
     ("random+dms", "threshold ignored", _mut_no_threshold),
+    ("keydiff+block", "blocks ignored", _mut_no_blocks),
+    ("keydiff+block", "blocks twice as long", _mut_long_blocks),
+    ("keydiff+block", "candidates ranked over the whole prompt", _mut_whole_prompt_ranks),
 ]
 
 
@@ -1086,6 +1147,8 @@ def _knobs(name: str, wrap: tuple[str, ...] = ()) -> dict[str, Any]:
         kw["dms_window"] = 8
     if "chunk" in wrap:  # chunks below the prompt, so that the shares decide
         kw["chunk_tokens"] = 8
+    if "block" in wrap:  # several blocks per prompt
+        kw["block_tokens"] = 8
     if "sketch_dimension" in fields:  # below head_dim: with m held keys <= rank + 1, every leverage ties
         kw["sketch_dimension"] = 8
     return kw
@@ -1177,3 +1240,18 @@ def test_merge_threshold_and_chunk_wrappers_are_recorded(wrap, knobs):
     bad = next(iter(knobs))
     with pytest.raises(ValueError, match=rf"^{bad}="):
         make_policy("h2o", wrap=[wrap], **{bad: "x"})
+
+
+def test_block_wrapper_is_recorded_and_refuses_attention_scorers():
+    """``wrap=[block]`` over key norm records its knob; over a scorer that ranks by the prompt's attention it
+    is refused in one line naming the wrapper, the scorer and the valid choices; a bad knob names it."""
+    from keyformer.run.scaffold import policy_fields
+
+    rec = policy_fields(make_policy("knorm", wrap=["block"], block_tokens=64))
+    assert rec["policy"] == rec["policy_spec"]["name"] == "knorm+block"
+    assert rec["policy_spec"]["block_tokens"] == 64
+    for name in ("h2o", "snapkv", "kvzip"):
+        with pytest.raises(ValueError, match=rf"wrapper 'block' cannot wrap policy '{name}'.*valid: "):
+            make_policy(name, wrap=["block"])
+    with pytest.raises(ValueError, match=r"^block_tokens=0 "):
+        make_policy("knorm", wrap=["block"], block_tokens=0)

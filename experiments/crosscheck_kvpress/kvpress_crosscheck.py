@@ -110,6 +110,7 @@ METHODS: list[dict[str, Any]] = [
     {"name": "CapKV", "press": {"cls": "CapPress", "kw": CAP}, "policy": "capkv",
      "policy_kw": {**CAP, **PREFILL}},
     *kvpress_wrappers.METHODS,  # chunk, merging, cam and dms over Knorm (their module's docstring)
+    *kvpress_wrappers.BLOCK_METHODS,  # block over KeyDiff
 ]
 
 # kvpress presses changed in one respect each (see side_kvpress): the same comparison with ours, to test a
@@ -143,6 +144,7 @@ DIAGNOSTICS: list[dict[str, Any]] = [
      "press": {"cls": "CompactorSeededReal", "kw": COMPACT, "exact_count": True}, "policy": "compactor",
      "policy_kw": COMPACT},
     *kvpress_wrappers.DIAGNOSTICS,
+    *kvpress_wrappers.BLOCK_DIAGNOSTICS,
 ]
 
 

@@ -24,6 +24,11 @@ whole prompt gives the same scores): a difference is the wrapper's.
   (``masked_key_indices``) instead of calling ``compress``: ``DMSRecorded`` hands the recorder its input
   unchanged after the prompt, and the kept set is the complement of the mask.
 
+``block`` (``BlockPress``) runs over KeyDiffPress (:data:`BLOCK_METHODS`), whose plain row keeps kvpress's
+sets: over key norm block processing changes nothing (a token's score is its own), over KeyDiff the anchor is
+the mean of the block's candidates, so the row tests the iteration. BlockPress counts with its scorer's ratio;
+``[kv: floor count]`` gives it ours at 0.2.
+
 Importing this module needs only the standard library; :func:`variant_presses` imports torch and kvpress.
 """
 
@@ -36,6 +41,7 @@ PREFILL = {"recent": 0.0, "prefill_only": True}
 CHUNK = 64  # several chunks per 400-512-token prompt (kvpress's default, 1024, would be one chunk)
 DMS_THRESHOLD = -17.0  # Knorm's score is -||k||: about the median key norm of SmolLM2 on these prompts
 DMS_WINDOW = 128
+BLOCK = 64  # several blocks after the first k of a 400-512-token prompt (kvpress's default: 128)
 CAM_BUDGET = 32
 M32 = 0xFFFFFFFF
 CAM_SALT = 0x5CA1AB1E  # keyformer.core.policies.wrappers.cam.SALT
@@ -75,6 +81,17 @@ DIAGNOSTICS: list[dict[str, Any]] = [
      "press": {"cls": "CAMPerHeadHashed", "kw": {"merge_budget": CAM_BUDGET, "cam_seed": 0}, "inner": KNORM,
                "inner_arg": "base_press", "values": True},
      "policy": "knorm+cam", "policy_kw": {**PREFILL, "merge_budget": CAM_BUDGET, "cam_seed": 0}},
+]
+
+KEYDIFF = {"cls": "KeyDiffPress", "kw": {}}
+BLOCK_METHODS: list[dict[str, Any]] = [
+    {"name": "Block-KeyDiff", "press": {"cls": "BlockPress", "kw": {"block_size": BLOCK}, "inner": KEYDIFF},
+     "policy": "keydiff+block", "policy_kw": {**PREFILL, "block_tokens": BLOCK}},
+]
+BLOCK_DIAGNOSTICS: list[dict[str, Any]] = [
+    {"name": "Block-KeyDiff [kv: floor count]",
+     "press": {"cls": "BlockPress", "kw": {"block_size": BLOCK}, "inner": {**KEYDIFF, "exact_count": True}},
+     "policy": "keydiff+block", "policy_kw": {**PREFILL, "block_tokens": BLOCK}},
 ]
 
 

@@ -48,11 +48,14 @@ budget bounds every layer (its effective ratio is the run's `kv_ratio`): see the
 Compactor computes its non-causal chunk attention from the forward's queries and keys (not the model's
 causal attention, so not the shared prompt-score path).
 
-Not here yet: kvpress's `BlockPress` (block-wise prompt processing: a chunked prefill over an evicting
-cache, which the scoring path refuses; see add-a-policy.md); KeyRerotation (kept tokens keep their original
-positions here); DMS's trained evictors, KVzap, Q-Filters, DuoAttention and the other trained presses
-(weights from a hub; see [add-a-policy.md](add-a-policy.md#trained-parameters)); ThinK and KVCompose (they
-change what a slot holds; see add-a-policy.md).
+`wrap=[block]` re-scores each block with the tokens kept so far, so it takes scorers that read the held
+tensors, not the prompt's attention (see add-a-policy.md); its kvpress row runs over KeyDiffPress.
+
+Not here yet: a chunked prefill over an evicting cache (the prompt forward itself in blocks);
+KeyRerotation (kept tokens keep their original positions here); DMS's trained evictors, KVzap, Q-Filters,
+DuoAttention and the other trained presses (weights from a hub; see
+[add-a-policy.md](add-a-policy.md#trained-parameters)); ThinK and KVCompose (they change what a slot holds;
+see add-a-policy.md).
 """
 
 

@@ -52,6 +52,16 @@ def test_wrapper_rows_pair_the_same_knobs() -> None:
             assert m["our_budget"] == 1.0 and m["press"]["no_ratio"]  # kvpress's threshold alone decides
 
 
+def test_block_rows_pair_the_same_knobs() -> None:
+    rows = [m for m in xc.METHODS + xc.DIAGNOSTICS if m in kw.BLOCK_METHODS + kw.BLOCK_DIAGNOSTICS]
+    assert len(rows) == 2
+    for m in rows:
+        make_policy(m["policy"], budget=0.5, **m["policy_kw"])
+        assert m["policy"] == "keydiff+block" and m["press"]["inner"]["cls"] == "KeyDiffPress"
+        assert m["press"]["kw"]["block_size"] == m["policy_kw"]["block_tokens"]
+        assert m["policy_kw"]["recent"] == 0.0 and m["policy_kw"]["prefill_only"]
+
+
 def test_value_sum_of_the_listed_slots() -> None:
     v = torch.tensor([[1.0, 2.0], [10.0, 0.5], [-3.0, 1.0]])
     assert xc.value_sum(v, torch.tensor([2, 0])) == 1.0
