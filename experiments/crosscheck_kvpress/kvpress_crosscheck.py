@@ -111,6 +111,7 @@ METHODS: list[dict[str, Any]] = [
      "policy_kw": {**CAP, **PREFILL}},
     *kvpress_wrappers.METHODS,  # chunk, merging, cam and dms over Knorm (their module's docstring)
     *kvpress_wrappers.BLOCK_METHODS,  # block over KeyDiff
+    *kvpress_wrappers.BASELINE_METHODS,  # Random, and layers over Knorm
 ]
 
 # kvpress presses changed in one respect each (see side_kvpress): the same comparison with ours, to test a
@@ -145,6 +146,7 @@ DIAGNOSTICS: list[dict[str, Any]] = [
      "policy_kw": COMPACT},
     *kvpress_wrappers.DIAGNOSTICS,
     *kvpress_wrappers.BLOCK_DIAGNOSTICS,
+    *kvpress_wrappers.BASELINE_DIAGNOSTICS,
 ]
 
 

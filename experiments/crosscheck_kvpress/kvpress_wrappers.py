@@ -29,6 +29,14 @@ sets: over key norm block processing changes nothing (a token's score is its own
 the mean of the block's candidates, so the row tests the iteration. BlockPress counts with its scorer's ratio;
 ``[kv: floor count]`` gives it ours at 0.2.
 
+Two more (:data:`BASELINE_METHODS`): ``Random`` (``RandomPress``, seeded) and ``layers`` over KnormPress
+(``PerLayerCompressionPress``). kvpress draws Random's scores with ``torch.rand``, ours hashes them from
+(seed, layer, KV head, position), so the plain row compares two uniform samples; ``[kv: our hashed draws,
+floor count]`` draws kvpress's from our hash (:func:`hash_uniform`). ``PerLayerCompressionPress`` sets its
+scorer's ratio per layer: the row gives it ``1 - budget * s_l``, ``s_l`` our ``layer_curve``'s share of layer
+``l`` (``LayersRecorded``, which records the delegated ``compress``); ours keeps ``floor(floor(n * budget) *
+s_l)``, kvpress ``int(n * budget * s_l)``, and ``[kv: our counts]`` sets the ratio so that they agree.
+
 Importing this module needs only the standard library; :func:`variant_presses` imports torch and kvpress.
 """
 
@@ -94,6 +102,22 @@ BLOCK_DIAGNOSTICS: list[dict[str, Any]] = [
      "policy": "keydiff+block", "policy_kw": {**PREFILL, "block_tokens": BLOCK}},
 ]
 
+LAYER_CURVE = [1.5, 0.5]  # the layers wrapper's default: 1.5x the budget at the first layer, 0.5x at the last
+RANDOM = {"cls": "RandomPress", "kw": {"seed": 0}}
+BASELINE_METHODS: list[dict[str, Any]] = [
+    {"name": "Random", "press": RANDOM, "policy": "random", "policy_kw": {**PREFILL, "seed": 0}},
+    {"name": "Layers-Knorm", "press": {"cls": "LayersRecorded", "kw": {"curve": LAYER_CURVE}, "inner": KNORM},
+     "policy": "knorm+layers", "policy_kw": {**PREFILL, "layer_curve": LAYER_CURVE}},
+]
+BASELINE_DIAGNOSTICS: list[dict[str, Any]] = [
+    {"name": "Random [kv: our hashed draws, floor count]",
+     "press": {"cls": "RandomHashed", "kw": {"seed": 0}, "exact_count": True},
+     "policy": "random", "policy_kw": {**PREFILL, "seed": 0}},
+    {"name": "Layers-Knorm [kv: our counts]",
+     "press": {"cls": "LayersRecorded", "kw": {"curve": LAYER_CURVE, "our_counts": True}, "inner": KNORM},
+     "policy": "knorm+layers", "policy_kw": {**PREFILL, "layer_curve": LAYER_CURVE}},
+]
+
 
 def _mix32(x: Any) -> Any:
     x = ((x >> 16) ^ x) * 0x45D9F3B & M32
@@ -101,13 +125,13 @@ def _mix32(x: Any) -> Any:
     return (x >> 16) ^ x
 
 
-def cam_uniform(seed: int, layer: int, head: int, pos: Any) -> Any:
-    """Our CaM's uniform draws (``uniform_hash(cam_seed ^ SALT, layer, head, pos)`` of
+def hash_uniform(seed: int, layer: int, head: int, pos: Any) -> Any:
+    """Our uniform draws (``uniform_hash(seed, layer, head, pos)`` of
     ``keyformer.core.policies.random_scores``, repeated here: the kvpress venv has no keyformer) for int64
     positions ``pos``: float64 in [0, 1)."""
     import torch
 
-    s = int(seed) ^ CAM_SALT
+    s = int(seed)
     s = ((s & M32) ^ ((s >> 32) & M32) ^ ((s >> 64) & M32)) & M32
     base = _mix32(torch.tensor((s * 0x9E3779B1 + int(layer) * 0x85EBCA77) & M32, dtype=torch.int64))
     hk = _mix32(base ^ (int(head) * 0x27D4EB2F & M32))
@@ -115,11 +139,30 @@ def cam_uniform(seed: int, layer: int, head: int, pos: Any) -> Any:
     return (h.double() + 0.5) / 2.0**32
 
 
+def cam_uniform(seed: int, layer: int, head: int, pos: Any) -> Any:
+    """Our CaM's uniform draws: :func:`hash_uniform` of the seed salted as the wrapper salts it."""
+    return hash_uniform(int(seed) ^ CAM_SALT, layer, head, pos)
+
+
+def curve_shares(curve: tuple[float, ...], layers: int) -> list[float]:
+    """Our ``layer_curve``'s share of each layer (``c_l * L / sum(c)``, ``c`` interpolated linearly at ``L``
+    evenly spaced depths: ``keyformer.core.policies.wrappers.layers``, repeated here)."""
+    if len(curve) == 1 or layers == 1:
+        c = [float(curve[0])] * layers
+    else:
+        c = []
+        for li in range(layers):
+            x = li * (len(curve) - 1) / (layers - 1)
+            i = min(int(x), len(curve) - 2)
+            c.append(curve[i] + (x - i) * (curve[i + 1] - curve[i]))
+    return [v * layers / sum(c) for v in c]
+
+
 def variant_presses() -> dict[str, Any]:
     """The presses above that kvpress does not name; kvpress is imported here."""
     import torch
-    from kvpress import CAMPress, ChunkPress, DMSPress
-    from kvpress.presses.base_press import is_prefilling
+    from kvpress import CAMPress, ChunkPress, DMSPress, PerLayerCompressionPress, RandomPress
+    from kvpress.presses.base_press import BasePress, is_prefilling
     from kvpress.utils import extract_keys_and_values
 
     bernoulli = torch.bernoulli
@@ -226,5 +269,43 @@ def variant_presses() -> dict[str, Any]:
                 self.compress(module, kwargs["hidden_states"], keys, values, None, kwargs)
             return output
 
+    class RandomHashed(RandomPress):
+        """RandomPress whose scores are our hashed draws (:func:`hash_uniform`) instead of ``torch.rand``."""
+
+        def score(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                  kwargs):
+            pos = torch.arange(keys.shape[2], dtype=torch.int64)
+            s = torch.stack([hash_uniform(self.seed or 0, int(module.layer_idx), h, pos)
+                             for h in range(keys.shape[1])])
+            return s.unsqueeze(0).expand(keys.shape[0], -1, -1).to(keys.device)
+
+    class LayersRecorded(PerLayerCompressionPress):
+        """PerLayerCompressionPress's rule (its scorer's ratio set per layer) with ``1 - budget * s_l``
+        (:func:`curve_shares`; ``budget`` from the scorer's ratio), called through ``compress`` so the
+        recorder sees it; ``our_counts``: the ratio that keeps ``floor(floor(n * budget) * s_l)`` tokens."""
+
+        def __init__(self, press: Any, curve: list[float], our_counts: bool = False) -> None:
+            super().__init__(press=press, compression_ratios=[press.compression_ratio])
+            self.curve, self.our_counts = tuple(curve), our_counts
+
+        def forward_hook(self, module, input, kwargs, output):  # type: ignore[no-untyped-def]
+            return BasePress.forward_hook(self, module, input, kwargs, output)
+
+        def compress(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                     kwargs):
+            n, saved = keys.shape[2], self.press.compression_ratio
+            share = curve_shares(self.curve, module.config.num_hidden_layers)[int(module.layer_idx)]
+            if self.our_counts:
+                kept = min(max(int(int(n * (1 - saved) + 1e-9) * share), 1), n)
+                ratio = 1 - (kept + 0.5) / n
+            else:
+                ratio = min(max(1 - (1 - saved) * share, 0.0), 1.0)
+            self.press.compression_ratio = ratio
+            try:
+                return self.press.compress(module, hidden_states, keys, values, attentions, kwargs)
+            finally:
+                self.press.compression_ratio = saved
+
     return {"ChunkFilled": ChunkFilled, "CAMAtPrompt": CAMAtPrompt, "CAMPerHead": CAMPerHead,
-            "CAMPerHeadHashed": CAMPerHeadHashed, "DMSRecorded": DMSRecorded}
+            "CAMPerHeadHashed": CAMPerHeadHashed, "DMSRecorded": DMSRecorded, "RandomHashed": RandomHashed,
+            "LayersRecorded": LayersRecorded}

@@ -62,6 +62,30 @@ def test_block_rows_pair_the_same_knobs() -> None:
         assert m["policy_kw"]["recent"] == 0.0 and m["policy_kw"]["prefill_only"]
 
 
+def test_baseline_rows_use_our_draws_and_shares() -> None:
+    """The kvpress side's copies: ``hash_uniform`` is Random's hash, ``curve_shares`` the layers wrapper's
+    per-layer share; the rows pair the same seed and curve."""
+    from keyformer.core.policies.wrappers.layers import curve_at
+
+    pos = torch.arange(0, 700, dtype=torch.int64)
+    for seed in (0, 5, 2**40 + 3):
+        for layer, head in ((0, 0), (7, 2), (29, 1)):
+            want = uniform_hash(seed, layer, torch.tensor(head), pos)
+            assert torch.equal(kw.hash_uniform(seed, layer, head, pos), want)
+    for curve in ((1.5, 0.5), (2.0,), (1.0, 3.0, 0.5)):
+        for layers in (1, 2, 30):
+            c = curve_at(curve, layers)
+            assert kw.curve_shares(curve, layers) == pytest.approx([v * len(c) / sum(c) for v in c])
+    rows = [m for m in xc.METHODS + xc.DIAGNOSTICS if m in kw.BASELINE_METHODS + kw.BASELINE_DIAGNOSTICS]
+    assert len(rows) == 4
+    for m in rows:
+        make_policy(m["policy"], budget=0.5, **m["policy_kw"])
+        if m["policy"] == "random":
+            assert m["press"]["kw"]["seed"] == m["policy_kw"]["seed"]
+        else:
+            assert m["press"]["kw"]["curve"] == m["policy_kw"]["layer_curve"]
+
+
 def test_value_sum_of_the_listed_slots() -> None:
     v = torch.tensor([[1.0, 2.0], [10.0, 0.5], [-3.0, 1.0]])
     assert xc.value_sum(v, torch.tensor([2, 0])) == 1.0
