@@ -1255,3 +1255,84 @@ def test_block_wrapper_is_recorded_and_refuses_attention_scorers():
             make_policy(name, wrap=["block"])
     with pytest.raises(ValueError, match=r"^block_tokens=0 "):
         make_policy("knorm", wrap=["block"], block_tokens=0)
+
+
+# -- key re-rotation: the kept keys' RoPE moved to the ranks 0 .. m - 1 --------------------------------------
+def _rope_rotate(k: torch.Tensor, delta: float, theta: float) -> torch.Tensor:
+    """Hugging Face's rotate-half RoPE by ``delta`` positions, written out: ``k cos + rotate_half(k) sin``."""
+    D = k.shape[-1]
+    freqs = delta / theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    emb = torch.cat([freqs, freqs])
+    return k * emb.cos() + torch.cat([-k[D // 2:], k[: D // 2]]) * emb.sin()
+
+
+def check_rerotate(budget: float = 0.5) -> None:
+    """AssertionError unless, after the prompt, every kept key of ``knorm+rerotate`` is the model's key at
+    position ``p`` rotated by ``r - p`` (``r`` its rank by position among the kept), and the kept sets are
+    Knorm's prompt cut."""
+    model = _model()
+    theta = float(model.config.rope_parameters["rope_theta"])
+    ids = torch.randint(3, 256, (1, N), generator=torch.Generator().manual_seed(4))
+    policy = make_policy("knorm+rerotate", budget=budget)
+    cache = make_cache(model, policy, torch.ones_like(ids), max_new_tokens=2)
+    rec: dict[int, list] = {}
+    with torch.inference_mode(), _capture(rec):
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, max_new_tokens=2,
+                       min_new_tokens=2, do_sample=False, pad_token_id=0)
+    plain = run(make_policy("knorm", budget=budget, prefill_only=True)).kept[0]
+    for li, layer in enumerate(cache.layers):
+        prompt_keys = rec[li][0][0]  # [Hkv, N, D] as the prompt forward computed them (RoPE at p)
+        for h, kept in enumerate(cache.kept_positions(li)[0]):
+            kept_prompt = sorted(p for p in kept if p < N)
+            assert set(kept_prompt) == plain[li][h], (li, h)
+            S = layer.length
+            held = {int(p): layer.keys[0, h, s].double() for s, p in enumerate(layer.pos[0, h, :S]) if p >= 0}
+            for r, p in enumerate(kept_prompt):
+                want = _rope_rotate(prompt_keys[h, p], float(r - p), theta)
+                assert torch.allclose(held[p], want, atol=1e-5), (li, h, p, r)
+
+
+def test_rerotate_follows_its_rule():
+    check_rerotate()
+    check_rerotate(budget=1.0)  # nothing evicted: every key stays
+
+
+def _mut_rerotate_sign(mp):  # rotated by p - r
+    from keyformer.core.policies.wrappers import rerotate
+
+    orig = rerotate.rotate
+    mp.setattr(rerotate, "rotate", lambda keys, delta, info: orig(keys, -delta, info))
+
+
+def _mut_rerotate_all_ranks(mp):  # ranks counted over every slot, evicted ones included (no rotation)
+    from keyformer.core.policies.wrappers import rerotate
+
+    mp.setattr(rerotate, "ranks_among_kept", lambda keep, pos: torch.where(keep, pos, 0))
+
+
+def _mut_rerotate_off(mp):  # the hook rotates nothing
+    from keyformer.core.policies.wrappers.rerotate import Rerotate
+
+    mp.setattr(Rerotate, "on_evict", lambda self, keep, prio, ctx: keep)
+
+
+@pytest.mark.parametrize("mutate", [_mut_rerotate_sign, _mut_rerotate_all_ranks, _mut_rerotate_off])
+def test_rerotate_check_catches_mutation(mutate, monkeypatch):
+    mutate(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_rerotate()
+
+
+def test_rerotate_refuses_what_it_cannot_rotate():
+    """No RoPE (GPT-2's learned positions, MPT's ALiBi), a quantized cache, another schedule or eviction hook:
+    one line each, naming what is wrong."""
+    for arch in ("gpt2", "mpt"):
+        with pytest.raises(ValueError, match=rf"rerotate.*{arch}.*not RoPE; valid: "):
+            make_cache(tiny_model(arch, seed=0), make_policy("knorm+rerotate"),
+                       torch.ones(1, 8, dtype=torch.long), max_new_tokens=1)
+    for wrap in (["every", "rerotate"], ["merging", "rerotate"]):
+        with pytest.raises(ValueError, match=r"wrapper 'rerotate' cannot wrap.*already has its own"):
+            make_policy("knorm", wrap=wrap)
+    for wrap in (["criticalkv", "rerotate"], ["rerotate", "criticalkv"]):  # two wrappers preparing
+        with pytest.raises(ValueError, match=r"prepares from the model; two such wrappers do not compose"):
+            make_policy("h2o", wrap=wrap)

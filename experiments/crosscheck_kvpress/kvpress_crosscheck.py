@@ -112,6 +112,7 @@ METHODS: list[dict[str, Any]] = [
     *kvpress_wrappers.METHODS,  # chunk, merging, cam and dms over Knorm (their module's docstring)
     *kvpress_wrappers.BLOCK_METHODS,  # block over KeyDiff
     *kvpress_wrappers.BASELINE_METHODS,  # Random, and layers over Knorm
+    *kvpress_wrappers.ROTATE_METHODS,  # key re-rotation over Knorm
 ]
 
 # kvpress presses changed in one respect each (see side_kvpress): the same comparison with ours, to test a
@@ -580,8 +581,11 @@ def _record_kept(press: Any, kept: dict[int, list[list[int]]],
         rows: list[list[int]] = []
         post: list[float] = []
         pre: list[float] = []
+        named = getattr(press, "kept_indices", None)  # a press that rewrites the kept keys names them
         for h in range(heads):
-            if k_out.shape[2] != n:  # physically cut: find each surviving key among the inputs
+            if named is not None:
+                rows.append(sorted(named[0, h].tolist()))
+            elif k_out.shape[2] != n:  # physically cut: find each surviving key among the inputs
                 eq = (k_out[0, h].unsqueeze(1) == keys[0, h].unsqueeze(0)).all(-1)  # [kept, n]
                 if not bool((eq.sum(1) == 1).all()):
                     raise RuntimeError(f"layer {module.layer_idx} head {h}: a kept key matches no or several "

@@ -29,6 +29,10 @@ sets: over key norm block processing changes nothing (a token's score is its own
 the mean of the block's candidates, so the row tests the iteration. BlockPress counts with its scorer's ratio;
 ``[kv: floor count]`` gives it ours at 0.2.
 
+``rerotate`` (``KeyRerotationPress``, :data:`ROTATE_METHODS`) over KnormPress keeps Knorm's sets; the row's
+test is the outputs (``out =``, ``prefix``), which the rotated keys decide. ``KeyRerotationRecorded`` names
+its kept indices to the recorder (its keys match none of its inputs).
+
 Two more (:data:`BASELINE_METHODS`): ``Random`` (``RandomPress``, seeded) and ``layers`` over KnormPress
 (``PerLayerCompressionPress``). kvpress draws Random's scores with ``torch.rand``, ours hashes them from
 (seed, layer, KV head, position), so the plain row compares two uniform samples; ``[kv: our hashed draws,
@@ -109,6 +113,10 @@ BASELINE_METHODS: list[dict[str, Any]] = [
     {"name": "Layers-Knorm", "press": {"cls": "LayersRecorded", "kw": {"curve": LAYER_CURVE}, "inner": KNORM},
      "policy": "knorm+layers", "policy_kw": {**PREFILL, "layer_curve": LAYER_CURVE}},
 ]
+ROTATE_METHODS: list[dict[str, Any]] = [
+    {"name": "KeyRerotation-Knorm", "press": {"cls": "KeyRerotationRecorded", "kw": {}, "inner": KNORM},
+     "policy": "knorm+rerotate", "policy_kw": {"recent": 0.0}},
+]
 BASELINE_DIAGNOSTICS: list[dict[str, Any]] = [
     {"name": "Random [kv: our hashed draws, floor count]",
      "press": {"cls": "RandomHashed", "kw": {"seed": 0}, "exact_count": True},
@@ -161,7 +169,14 @@ def curve_shares(curve: tuple[float, ...], layers: int) -> list[float]:
 def variant_presses() -> dict[str, Any]:
     """The presses above that kvpress does not name; kvpress is imported here."""
     import torch
-    from kvpress import CAMPress, ChunkPress, DMSPress, PerLayerCompressionPress, RandomPress
+    from kvpress import (
+        CAMPress,
+        ChunkPress,
+        DMSPress,
+        KeyRerotationPress,
+        PerLayerCompressionPress,
+        RandomPress,
+    )
     from kvpress.presses.base_press import BasePress, is_prefilling
     from kvpress.utils import extract_keys_and_values
 
@@ -306,6 +321,17 @@ def variant_presses() -> dict[str, Any]:
             finally:
                 self.press.compression_ratio = saved
 
+    class KeyRerotationRecorded(KeyRerotationPress):
+        """KeyRerotationPress that names the kept indices (``kept_indices``) for the recorder: its keys come
+        back rotated, so they match none of its inputs."""
+
+        def compress(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                     kwargs):
+            scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs)
+            n_kept = int(keys.shape[2] * (1 - self.press.compression_ratio))
+            self.kept_indices = scores.topk(n_kept, dim=-1).indices.sort(dim=-1).values
+            return super().compress(module, hidden_states, keys, values, attentions, kwargs)
+
     return {"ChunkFilled": ChunkFilled, "CAMAtPrompt": CAMAtPrompt, "CAMPerHead": CAMPerHead,
             "CAMPerHeadHashed": CAMPerHeadHashed, "DMSRecorded": DMSRecorded, "RandomHashed": RandomHashed,
-            "LayersRecorded": LayersRecorded}
+            "LayersRecorded": LayersRecorded, "KeyRerotationRecorded": KeyRerotationRecorded}

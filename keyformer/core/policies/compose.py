@@ -162,7 +162,15 @@ def compose(inner: type[Policy], wrap: tuple[str, ...]) -> type[Policy]:
 
 class PreparingWrapper(Wrapper):
     """A wrapper whose ``prepare`` adds something of its own (:class:`Layered`): every hook passes the inner
-    policy its own ``prepared``. Subclasses write ``prepare_own(model)``."""
+    policy its own ``prepared``. Subclasses write ``prepare_own(model)``. A composition holds at most one (the
+    generic hooks sit once in the method order, so a second level would not be unwrapped)."""
+
+    @classmethod
+    def refuses(cls, inner: type[Policy]) -> str | None:
+        if issubclass(inner, PreparingWrapper):  # one Layered level per composition: the hooks strip one
+            return (f"{inner.name!r} already has a wrapper that prepares from the model; two such wrappers "
+                    "do not compose")
+        return super().refuses(inner)  # type: ignore[misc]
 
     def prepare_own(self, model: Any) -> Any:
         raise NotImplementedError
