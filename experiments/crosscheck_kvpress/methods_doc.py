@@ -51,8 +51,14 @@ causal attention, so not the shared prompt-score path).
 `wrap=[block]` re-scores each block with the tokens kept so far, so it takes scorers that read the held
 tensors, not the prompt's attention (see add-a-policy.md); its kvpress row runs over KeyDiffPress.
 
-Not here yet: a chunked prefill over an evicting cache (the prompt forward itself in blocks);
-KeyRerotation (kept tokens keep their original positions here); DMS's trained evictors, KVzap, Q-Filters,
+`wrap=[rerotate]` moves the kept keys' RoPE to their ranks after the prompt cut (kvpress's
+`KeyRerotationPress`): the prompt's cut is the only one, RoPE models only; tested on the tiny Llama
+(rotate-half planes), and its kvpress row on SmolLM2.
+
+Not here yet: a chunked prefill over an evicting cache (the prompt forward itself in blocks); re-rotation at
+decode cuts; kvpress's `PrefillDecodingPress` (one scorer at the prompt, another while decoding) and
+`LUKVPress` (per-layer-and-head budgets from a curve computed offline; it fits the trained-parameters design
+below: a knob naming the user's curve file); DMS's trained evictors, KVzap, Q-Filters,
 DuoAttention and the other trained presses (weights from a hub; see
 [add-a-policy.md](add-a-policy.md#trained-parameters)); ThinK and KVCompose (they change what a slot holds;
 see add-a-policy.md).
