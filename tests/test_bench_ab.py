@@ -174,3 +174,36 @@ def test_tiny_ab_against_head_end_to_end(tmp_path):
     assert len(rep["runs"]["A"]) == len(rep["runs"]["B"]) == 1
     assert {r["verdict"] for r in rep["rows"]} == {"too few rounds"}
     assert not (tmp_path / "trees" / f"keyformer-{rep['A'][:12]}").exists()  # the worktree was removed
+
+
+def test_worker_rotates_the_policy_order(capsys, monkeypatch):
+    """``rotate``: round r times the policies from the (r mod m)-th on, between the two full runs."""
+    from keyformer.lab.bench import ab_worker, cpu
+
+    seen = []
+    real_prefill = cpu.prefill
+
+    def spy(model, ids, c, n_new, seed):
+        seen.append(c.policy)
+        return real_prefill(model, ids, c, n_new, seed)
+
+    monkeypatch.setattr(cpu, "prefill", spy)
+    spec = {"tree": str(ROOT), "model": "tiny", "dtype": "float32", "prompt": "random", "prompt_len": 16,
+            "batch": 1, "budget": 0.5, "new_tokens": 1, "policies": ["window", "h2o", "keyformer"],
+            "warmup_len": 8, "threads": 1, "seed": 0, "rotate": True}
+    for rnd, want in ((0, ["window", "h2o", "keyformer"]), (1, ["h2o", "keyformer", "window"]),
+                      (5, ["keyformer", "window", "h2o"])):
+        seen.clear()
+        ab_worker.main([json.dumps({**spec, "round": rnd})])
+        capsys.readouterr()
+        assert seen[-5:] == ["full", *want, "full"]  # the timed runs, after the warm-up's
+
+
+def test_an_earlier_ab_is_not_overwritten(tmp_path):
+    out = tmp_path / "ab"
+    parse_args(["--against", "HEAD", "--out", str(out)])  # an empty or missing folder is fine
+    out.mkdir()
+    (out / "ab.json").write_text("{}")
+    with pytest.raises(SystemExit, match=r"holds an earlier A/B \(ab.json\); valid: .*--overwrite"):
+        parse_args(["--against", "HEAD", "--out", str(out)])
+    assert parse_args(["--against", "HEAD", "--out", str(out), "--overwrite"]).overwrite

@@ -271,7 +271,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per process")
     p.add_argument("--tmp", default="/tmp/keyformer-ab", help="where the base commit is checked out")
     p.add_argument("--keep", action="store_true", help="keep the base commit's worktree")
+    p.add_argument("--rotate-order", action="store_true", help="rotate the policies' order by one place "
+                   "per round (the same order on both sides of a round), so no policy always runs first "
+                   "after full")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier A/B's files in --out")
     return p
 
 
@@ -288,6 +292,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise SystemExit(f"--decode-rounds={args.decode_rounds} must be >= 1")
     if not 0.0 < args.confidence < 1.0:
         raise SystemExit(f"--confidence={args.confidence} must be in (0, 1)")
+    done = [f for f in ("ab.json", "ab.txt") if (Path(args.out) / f).exists()]
+    if done and not args.overwrite:
+        raise SystemExit(f"--out={args.out} holds an earlier A/B ({', '.join(done)}); valid: another --out "
+                         "folder, or --overwrite to replace it")
     args.data_dir = args.data_dir or os.environ.get("KEYFORMER_DATA_DIR")
     return args
 
@@ -307,7 +315,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
             "prompt_len": args.prompt_len, "batch": args.batch, "budget": args.budget,
             "new_tokens": args.new_tokens, "policies": [p for p in args.policies.split(",") if p],
             "warmup_len": args.warmup_len, "threads": args.threads, "seed": args.seed,
-            "rows": args.rows, "decode_rounds": args.decode_rounds}
+            "rows": args.rows, "decode_rounds": args.decode_rounds, "rotate": args.rotate_order}
     trees = {"A": a_tree, "B": b_tree}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still removes its worktrees
     runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
@@ -318,7 +326,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         for rnd in range(args.rounds):
             for side in side_order(rnd):
                 before = os.getloadavg()[0]
-                r = run_worker(worker, trees[side], spec, args.timeout)
+                r = run_worker(worker, trees[side], {**spec, "round": rnd}, args.timeout)
                 r["load_before"], r["load_after"], r["round"] = before, os.getloadavg()[0], rnd
                 runs[side].append(r)
                 log(f"[ab] round {rnd + 1} {side}: {r['seconds']:.0f} s, load {before:.2f}->"
@@ -342,7 +350,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         f"new_tokens={args.new_tokens}"
         f"{f' decode rows={args.rows}' if args.rows and args.rows != args.batch else ''}"
         f"{f' decode_rounds={args.decode_rounds}' if args.decode_rounds > 1 else ''}"
-        f"{f' threads={args.threads}' if args.threads else ''}; {args.rounds} rounds (AB/BA alternating, "
+        f"{f' threads={args.threads}' if args.threads else ''}"
+        f"{'; policy order rotated per round' if args.rotate_order else ''}; {args.rounds} rounds "
+        "(AB/BA alternating, "
         "fresh processes); "
         f"{_cpu()}, {os.cpu_count()} cores; 1-min load {min(loads):.2f}-{max(loads):.2f}",
         f"B/A = exp(median per-round log ratio); interval: sign-test {args.confidence:.0%} (exact coverage "

@@ -6,7 +6,8 @@ benchmark's long-standing helpers (:mod:`keyformer.lab.bench.cpu`: model loading
 ``decode``), so it runs against older commits too.
 
 Per process: load the model, warm every configuration up on a short prompt, then for each configuration
-(``full`` first and last, each policy at the budget in between) one timed prompt forward and
+(``full`` first and last, each policy at the budget in between; with ``rotate``, the policies' order rotated
+by ``round`` places, so each policy takes each place after ``full`` in turn) one timed prompt forward and
 ``decode_rounds`` (default 1) timed greedy decodes of ``new_tokens`` steps from it (their median is
 reported). With ``rows`` > ``batch`` the decode runs at ``rows`` rows: the prompt forward's cache is copied
 row-wise (``select_rows``, each sample ``rows / batch`` times) after the timed prompt, so a large decode
@@ -46,7 +47,11 @@ def main(argv: list[str]) -> None:
     text_ids = prompt_tokens(cfg, tok, L * B)
     ids = make_prompts(text_ids, model.config.vocab_size, L, B, seed)
     budget = float(args["budget"])
-    confs = [Config("full"), *[Config(p, budget) for p in args["policies"]], Config("full")]
+    policies = list(args["policies"])
+    if args.get("rotate") and policies:
+        r = int(args.get("round") or 0) % len(policies)
+        policies = policies[r:] + policies[:r]
+    confs = [Config("full"), *[Config(p, budget) for p in policies], Config("full")]
     rows, rounds = int(args.get("rows") or B), int(args.get("decode_rounds") or 1)
     if rows % B:
         raise SystemExit(f"rows={rows} must be a multiple of batch={B}")
