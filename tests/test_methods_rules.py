@@ -1336,3 +1336,42 @@ def test_rerotate_refuses_what_it_cannot_rotate():
     for wrap in (["criticalkv", "rerotate"], ["rerotate", "criticalkv"]):  # two wrappers preparing
         with pytest.raises(ValueError, match=r"prepares from the model; two such wrappers do not compose"):
             make_policy("h2o", wrap=wrap)
+
+
+def test_rerotate_on_gptj_matches_hugging_face_rope():
+    """GPT-J (interleaved planes, partial rotary): each kept key equals the model's pre-RoPE key rotated at
+    its rank by Hugging Face's own GPT-J RoPE (``create_sinusoidal_positions``, ``apply_rotary_pos_emb``)."""
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb, create_sinusoidal_positions
+
+    model = tiny_model("gptj", seed=0)
+    rd, H = model.config.rotary_dim, model.config.n_head
+    ids = torch.randint(3, 256, (1, N), generator=torch.Generator().manual_seed(4))
+    pre: dict[int, torch.Tensor] = {}
+
+    def keep_prompt(li: int, out: torch.Tensor) -> None:  # returns None: the module's output stays
+        pre.setdefault(li, out[0].detach().double().view(out.shape[1], H, -1))
+
+    hooks = [blk.attn.k_proj.register_forward_hook(lambda mod, inp, out, li=li: keep_prompt(li, out))
+             for li, blk in enumerate(model.transformer.h)]
+    policy = make_policy("knorm+rerotate", budget=0.5)
+    cache = make_cache(model, policy, torch.ones_like(ids), max_new_tokens=2)
+    try:
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, max_new_tokens=2,
+                           min_new_tokens=2, do_sample=False, pad_token_id=0)
+    finally:
+        for hk in hooks:
+            hk.remove()
+    sincos = create_sinusoidal_positions(N, rd).double()
+    moved = 0
+    for li, layer in enumerate(cache.layers):
+        for h, kept in enumerate(cache.kept_positions(li)[0]):
+            S = layer.length
+            held = {int(p): layer.keys[0, h, s].double() for s, p in enumerate(layer.pos[0, h, :S]) if p >= 0}
+            for r, p in enumerate(sorted(q for q in kept if q < N)):
+                k = pre[li][p, h]
+                sin, cos = sincos[r, : rd // 2].view(1, 1, -1), sincos[r, rd // 2:].view(1, 1, -1)
+                rot = apply_rotary_pos_emb(k[:rd].view(1, 1, 1, rd), sin, cos).view(rd)
+                assert torch.allclose(held[p], torch.cat([rot, k[rd:]]), atol=1e-5), (li, h, p, r)
+                moved += r != p
+    assert moved > 0  # the check saw keys that moved

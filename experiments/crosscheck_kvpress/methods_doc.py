@@ -53,7 +53,7 @@ tensors, not the prompt's attention (see add-a-policy.md); its kvpress row runs 
 
 `wrap=[rerotate]` moves the kept keys' RoPE to their ranks after the prompt cut (kvpress's
 `KeyRerotationPress`): the prompt's cut is the only one, RoPE models only; tested on the tiny Llama
-(rotate-half planes), and its kvpress row on SmolLM2.
+(rotate-half planes) and GPT-J (interleaved, partial rotary), and its kvpress row on SmolLM2.
 
 Not here yet: a chunked prefill over an evicting cache (the prompt forward itself in blocks); re-rotation at
 decode cuts; kvpress's `PrefillDecodingPress` (one scorer at the prompt, another while decoding) and
