@@ -490,6 +490,53 @@ def rule_keydiff_block(r: Run, p) -> Kept:
     return select(r, base, uniform_k(r, p), prompt=prompt)
 
 
+_LUKV: dict[str, str] = {}
+
+
+def lukv_curve_file() -> str:
+    """A budget curve [99, 2 layers, 2 KV heads] for the tiny Llama: at keep ratio ``q`` (row ``100 (1 - q) -
+    1``) layer 0's heads keep ``1.37 q`` and ``0.43 q`` of the prompt, layer 1's ``0.52 q`` and ``1.28 q``
+    (each layer 0.9 of the uniform total, so the live bytes stay within the budget)."""
+    if "path" not in _LUKV:
+        import os
+        import tempfile
+
+        import numpy as np
+
+        q = 1 - (np.arange(99) + 1) / 100
+        keep = np.stack([np.stack([1.37 * q, 0.43 * q], -1), np.stack([0.52 * q, 1.28 * q], -1)], 1)
+        path = os.path.join(tempfile.mkdtemp(prefix="keyformer-lukv-"), "curve.npy")
+        np.save(path, np.clip(1 - keep, 0, 1).astype(np.float32))
+        _LUKV["path"] = str(path)
+    return _LUKV["path"]
+
+
+def rule_knorm_lukv(r: Run, p) -> Kept:
+    """LU-KV over KnormPress: per layer, head h keeps ``floor(r_h n)`` tokens (``r_h = 1 - curve[t, l, h]``,
+    ``t = 100 (1 - budget) - 1``), the ``round(sum r_h n) - sum floor(r_h n)`` heads of largest fractional
+    part one more; the first ``lukv_sink`` positions and the ``lukv_window`` newest are always kept; each head
+    holds its count at every decode step."""
+    import numpy as np
+
+    curve = np.load(p.lukv_curve)
+    t = round(100 * (1 - p.budget)) - 1
+
+    def counts(li: int) -> list[int]:
+        ideal = [(1 - float(curve[t, li, h])) * N for h in range(r.hkv)]
+        base = [math.floor(x) for x in ideal]
+        extra = round(sum(ideal)) - sum(base)
+        by_frac = sorted(range(r.hkv), key=lambda h: (-(ideal[h] - base[h]), h))
+        return [base[h] + (h in by_frac[:extra]) for h in range(r.hkv)]
+
+    norms = knorm_prio(r)
+
+    def prio(li: int, h: int, held: list[int]) -> dict[int, float]:
+        pr = norms(li, h, held)
+        return {j: math.inf if j < p.lukv_sink or j > max(held) - p.lukv_window else v for j, v in pr.items()}
+
+    return select(r, prio, counts)
+
+
 def rule_random_dms(r: Run, p) -> Kept:
     """DMS over Random: every cut first keeps Random's top ``k`` (the cap), then every held token older than
     the ``dms_window`` newest positions whose draw is below ``dms_threshold`` leaves."""
@@ -534,11 +581,13 @@ RULES: dict[str, tuple[Callable[[Run, Any], Kept], dict[str, Any]]] = {
     "knorm+chunk": (rule_knorm_chunk, {"chunk_tokens": 8}),
     "random+dms": (rule_random_dms, {"seed": 5, "dms_threshold": 0.7, "dms_window": 6}),
     "keydiff+block": (rule_keydiff_block, {"block_tokens": 6}),
+    "knorm+lukv": (rule_knorm_lukv, {"lukv_sink": 2, "lukv_window": 1}),
 }
 
 
 def rule_policy(name: str):
-    return make_policy(name, budget=0.5, **RULES[name][1])
+    knobs = {**RULES[name][1], **({"lukv_curve": lukv_curve_file()} if name.endswith("+lukv") else {})}
+    return make_policy(name, budget=0.5, **knobs)
 
 
 def check_rule(name: str) -> None:
@@ -847,6 +896,34 @@ def _mut_whole_prompt_ranks(mp, name):  # each round ranks its candidates by the
         live, orig(self, state, ctx, torch.ones_like(live)), torch.iinfo(torch.long).max))
 
 
+def _mut_lukv_uniform(mp, name):  # the curve ignored: every head at the layer's budget
+    from keyformer.core.policies.wrappers.lukv import LUKV
+
+    mp.setattr(LUKV, "head_budgets", lambda self, prio, keep_n, ctx: keep_n)
+
+
+def _mut_lukv_no_sinks(mp, name):  # the sinks and the newest not protected
+    from keyformer.core.policies.wrappers.lukv import LUKV
+
+    mp.setattr(LUKV, "priority", lambda self, state, ctx: super(LUKV, self).priority(state, ctx))
+
+
+def _mut_lukv_other_layer(mp, name):  # the curve's other layer
+    import dataclasses as dc
+
+    from keyformer.core.policies.wrappers.lukv import LUKV
+
+    orig = LUKV._rates
+    mp.setattr(LUKV, "_rates", lambda self, ctx: orig(self, dc.replace(ctx, layer=1 - ctx.layer)))
+
+
+def _mut_lukv_no_remainder(mp, name):  # the rounding remainder not given out
+    from keyformer.core.policies.wrappers import lukv
+
+    mp.setattr(lukv, "lukv_counts", lambda rates, n: (rates.float().view(1, -1) * n.float().view(-1, 1))
+               .floor().long().clamp(min=1))
+
+
 MUTATIONS: list[tuple[str, str, Callable[[pytest.MonkeyPatch, str], None]]] = [
     ("knorm", "ranking reversed", _mut_reversed),
     ("random", "ranking reversed", _mut_reversed),
@@ -885,6 +962,10 @@ MUTATIONS: list[tuple[str, str, Callable[[pytest.MonkeyPatch, str], None]]] = [
     ("keydiff+block", "blocks ignored", _mut_no_blocks),
     ("keydiff+block", "blocks twice as long", _mut_long_blocks),
     ("keydiff+block", "candidates ranked over the whole prompt", _mut_whole_prompt_ranks),
+    ("knorm+lukv", "curve ignored", _mut_lukv_uniform),
+    ("knorm+lukv", "sinks not protected", _mut_lukv_no_sinks),
+    ("knorm+lukv", "the other layer's curve", _mut_lukv_other_layer),
+    ("knorm+lukv", "remainder not given out", _mut_lukv_no_remainder),
 ]
 
 
@@ -1133,8 +1214,8 @@ def _composable(wrap: tuple[str, ...]) -> list[str]:
 def _knobs(name: str, wrap: tuple[str, ...] = ()) -> dict[str, Any]:
     fields = policy_class(name).__dataclass_fields__
     kw: dict[str, Any] = {}
-    if {"adakv", "criticalkv"} & set(wrap) and "head_reduction" in fields:  # per-head wrappers (TOVA's
-        kw["head_reduction"] = "per_head"  # default is one set per layer)
+    if {"adakv", "criticalkv", "lukv"} & set(wrap) and "head_reduction" in fields:  # per-head wrappers
+        kw["head_reduction"] = "per_head"  # (TOVA's default is one set per layer)
     if "pyramid" in wrap:  # beta 20 leaves the last of two layers one token: two keys tie exactly (KeyDiff)
         kw["pyramid_beta"] = 2
     if "window_size" in fields:
@@ -1149,6 +1230,8 @@ def _knobs(name: str, wrap: tuple[str, ...] = ()) -> dict[str, Any]:
         kw["chunk_tokens"] = 8
     if "block" in wrap:  # several blocks per prompt
         kw["block_tokens"] = 8
+    if "lukv" in wrap:  # the tiny Llama's curve
+        kw["lukv_curve"] = lukv_curve_file()
     if "sketch_dimension" in fields:  # below head_dim: with m held keys <= rank + 1, every leverage ties
         kw["sketch_dimension"] = 8
     return kw
@@ -1170,7 +1253,8 @@ PAIRS = [(a, b) for a, b in itertools.permutations(sorted(WRAPPERS), 2) if "h2o"
 
 @pytest.mark.parametrize(("first", "second"), PAIRS, ids=[f"h2o+{a}+{b}" for a, b in PAIRS])
 def test_any_two_wrappers_compose(first, second):
-    check_policy(lambda budget: make_policy("h2o", budget=budget, wrap=[first, second]),
+    knobs = {"lukv_curve": lukv_curve_file()} if "lukv" in (first, second) else {}  # its file, no default
+    check_policy(lambda budget: make_policy("h2o", budget=budget, wrap=[first, second], **knobs),
                  archs=("llama",), checks=("physical == mask", "budget", "padded batch"))
 
 
@@ -1375,3 +1459,21 @@ def test_rerotate_on_gptj_matches_hugging_face_rope():
                 assert torch.allclose(held[p], torch.cat([rot, k[rd:]]), atol=1e-5), (li, h, p, r)
                 moved += r != p
     assert moved > 0  # the check saw keys that moved
+
+
+def test_lukv_refuses_a_missing_or_misfit_curve(tmp_path):
+    """The trained-parameters design: no curve, a missing file, a curve of another model's shape, an absolute
+    budget: one line each, naming the bad value and what is valid."""
+    import numpy as np
+
+    with pytest.raises(ValueError, match=r"^lukv_curve=None: .*valid: a path"):
+        make_policy("knorm", wrap=["lukv"])
+    with pytest.raises(ValueError, match=r"^lukv_curve='.*nope.npy': no such file; valid: "):
+        make_policy("knorm", wrap=["lukv"], lukv_curve=str(tmp_path / "nope.npy"))
+    with pytest.raises(ValueError, match=r"^budget=64: .*valid: a fraction"):
+        make_policy("knorm", wrap=["lukv"], lukv_curve=lukv_curve_file(), budget=64)
+    bad = tmp_path / "other.npy"
+    np.save(bad, np.zeros((99, 3, 2), dtype=np.float32))
+    with pytest.raises(ValueError, match=r"has shape \(99, 3, 2\); valid: \(99, 2, 2\)"):
+        make_cache(_model(), make_policy("knorm", wrap=["lukv"], lukv_curve=str(bad)),
+                   torch.ones(1, 8, dtype=torch.long), max_new_tokens=1)

@@ -55,10 +55,12 @@ tensors, not the prompt's attention (see add-a-policy.md); its kvpress row runs 
 `KeyRerotationPress`): the prompt's cut is the only one, RoPE models only; tested on the tiny Llama
 (rotate-half planes) and GPT-J (interleaved, partial rotary), and its kvpress row on SmolLM2.
 
+`wrap=[lukv]` reads its budget curve from the user's file (`+policy.lukv_curve=PATH`, a `.npy` from the
+LU-KV repository): the one shipped method with parameters computed offline, built as
+[add-a-policy.md](add-a-policy.md#trained-parameters) says.
+
 Not here yet: a chunked prefill over an evicting cache (the prompt forward itself in blocks); re-rotation at
-decode cuts; kvpress's `PrefillDecodingPress` (one scorer at the prompt, another while decoding) and
-`LUKVPress` (per-layer-and-head budgets from a curve computed offline; it fits the trained-parameters design
-below: a knob naming the user's curve file); DMS's trained evictors, KVzap, Q-Filters,
+decode cuts; kvpress's `PrefillDecodingPress` (one scorer at the prompt, another while decoding); DMS's trained evictors, KVzap, Q-Filters,
 DuoAttention and the other trained presses (weights from a hub; see
 [add-a-policy.md](add-a-policy.md#trained-parameters)); ThinK and KVCompose (they change what a slot holds;
 see add-a-policy.md).
