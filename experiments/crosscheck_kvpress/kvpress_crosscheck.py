@@ -113,6 +113,7 @@ METHODS: list[dict[str, Any]] = [
     *kvpress_wrappers.BLOCK_METHODS,  # block over KeyDiff
     *kvpress_wrappers.BASELINE_METHODS,  # Random, and layers over Knorm
     *kvpress_wrappers.ROTATE_METHODS,  # key re-rotation over Knorm
+    *kvpress_wrappers.LUKV_METHODS,  # LU-KV over Knorm, from a synthetic curve
 ]
 
 # kvpress presses changed in one respect each (see side_kvpress): the same comparison with ours, to test a

@@ -113,6 +113,11 @@ BASELINE_METHODS: list[dict[str, Any]] = [
     {"name": "Layers-Knorm", "press": {"cls": "LayersRecorded", "kw": {"curve": LAYER_CURVE}, "inner": KNORM},
      "policy": "knorm+layers", "policy_kw": {**PREFILL, "layer_curve": LAYER_CURVE}},
 ]
+LUKV_CURVE = "results/crosscheck_kvpress/lukv/curve.npy"  # written by lukv_curve(); relative to the repo
+LUKV_METHODS: list[dict[str, Any]] = [
+    {"name": "LUKV-Knorm", "press": {"cls": "LUKVLocal", "kw": {"curve_path": LUKV_CURVE}, "inner": KNORM},
+     "policy": "knorm+lukv", "policy_kw": {**PREFILL, "lukv_curve": LUKV_CURVE}},
+]
 ROTATE_METHODS: list[dict[str, Any]] = [
     {"name": "KeyRerotation-Knorm", "press": {"cls": "KeyRerotationRecorded", "kw": {}, "inner": KNORM},
      "policy": "knorm+rerotate", "policy_kw": {"recent": 0.0}},
@@ -150,6 +155,19 @@ def hash_uniform(seed: int, layer: int, head: int, pos: Any) -> Any:
 def cam_uniform(seed: int, layer: int, head: int, pos: Any) -> Any:
     """Our CaM's uniform draws: :func:`hash_uniform` of the seed salted as the wrapper salts it."""
     return hash_uniform(int(seed) ^ CAM_SALT, layer, head, pos)
+
+
+def lukv_curve(path: str, layers: int = 30, heads: int = 3, seed: int = 0) -> None:
+    """A synthetic LU-KV curve for SmolLM2 (``[99, layers, heads]`` prune ratios, float32): at keep ratio
+    ``q`` (row ``100 (1 - q) - 1``) head ``(l, h)`` keeps ``q w_lh`` (clipped to [0, 1]), ``w`` uniform in
+    [0.5, 1.5] from ``seed``, scaled to mean 1. Not a trained curve: the row tests the counting and
+    selection."""
+    import numpy as np
+
+    w = np.random.default_rng(seed).uniform(0.5, 1.5, (layers, heads))
+    q = 1 - (np.arange(99) + 1) / 100
+    keep = np.clip(q[:, None, None] * (w / w.mean())[None], 0, 1)
+    np.save(path, (1 - keep).astype(np.float32))
 
 
 def curve_shares(curve: tuple[float, ...], layers: int) -> list[float]:
@@ -332,6 +350,21 @@ def variant_presses() -> dict[str, Any]:
             self.kept_indices = scores.topk(n_kept, dim=-1).indices.sort(dim=-1).values
             return super().compress(module, hidden_states, keys, values, attentions, kwargs)
 
+    from kvpress import LUKVPress
+
+    class LUKVLocal(LUKVPress):
+        """LUKVPress whose curve is read from ``curve_path`` (no download), at its scorer's ratio."""
+
+        def __init__(self, press: Any, curve_path: str) -> None:
+            super().__init__(press=press, compression_ratio=press.compression_ratio)
+            self.curve_path = curve_path
+
+        def _load_budget_curves(self, model):  # type: ignore[no-untyped-def]
+            import numpy as np
+
+            return np.load(self.curve_path, allow_pickle=False)
+
     return {"ChunkFilled": ChunkFilled, "CAMAtPrompt": CAMAtPrompt, "CAMPerHead": CAMPerHead,
             "CAMPerHeadHashed": CAMPerHeadHashed, "DMSRecorded": DMSRecorded, "RandomHashed": RandomHashed,
-            "LayersRecorded": LayersRecorded, "KeyRerotationRecorded": KeyRerotationRecorded}
+            "LayersRecorded": LayersRecorded, "KeyRerotationRecorded": KeyRerotationRecorded,
+            "LUKVLocal": LUKVLocal}

@@ -60,8 +60,8 @@ LU-KV repository): the one shipped method with parameters computed offline, buil
 [add-a-policy.md](add-a-policy.md#trained-parameters) says.
 
 Not here yet: a chunked prefill over an evicting cache (the prompt forward itself in blocks); re-rotation at
-decode cuts; kvpress's `PrefillDecodingPress` (one scorer at the prompt, another while decoding); DMS's trained evictors, KVzap, Q-Filters,
-DuoAttention and the other trained presses (weights from a hub; see
+decode cuts; kvpress's `PrefillDecodingPress` (one scorer at the prompt, another while decoding); DMS's
+trained evictors, KVzap, Q-Filters, DuoAttention and the other trained presses (weights from a hub; see
 [add-a-policy.md](add-a-policy.md#trained-parameters)); ThinK and KVCompose (they change what a slot holds;
 see add-a-policy.md).
 """
