@@ -3,6 +3,7 @@ comparison and the copy of our CaM draws the kvpress side uses (kvpress is not n
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -151,3 +152,22 @@ def test_report_section_keeps_the_values_table_apart(tmp_path) -> None:  # type:
     (tmp_path / "x" / "table.md").write_text(text)
     assert findings._rows(tmp_path, "x") == [{"method": "A", "budget": "0.5", "Jaccard": "0.900",
                                               "ident.": "0.000"}]
+
+
+def test_lukv_row_reads_the_committed_synthetic_curve(tmp_path) -> None:
+    """The LU-KV row's curve regenerates from its seed, averages to each row's keep ratio, and fits SmolLM2;
+    both sides read the same file."""
+    import numpy as np
+
+    from keyformer.core.policies.wrappers.lukv import LUKV
+
+    path = tmp_path / "curve.npy"
+    kw.lukv_curve(str(path))
+    committed = np.load(Path(__file__).resolve().parents[2] / kw.LUKV_CURVE)
+    assert np.array_equal(np.load(path), committed)
+    assert committed.shape == (99, 30, 3)
+    assert np.allclose(1 - committed[49].mean(), 0.5, atol=1e-6)  # ratio 0.5: keep half on average
+    (m,) = kw.LUKV_METHODS
+    assert m["press"]["kw"]["curve_path"] == m["policy_kw"]["lukv_curve"] == kw.LUKV_CURVE
+    assert issubclass(type(make_policy(m["policy"], budget=0.5, **{**m["policy_kw"],
+                                       "lukv_curve": str(path)})), LUKV)
