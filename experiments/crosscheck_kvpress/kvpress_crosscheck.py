@@ -78,6 +78,9 @@ METHODS: list[dict[str, Any]] = [
                                        "inner": {"cls": "SnapKVPress", "kw": SNAP}},
      "policy": "adakv_snapkv", "policy_kw": {**SNAP, "alpha_safeguard": 0.2}},
     # the field's newer methods (docs/policies_2025.md); kvpress's defaults, no recent window on either side
+    # kvpress's H2O (ObservedAttentionPress) at the prompt, its attention computed by the press (SDPA model)
+    {"name": "H2O (ObservedAttention)", "press": {"cls": "ObservedAttentionSdpa", "kw": {}}, "policy": "h2o",
+     "policy_kw": {"recent": 0.0, "prefill_only": True}},
     {"name": "KeyDiff", "press": {"cls": "KeyDiffPress", "kw": {}}, "policy": "keydiff",
      "policy_kw": {"recent": 0.0, "prefill_only": True}},
     {"name": "ExpectedAttention", "press": {"cls": "ExpectedAttentionPress", "kw": EA},
@@ -125,6 +128,9 @@ DIAGNOSTICS: list[dict[str, Any]] = [
      "press": {"cls": "TOVAPerKVHead", "kw": {}, "exact_count": True},
      "policy": "tova", "policy_kw": {"recent": 0.0, "prefill_only": True, "head_reduction": "per_head"}},
     *kvpress_kvzip.DIAGNOSTICS,
+    {"name": "H2O (ObservedAttention) [kv: column sums, floor count]",
+     "press": {"cls": "ObservedAttentionSummed", "kw": {}, "exact_count": True}, "policy": "h2o",
+     "policy_kw": {"recent": 0.0, "prefill_only": True}},
     {"name": "LagKV [kv: ties keep the most recent]", "press": {"cls": "LagKVRecentTies", "kw": LAG},
      "policy": "lagkv", "policy_kw": {**LAG, **PREFILL}},
     {"name": "CriticalKV-SnapKV [kv: window apart from the first stage]",
@@ -536,7 +542,32 @@ def _variant_presses() -> dict[str, Any]:
             self._non_causal_press = NonCausalRealChunks(compression_ratio=self.compression_ratio,
                                                          chunk_size=self.chunk_size)
 
+    from kvpress import ObservedAttentionPress
+
+    class ObservedAttentionSdpa(ObservedAttentionPress):
+        """ObservedAttentionPress (kvpress's H2O: each key's attention averaged over the prompt queries that
+        see it) with the prompt's causal attention computed here, so the model runs SDPA (kvpress asks for
+        eager attention to be handed the weights)."""
+
+        def score(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                  kwargs):
+            a = window_attention_all_keys(module, hidden_states, keys, keys.shape[2],
+                                          kwargs["position_embeddings"])
+            return super().score(module, hidden_states, keys, values, a, kwargs)
+
+    class ObservedAttentionSummed(ObservedAttentionSdpa):
+        """:class:`ObservedAttentionSdpa` with each key's attention summed over the queries (H2O's column
+        sums, ours) instead of averaged over the queries that see it."""
+
+        def score(self, module, hidden_states, keys, values, attentions,  # type: ignore[no-untyped-def]
+                  kwargs):
+            bsz, hkv, n, _ = keys.shape
+            a = window_attention_all_keys(module, hidden_states, keys, n, kwargs["position_embeddings"])
+            return a.sum(2).view(bsz, hkv, -1, n).sum(2)
+
     return {"SnapKVPoolAll": SnapKVPoolAll, "TOVAPerKVHead": TOVAPerKVHead,
+            "ObservedAttentionSdpa": ObservedAttentionSdpa,
+            "ObservedAttentionSummed": ObservedAttentionSummed,
             "LagKVRecentTies": LagKVRecentTies, "CriticalKVWindowApart": CriticalKVWindowApart,
             "PyramidKVAligned": PyramidKVAligned, "FinchFixedWindow": FinchFixedWindow,
             "FinchKeyCount": FinchKeyCount, "SimLayerKVWithLast": SimLayerKVWithLast,

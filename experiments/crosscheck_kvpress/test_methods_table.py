@@ -25,7 +25,7 @@ def test_table_rows_come_from_the_registry():
 def test_jaccard_comes_from_the_committed_cross_check():
     j = methods_doc.jaccards()
     assert j["snapkv"][0.5] == 1.0 and 0.0 < j["kvzip"][0.5] < 1.0
-    assert "h2o" not in j  # no kvpress row compares it
+    assert "keyformer" not in j  # no kvpress row compares it
 
 
 def test_closest_variant_is_the_highest_mean_jaccard_of_a_policys_kv_rows(tmp_path, monkeypatch):
