@@ -81,6 +81,12 @@ class Layered:
     own: Any
 
 
+def check_int(name: str, value: Any, least: int, what: str) -> None:
+    """A wrapper knob that must be an int ``>= least``: ValueError naming it, its value and what it counts."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name}={value!r} must be an int >= {least} ({what})")
+
+
 def layered(inner: Any, own: Any) -> Layered:
     return Layered(inner, own)
 

@@ -28,7 +28,7 @@ from typing import ClassVar
 import torch
 
 from ..base import Context, Policy
-from ..compose import Wrapper
+from ..compose import Wrapper, check_int
 from .adakv import _rank
 
 FLOOR = -1e300  # below any finite priority, above a non-candidate's -inf
@@ -50,9 +50,7 @@ class Block(Wrapper):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
-        v = self.block_tokens
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"block_tokens={v!r} must be an int >= 1 (prompt tokens per block)")
+        check_int("block_tokens", self.block_tokens, 1, "prompt tokens per block")
 
     @classmethod
     def refuses_own(cls, inner: type[Policy]) -> str | None:

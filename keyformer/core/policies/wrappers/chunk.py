@@ -27,7 +27,7 @@ from typing import ClassVar
 import torch
 
 from ..base import Context
-from ..compose import Wrapper
+from ..compose import Wrapper, check_int
 from .adakv import _rank
 
 LONG_MAX = torch.iinfo(torch.long).max
@@ -66,9 +66,7 @@ class Chunk(Wrapper):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
-        v = self.chunk_tokens
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"chunk_tokens={v!r} must be an int >= 1 (prompt tokens per chunk)")
+        check_int("chunk_tokens", self.chunk_tokens, 1, "prompt tokens per chunk")
 
     def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
         prio = super().priority(state, ctx)  # type: ignore[misc]

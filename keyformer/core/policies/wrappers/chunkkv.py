@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 
 from ..base import Context
-from ..compose import Wrapper
+from ..compose import Wrapper, check_int
 
 
 def chunk_means(prio: torch.Tensor, pos: torch.Tensor, live: torch.Tensor, length: int) -> torch.Tensor:
@@ -45,9 +45,7 @@ class ChunkKV(Wrapper):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
-        v = self.chunk_length
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"chunk_length={v!r} must be an int >= 1 (tokens per chunk)")
+        check_int("chunk_length", self.chunk_length, 1, "tokens per chunk")
 
     def priority(self, state: torch.Tensor, ctx: Context) -> torch.Tensor:
         prio = super().priority(state, ctx)  # type: ignore[misc]

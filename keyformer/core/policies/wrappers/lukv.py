@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..base import Context
-from ..compose import PreparingWrapper, own
+from ..compose import PreparingWrapper, check_int, own
 
 SOURCE = "the LU-KV repository's curve_data (github.com/baidu-baige/LU-KV; docs/add-a-policy.md)"
 
@@ -64,9 +64,7 @@ class LUKV(PreparingWrapper):
             raise ValueError(f"lukv_curve={self.lukv_curve!r}: no such file; valid: a path to the .npy curve "
                              f"[99, layers, KV heads] from {SOURCE}")
         for knob in ("lukv_sink", "lukv_window"):
-            v = getattr(self, knob)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{knob}={v!r} must be an int >= 0 (tokens always kept)")
+            check_int(knob, getattr(self, knob), 0, "tokens always kept")
         hr = getattr(self, "head_reduction", "per_head")
         if hr != "per_head":  # one set per layer cannot hold a count per head
             raise ValueError(f"head_reduction={hr!r}: LU-KV budgets each head; valid: per_head")

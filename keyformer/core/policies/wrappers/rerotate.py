@@ -24,8 +24,7 @@ import torch
 from ..base import PROMPT, Context, Schedule
 from ..compose import PreparingWrapper, own
 from ..expected_attention import _pairs, position_info
-
-LONG_MAX = torch.iinfo(torch.long).max
+from .chunk import LONG_MAX
 
 
 def ranks_among_kept(keep: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..base import PROMPT, STEP, Schedule, every
-from ..compose import Wrapper
+from ..compose import Wrapper, check_int
 
 
 class _ScheduleWrapper(Wrapper):
@@ -31,9 +31,7 @@ class Every(_ScheduleWrapper):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
-        v = self.cut_every
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"cut_every={v!r} must be an int >= 1 (decode steps between cuts)")
+        check_int("cut_every", self.cut_every, 1, "decode steps between cuts")
 
     @property
     def schedule(self) -> Schedule:
