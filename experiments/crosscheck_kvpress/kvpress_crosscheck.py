@@ -43,7 +43,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from experiments.crosscheck_kvpress import kvpress_kvzip, kvpress_wrappers
+from experiments.crosscheck_kvpress import kvpress_decoding, kvpress_kvzip, kvpress_wrappers
 from experiments.crosscheck_kvpress.kvpress_compare import (
     default_model_dir,
     our_model,
@@ -117,6 +117,7 @@ METHODS: list[dict[str, Any]] = [
     *kvpress_wrappers.BASELINE_METHODS,  # Random, and layers over Knorm
     *kvpress_wrappers.ROTATE_METHODS,  # key re-rotation over Knorm
     *kvpress_wrappers.LUKV_METHODS,  # LU-KV over Knorm, from a synthetic curve
+    *kvpress_decoding.METHODS,  # cuts every n decode steps over Knorm (kept sets at the end of generation)
 ]
 
 # kvpress presses changed in one respect each (see side_kvpress): the same comparison with ours, to test a
@@ -155,6 +156,7 @@ DIAGNOSTICS: list[dict[str, Any]] = [
     *kvpress_wrappers.DIAGNOSTICS,
     *kvpress_wrappers.BLOCK_DIAGNOSTICS,
     *kvpress_wrappers.BASELINE_DIAGNOSTICS,
+    *kvpress_decoding.DIAGNOSTICS,
 ]
 
 
@@ -573,7 +575,8 @@ def _variant_presses() -> dict[str, Any]:
             "FinchKeyCount": FinchKeyCount, "SimLayerKVWithLast": SimLayerKVWithLast,
             "LeverageSeeded": LeverageSeeded, "CompactorSeeded": CompactorSeeded,
             "CompactorSeededReal": CompactorSeededReal,
-            **kvpress_kvzip.variant_presses(), **kvpress_wrappers.variant_presses()}
+            **kvpress_kvzip.variant_presses(), **kvpress_wrappers.variant_presses(),
+            **kvpress_decoding.variant_presses()}
 
 
 def _build_press(spec: dict[str, Any], budget: float, registry: dict[str, Any]) -> Any:
@@ -655,9 +658,11 @@ def side_kvpress(args: argparse.Namespace) -> None:
                                                   attn_implementation="sdpa").eval())
     registry = _variant_presses()
 
-    def run(press: Any, ids: list[int], kvzip: bool = False, values: bool = False) -> dict[str, Any]:
-        if kvzip:  # KVzipPress never calls compress: its own recorder
-            r = kvpress_kvzip.run_kvzip(model, press, ids, n_new)
+    def run(press: Any, ids: list[int], kvzip: bool = False, values: bool = False,
+            decode: bool = False) -> dict[str, Any]:
+        if kvzip or decode:  # KVzipPress never calls compress; a decode-time press cuts generated tokens too
+            runner = kvpress_kvzip.run_kvzip if kvzip else kvpress_decoding.run_decoding
+            r = runner(model, press, ids, n_new)
             return {"tokens": r["tokens"], "kept": [[encode_kept(h) for h in layer] for layer in r["kept"]]}
         x = torch.tensor([ids])
         kept: dict[int, list[list[int]]] = {}
@@ -692,7 +697,8 @@ def side_kvpress(args: argparse.Namespace) -> None:
                 done[key] = [{"id": p["id"], "n": len(p["input_ids"]),
                               **run(_build_press(m["press"], float(b), registry), p["input_ids"],
                                     kvzip=bool(m["press"].get("kvzip")),
-                                    values=bool(m["press"].get("values")))}
+                                    values=bool(m["press"].get("values")),
+                                    decode=bool(m["press"].get("decode")))}
                              for p in spec["prompts"]]
                 print(f"[kvpress] {m['name']}@{b:g} done", flush=True)
             methods.append({"name": m["name"], "budget": b, "press": m["press"], "runs": done[key]})
@@ -740,20 +746,20 @@ def side_ours(args: argparse.Namespace) -> None:
     n_new = int(spec["new_tokens"])
     model = our_model(args.model_dir)
 
-    def run(policy: Any, ids: list[int], values: bool) -> dict[str, Any]:
+    def run(policy: Any, ids: list[int], values: bool, decode: bool = False) -> dict[str, Any]:
         x = torch.tensor([ids])
         o = generate(model, x, torch.ones_like(x), policy, max_new_tokens=n_new, min_new_tokens=n_new)
         r: dict[str, Any] = {"id": None, "n": len(ids), "tokens": o.sequences[0].tolist()}
-        if policy.evicts:
-            r["kept"] = [[encode_kept(p for p in heads if p < len(ids))
+        if policy.evicts:  # the kept prompt positions (a decode-time row: every kept position)
+            r["kept"] = [[encode_kept(p for p in heads if decode or p < len(ids))
                           for heads in o.cache.kept_positions(li)[0]]
                          for li in range(len(o.cache.layers))]
         if values:  # the kept prompt values (prefill-only: no later cut merges)
             r["vsum"] = [_our_value_sums(o.cache, li, len(ids)) for li in range(len(o.cache.layers))]
         return r
 
-    def runs(policy: Any, values: bool = False) -> list[dict[str, Any]]:
-        return [{**run(policy, p["input_ids"], values), "id": p["id"]} for p in spec["prompts"]]
+    def runs(policy: Any, values: bool = False, decode: bool = False) -> list[dict[str, Any]]:
+        return [{**run(policy, p["input_ids"], values, decode), "id": p["id"]} for p in spec["prompts"]]
 
     full = runs(make_policy("full"))
     methods = []
@@ -772,10 +778,10 @@ def side_ours(args: argparse.Namespace) -> None:
                 except ValueError as e:
                     entry["skipped"] = str(e).split(";")[0]
                 else:
-                    values = bool(m["press"].get("values"))
-                    key = repr(policy) + str(values)
+                    values, decode = bool(m["press"].get("values")), bool(m["press"].get("decode"))
+                    key = repr(policy) + str(values) + str(decode)
                     if key not in done:
-                        done[key] = runs(policy, values)
+                        done[key] = runs(policy, values, decode)
                     entry["runs"] = done[key]
             methods.append(entry)
             print(f"[ours] {m['name']}@{b:g} {entry.get('skipped', 'done')}", flush=True)
