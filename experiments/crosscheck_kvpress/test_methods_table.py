@@ -22,6 +22,16 @@ def test_table_rows_come_from_the_registry():
     assert all(r[2] != "—" for r in rows()[: len(POLICIES)]), "every method names its paper"
 
 
+def test_a_wrapper_row_credits_a_composition_under_either_name():
+    """A wrapper's cross-check is a composition's row, written with ``+`` or registered under its own name
+    (``adakv_snapkv`` is snapkv with the adakv wrapper); a plain scorer's row credits no wrapper."""
+    by = {r[0]: r[-1] for r in rows({"adakv_snapkv": {0.5: 0.9, 0.2: 0.8}, "knorm+chunk": {0.5: 0.7},
+                                     "snapkv": {0.5: 0.6}})}
+    assert by["`wrap=[adakv]`"] == "0.900 / 0.800, over snapkv"
+    assert by["`wrap=[chunk]`"] == "0.700 / —, over knorm"
+    assert by["`wrap=[every]`"] == "—"
+
+
 def test_jaccard_comes_from_the_committed_cross_check():
     j = methods_doc.jaccards()
     assert j["snapkv"][0.5] == 1.0 and 0.0 < j["kvzip"][0.5] < 1.0

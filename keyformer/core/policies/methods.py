@@ -26,12 +26,16 @@ def reads_of(cls: type) -> str:
     return ", ".join(reads) or "positions"
 
 
-def kind_of(cls: type[Policy]) -> str:
+def parts_of(cls: type[Policy]) -> tuple[str, list[str]]:
+    """(scorer name, wrapper names) of a registered policy class: a composition's parts, or (its name, [])."""
     wrappers = [c.wrap_name for c in cls.__mro__ if issubclass(c, Wrapper) and c.__dict__.get("wrap_name")]
     base = next((c for c in cls.__mro__[1:] if issubclass(c, Policy) and "name" in c.__dict__), None)
-    if wrappers and base is not None:
-        return f"composition: {base.name}+{'+'.join(wrappers)}"
-    return "scorer"
+    return (base.name, wrappers) if wrappers and base is not None else (cls.name, [])
+
+
+def kind_of(cls: type[Policy]) -> str:
+    base, wrappers = parts_of(cls)
+    return f"composition: {base}+{'+'.join(wrappers)}" if wrappers else "scorer"
 
 
 def _pair(j: Mapping[float, float]) -> str:
@@ -60,11 +64,14 @@ def rows(jaccard: Mapping[str, Mapping[float, float]] | None = None,
         cls = POLICIES[name]
         out.append([f"`{name}`", kind_of(cls), cls.paper or "—", cls.family or "—",
                     cuts_of(make_policy(name)), reads_of(cls), _jaccard(name, jaccard, variant)])
+    composed = {k: (k.split("+")[0], k.split("+")[1:]) if "+" in k else parts_of(POLICIES[k])
+                for k in jaccard if "+" in k or k in POLICIES}
     for name in sorted(WRAPPERS):
         w: Any = WRAPPERS[name]
         cuts = "sets the schedule" if "schedule" in w.owns else "the scorer's"
-        over = sorted(k for k in jaccard if k.endswith(f"+{name}"))  # a composition the cross-check ran
-        xcheck = f"{_jaccard(over[0], jaccard, variant)}, over {over[0].split('+')[0]}" if over else "—"
+        # a composition the cross-check ran: written with +, or registered under its own name (adakv_snapkv)
+        over = sorted((parts[0], k) for k, parts in composed.items() if name in parts[1])
+        xcheck = f"{_jaccard(over[0][1], jaccard, variant)}, over {over[0][0]}" if over else "—"
         out.append([f"`wrap=[{name}]`", "wrapper", w.paper or "—", w.family or "—", cuts,
                     f"+ {reads_of(w)}" if w.adds_reads else "the scorer's", xcheck])
     return out
