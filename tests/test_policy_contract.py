@@ -318,6 +318,29 @@ def test_host_sync_counter_sees_the_growing_path():
     assert _steady_syncs(tiny_model("llama"), make_policy("h2o", budget=N + 20)) > 0
 
 
+@pytest.mark.parametrize("name", ("h2o", "tova"))
+def test_growing_and_full_samples_share_decode_steps(name):
+    """An absolute budget between two prompts' lengths: the short sample grows toward it while the long one
+    evicts a token per step (the growing path, where the long sample's new token moves into a victim's slot
+    and the short one's fills its next slot). Each sample's tokens and kept positions equal its own run
+    alone, and physical equals mask, for policies whose scores accumulate (H2O) or are replaced (TOVA)."""
+    model = tiny_model("llama")
+    prompts = [_prompt(30, 12)[0], _prompt(31, 30)[0]]
+    ids, mask = left_pad(prompts)
+    pol = make_policy(name, budget=20)
+    kw = dict(max_new_tokens=12, pad_token_id=0, seeds=[5, 6])
+    phys = generate(model, ids, mask, pol, **kw)
+    sim = generate(model, ids, mask, pol, mode="mask", **kw)
+    assert torch.equal(phys.sequences, sim.sequences)
+    for li in range(len(phys.cache.layers)):
+        assert phys.cache.kept_positions(li) == sim.cache.kept_positions(li)
+    for i, p in enumerate(prompts):
+        alone = generate(model, p.view(1, -1), None, pol, max_new_tokens=12, pad_token_id=0, seeds=[5 + i])
+        assert torch.equal(phys.sequences[i, -12:], alone.sequences[0, -12:])
+        for li in range(len(phys.cache.layers)):
+            assert phys.cache.kept_positions(li)[i] == alone.cache.kept_positions(li)[0]
+
+
 @pytest.mark.parametrize("name", ("h2o", "keyformer"))
 def test_shared_beam_scores(model, name):
     """The authors' beam semantics: beam copies noised independently, scores summed, one kept set per

@@ -188,7 +188,8 @@ class EvictingLayer(CacheLayerMixin):
         # a one-token step moves its row into the victim's slot; a prompt's rows are in the buffers already,
         # and holding them would keep every layer's uncut prompt K/V alive through the whole prompt forward
         self.new_kv = rows if q == 1 else None
-        self.score[:, :, L : L + q] = 0.0  # the policy's state of a new slot (all zeros for non-scorers)
+        # a new slot's policy state (score) is 0 already: slots past the held length always hold 0 (the
+        # buffers grow and compact with zeros; a cut that leaves the slot past the length behind resets it)
         if self.cache.mode == "mask":
             self.alive[:, :, L : L + q] = new_real.unsqueeze(1)
         self.seen += q
@@ -435,7 +436,9 @@ class EvictingLayer(CacheLayerMixin):
         for name, r in zip(self.slots, self.new_kv, strict=True):
             getattr(self, name).scatter_(2, vic.expand(-1, -1, 1, r.shape[-1]), r)
         self.pos.scatter_(2, victim, self.cache.cur.view(-1, 1, 1).expand_as(victim))
-        self.score.scatter_(2, victim, self.score[:, :, L : L + 1].clone())
+        new = self.score[:, :, L : L + 1]
+        self.score.scatter_(2, victim, new.clone())
+        new.zero_()  # the slot past the held length holds 0 again
 
     def _evict_one(self, live: torch.Tensor, over: torch.Tensor) -> None:
         """Decode step while some sample is still below its budget (absolute budgets above a prompt):
@@ -452,6 +455,7 @@ class EvictingLayer(CacheLayerMixin):
             t = getattr(self, name)
             t[b, h, dest] = t[:, :, L].clone()  # dest may be L itself (a sample still growing)
         self.pos[:, :, L] = torch.where(dest == L, self.pos[:, :, L], -1)
+        self.score[:, :, L] = torch.where(dest == L, self.score[:, :, L], 0.0)  # a vacated slot holds 0
         self.count = self.count + (~over[:, 0]).long()
         self.length = int(self.count.max())
         self.dense = bool((self.count == self.length).all())
