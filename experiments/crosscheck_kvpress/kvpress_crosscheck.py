@@ -621,12 +621,8 @@ def _record_kept(press: Any, kept: dict[int, list[list[int]]],
             if named is not None:
                 rows.append(sorted(named[0, h].tolist()))
             elif k_out.shape[2] != n:  # physically cut: find each surviving key among the inputs
-                eq = (k_out[0, h].unsqueeze(1) == keys[0, h].unsqueeze(0)).all(-1)  # [kept, n]
-                if not bool((eq.sum(1) == 1).all()):
-                    raise RuntimeError(f"layer {module.layer_idx} head {h}: a kept key matches no or several "
-                                       f"inputs")
-                where = eq.float().argmax(1)
-                rows.append(sorted(where.tolist()))
+                where = kvpress_decoding.kept_slots(k_out, keys, module.layer_idx, h)  # a list of slots
+                rows.append(sorted(where))
                 if v_in is not None:
                     post.append(value_sum(v_out[0, h], slice(None)))
                     pre.append(value_sum(v_in[0, h], where))

@@ -70,6 +70,15 @@ def cache_positions(previous: list[list[int]] | None, n: int, newest: int) -> li
     return out
 
 
+def kept_slots(k_out: Any, keys: Any, layer: int, head: int) -> list[int]:
+    """The input slot of each key a cut kept (batch row 0, one KV head), in ``k_out``'s order: each kept key
+    must equal exactly one input key, else RuntimeError."""
+    eq = (k_out[0, head].unsqueeze(1) == keys[0, head].unsqueeze(0)).all(-1)  # [kept, n]
+    if not bool((eq.sum(1) == 1).all()):
+        raise RuntimeError(f"layer {layer} head {head}: a kept key matches no or several inputs")
+    return eq.float().argmax(1).tolist()
+
+
 def record_positions(press: Any, state: dict[int, list[list[int]]]) -> None:
     """Wrap ``press.compress`` so that ``state[layer]`` holds, per KV head (batch 1), the positions its cache
     keeps after each cut, in slot order."""
@@ -80,13 +89,7 @@ def record_positions(press: Any, state: dict[int, list[list[int]]]) -> None:
         li, heads, n = int(module.layer_idx), keys.shape[1], keys.shape[2]
         held = cache_positions(state.get(li), n, int(kwargs["cache_position"][-1]))
         held = held * heads if len(held) == 1 else held
-        rows = []
-        for h in range(heads):
-            eq = (k_out[0, h].unsqueeze(1) == keys[0, h].unsqueeze(0)).all(-1)  # [kept, n]
-            if not bool((eq.sum(1) == 1).all()):
-                raise RuntimeError(f"layer {li} head {h}: a kept key matches no or several inputs")
-            rows.append([held[h][i] for i in eq.float().argmax(1).tolist()])
-        state[li] = rows
+        state[li] = [[held[h][i] for i in kept_slots(k_out, keys, li, h)] for h in range(heads)]
         return k_out, v_out
 
     press.compress = compress
